@@ -1,0 +1,40 @@
+# One virtual environment, built from the pinned set in constraints.txt.
+# torch first (the pin keeps pip from pulling CUDA wheels on CPU machines), then
+# DeepSpeed without build isolation (its build imports the torch just installed), then
+# Whisper's tokenizer assets without their heavy dependencies, then this package.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip install --quiet --constraint constraints.txt
+
+.PHONY: install demo test lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(PIP) torch
+	DS_BUILD_OPS=0 $(PIP) --no-build-isolation deepspeed
+	$(PIP) --no-deps openai-whisper
+	$(PIP) --editable '.[test]'
+	touch $@
+
+demo: install
+	$(BIN)/python -m trainer --nproc_per_node 2
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python bench/preprocessing.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

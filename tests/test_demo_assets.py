@@ -1,0 +1,242 @@
+"""The demo's offline assets: exact Whisper tokenizer, tiny model, synthesized speech set."""
+
+import base64
+import importlib.util
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import datasets
+import pytest
+import tiktoken
+import torch
+from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
+
+from trainer.demo_assets import (
+    DEMO_SENTENCES,
+    build_whisper_tokenizer,
+    prepare_demo_assets,
+    synthesize_speech_dataset,
+)
+from trainer.errors import UserError
+
+WHISPER_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+ENGLISH_TRANSCRIBE_PREFIX = [50258, 50259, 50359, 50363]
+SAMPLE_TEXTS = [
+    " Hello world",
+    "hello world",
+    "The quick brown fox jumps over the lazy dog, 1234567 times!",
+    "Добар дан, како сте? Ово је тест ћирилице: љ, њ, џ, ђ, ћ.",
+    "Dobar dan, kako ste? Ćevapi, šljive, žaba, đak.",
+    "  multiple   spaces\tand\nnewlines  ",
+    "Straße, naïve café, 日本語のテキスト, 한국어, emoji 🎉😀",
+    "it's we're they've I'm you'll he'd",
+]
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory):
+    return prepare_demo_assets(tmp_path_factory.mktemp("demo-cache"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_whisper_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiktoken_encoding():
+    """The reference: tiktoken with Whisper's own ranks and pre-tokenizer pattern."""
+    whisper_dir = Path(importlib.util.find_spec("whisper").submodule_search_locations[0])
+    lines = (whisper_dir / "assets" / "multilingual.tiktoken").read_bytes().splitlines()
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in lines if line)
+    }
+    return tiktoken.Encoding(
+        "whisper", pat_str=WHISPER_PAT, mergeable_ranks=ranks, special_tokens={}
+    )
+
+
+@pytest.fixture(scope="session")
+def speech_dataset(demo_assets, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("hf-datasets-cache")
+    return datasets.load_dataset(
+        "audiofolder", data_dir=str(demo_assets.dataset_dir), cache_dir=str(cache)
+    )
+
+
+def test_tokenizer_has_the_multilingual_whisper_ids(tokenizer):
+    expected = {
+        "<|endoftext|>": 50257,
+        "<|startoftranscript|>": 50258,
+        "<|en|>": 50259,
+        "<|zh|>": 50260,
+        "<|sr|>": 50303,
+        "<|su|>": 50357,
+        "<|translate|>": 50358,
+        "<|transcribe|>": 50359,
+        "<|startoflm|>": 50360,
+        "<|startofprev|>": 50361,
+        "<|nospeech|>": 50362,
+        "<|notimestamps|>": 50363,
+        "<|0.00|>": 50364,
+        "<|0.02|>": 50365,
+        "<|30.00|>": 51864,
+    }
+    assert {token: tokenizer.convert_tokens_to_ids(token) for token in expected} == expected
+    assert len(tokenizer) == 51865
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == 50257
+    # Whisper's timestamp decoding takes the id after the last special token as <|0.00|>.
+    assert tokenizer.all_special_ids[-1] == 50363
+    assert "<|sr|>" in tokenizer.all_special_tokens
+    assert "<|0.00|>" not in tokenizer.all_special_tokens
+
+
+@pytest.mark.parametrize("text", SAMPLE_TEXTS)
+def test_tokenizer_matches_tiktoken(tokenizer, tiktoken_encoding, text):
+    assert tokenizer.encode(text, add_special_tokens=False) == tiktoken_encoding.encode(text)
+
+
+@pytest.mark.parametrize("text", SAMPLE_TEXTS)
+def test_tokenizer_round_trips(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+
+
+def test_saved_tokenizer_adds_the_language_and_task_prefix(demo_assets, tiktoken_encoding):
+    tokenizer = WhisperTokenizer.from_pretrained(
+        demo_assets.model_dir, language="english", task="transcribe"
+    )
+    ids = tokenizer("hello world").input_ids
+    assert ids == [*ENGLISH_TRANSCRIBE_PREFIX, *tiktoken_encoding.encode("hello world"), 50257]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "hello world"
+    serbian = WhisperTokenizer.from_pretrained(
+        demo_assets.model_dir, language="serbian", task="transcribe"
+    )
+    assert serbian("здраво").input_ids[:4] == [50258, 50303, 50359, 50363]
+
+
+def test_saved_tokenizer_keeps_the_english_spelling_normalizer(demo_assets):
+    tokenizer = WhisperTokenizer.from_pretrained(demo_assets.model_dir)
+    assert tokenizer.normalize("The Colour, Mr. Smith!") == "the color mister smith"
+
+
+def test_tiny_model_reloads_and_generates_with_the_prefix(demo_assets, speech_dataset):
+    model = WhisperForConditionalGeneration.from_pretrained(demo_assets.model_dir)
+    processor = WhisperProcessor.from_pretrained(demo_assets.model_dir)
+    assert 3_000_000 < model.num_parameters() < 4_000_000
+    frames = processor.feature_extractor.nb_max_frames
+    assert frames == 2 * model.config.max_source_positions
+
+    test_split = speech_dataset["test"].cast_column("audio", datasets.Audio(sampling_rate=16000))
+    waves = [test_split[i]["audio"].get_all_samples().data[0].numpy() for i in range(2)]
+    features = processor.feature_extractor(
+        waves, sampling_rate=16000, return_tensors="pt"
+    ).input_features
+    assert features.shape == (2, 80, frames)
+
+    with torch.no_grad():
+        output = model.generate(
+            features,
+            language="en",
+            task="transcribe",
+            max_new_tokens=8,
+            return_dict_in_generate=True,
+        )
+    assert output.sequences[:, :4].tolist() == [ENGLISH_TRANSCRIBE_PREFIX] * 2
+    texts = processor.batch_decode(output.sequences, skip_special_tokens=True)
+    assert len(texts) == 2 and all(isinstance(text, str) for text in texts)
+
+
+def test_speech_dataset_loads_as_audiofolder(speech_dataset):
+    assert set(speech_dataset) == {"train", "test"}
+    assert speech_dataset["train"].num_rows == 4 * len(DEMO_SENTENCES)
+    assert speech_dataset["test"].num_rows == len(DEMO_SENTENCES)
+    for split in speech_dataset.values():
+        assert set(split.column_names) == {"audio", "transcription"}
+    assert set(speech_dataset["test"]["transcription"]) == set(DEMO_SENTENCES)
+    native = speech_dataset["train"][0]["audio"].get_all_samples()
+    assert native.sample_rate == 22050  # left for the training pipeline to resample
+
+
+def test_speech_dataset_resamples_to_16k(speech_dataset):
+    test_split = speech_dataset["test"].cast_column("audio", datasets.Audio(sampling_rate=16000))
+    for example in test_split:
+        samples = example["audio"].get_all_samples()
+        assert samples.sample_rate == 16000
+        assert samples.data.shape[0] == 1
+        assert 0.3 < samples.data.shape[1] / 16000 < 4.0
+        assert samples.data.abs().max() > 0.01  # speech, not silence
+
+
+def test_synthesized_clips_differ_between_splits(tmp_path):
+    synthesize_speech_dataset(tmp_path, {"train": ["red green blue"], "test": ["red green blue"]})
+    train_wav = (tmp_path / "train" / "0000.wav").read_bytes()
+    test_wav = (tmp_path / "test" / "0000.wav").read_bytes()
+    assert train_wav != test_wav
+    assert (tmp_path / "test" / "metadata.csv").read_text().splitlines() == [
+        "file_name,transcription",
+        "0000.wav,red green blue",
+    ]
+
+
+def test_prepare_demo_assets_reuses_the_cache(demo_assets):
+    weights = demo_assets.model_dir / "model.safetensors"
+    first_wav = demo_assets.dataset_dir / "train" / "0000.wav"
+    before = (weights.stat().st_mtime_ns, first_wav.stat().st_mtime_ns)
+
+    again = prepare_demo_assets(demo_assets.model_dir.parent)
+
+    assert again == demo_assets
+    assert (weights.stat().st_mtime_ns, first_wav.stat().st_mtime_ns) == before
+
+
+def test_missing_espeak_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UserError, match="espeak-ng"):
+        synthesize_speech_dataset(tmp_path / "data")
+
+
+def test_interrupted_build_is_not_mistaken_for_a_complete_one(tmp_path, monkeypatch):
+    failing_bin = tmp_path / "bin"
+    failing_bin.mkdir()
+    (failing_bin / "espeak-ng").write_text("#!/bin/sh\nexit 1\n")
+    (failing_bin / "espeak-ng").chmod(0o755)
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as broken:
+        broken.setenv("PATH", f"{failing_bin}:/usr/bin:/bin")
+        with pytest.raises(subprocess.CalledProcessError):
+            prepare_demo_assets(cache)
+    assert (cache / "tiny-whisper" / "model.safetensors").exists()
+    assert not (cache / "speech-demo").exists()
+
+    assets = prepare_demo_assets(cache)
+    assert len(list((assets.dataset_dir / "train").glob("*.wav"))) == 4 * len(DEMO_SENTENCES)
+    assert not [path for path in cache.iterdir() if path.name.endswith(".partial")]
+
+
+def test_concurrent_callers_share_one_build(tmp_path):
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(prepare_demo_assets(tmp_path))
+        except Exception as error:  # surfaced by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert results[0] == results[1]
+    assert (results[0].model_dir / "model.safetensors").exists()
+
+
+def test_missing_whisper_assets_is_a_user_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "whisper", None)  # makes find_spec("whisper") None
+    with pytest.raises(UserError, match="pip install --no-deps openai-whisper"):
+        build_whisper_tokenizer()

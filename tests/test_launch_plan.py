@@ -1,0 +1,160 @@
+"""The accelerate command built from a topology, the hardware and the flags (pure)."""
+
+from pathlib import Path
+
+import pytest
+
+from trainer.cluster import Topology
+from trainer.deepspeed_config import resolve_deepspeed_config
+from trainer.errors import UserError
+from trainer.hardware import Hardware
+from trainer.launch import (
+    LauncherArguments,
+    build_launch_plan,
+    redact_secrets,
+    resolve_mixed_precision,
+)
+
+A100 = Hardware(
+    gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0), cpu_count=96
+)
+T4 = Hardware(gpu_count=4, gpu_name="Tesla T4", compute_capability=(7, 5), cpu_count=32)
+CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
+
+
+def flag_value(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def plan_for(topology, hardware, deepspeed="zero2", env=None, training=("--learning_rate", "1e-5")):
+    options = LauncherArguments(deepspeed=deepspeed, rdzv_timeout=900)
+    return build_launch_plan(
+        topology,
+        hardware,
+        options,
+        resolve_deepspeed_config(deepspeed),
+        list(training),
+        hardware.mixed_precision,
+        env or {},
+        Path("/cache"),
+        python="python",
+    )
+
+
+def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
+    topology = Topology(
+        num_nodes=4,
+        node_rank=2,
+        master_addr="chief",
+        master_port=2222,
+        nproc_per_node=8,
+        role="worker",
+    )
+    plan = plan_for(topology, A100, env={"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "x"})
+    argv = plan.argv
+    assert argv[:3] == ["python", "-m", "accelerate.commands.launch"]
+    assert flag_value(argv, "--num_machines") == "4"
+    assert flag_value(argv, "--machine_rank") == "2"
+    assert flag_value(argv, "--num_processes") == "32"
+    assert flag_value(argv, "--main_process_ip") == "chief"
+    assert flag_value(argv, "--main_process_port") == "2222"
+    assert flag_value(argv, "--mixed_precision") == "bf16"
+    assert flag_value(argv, "--deepspeed_multinode_launcher") == "standard"
+    assert flag_value(argv, "--rdzv_conf") == "timeout=900"
+    assert "--use_deepspeed" in argv
+    zero2 = flag_value(argv, "--deepspeed_config_file")
+    assert zero2.endswith("presets/zero2.json")
+    # the training program sees the same config, after the user's own flags
+    assert argv[argv.index("--module") + 1] == "trainer.train"
+    assert argv[-4:] == ["--learning_rate", "1e-5", "--deepspeed", zero2]
+    # Vertex's node-level variables never reach torch.distributed
+    assert set(plan.unset_env) == {"RANK", "WORLD_SIZE", "MASTER_ADDR"}
+    assert "DS_ACCELERATOR" not in plan.env
+    assert plan.env["OMP_NUM_THREADS"] == "12"
+
+
+def test_cpu_plan_sets_cpu_specifics():
+    topology = Topology(1, 0, "127.0.0.1", 29500, 2, "chief")
+    plan = plan_for(topology, CPU)
+    assert flag_value(plan.argv, "--mixed_precision") == "no"
+    assert "--cpu" not in plan.argv  # --cpu would silently switch DeepSpeed off
+    assert plan.env["DS_ACCELERATOR"] == "cpu"
+    assert plan.env["TORCH_EXTENSIONS_DIR"] == "/cache/torch_extensions"
+    assert plan.env["OMP_NUM_THREADS"] == "1"
+
+
+def test_user_environment_wins_for_threads_and_extension_cache():
+    topology = Topology(1, 0, "127.0.0.1", 29500, 2, "chief")
+    plan = plan_for(topology, CPU, env={"OMP_NUM_THREADS": "3", "TORCH_EXTENSIONS_DIR": "/x"})
+    assert plan.env["OMP_NUM_THREADS"] == "3"
+    assert plan.env["TORCH_EXTENSIONS_DIR"] == "/x"
+
+
+def test_none_preset_is_plain_ddp():
+    topology = Topology(2, 0, "chief", 2222, 4, "chief")
+    plan = plan_for(topology, T4, deepspeed="none")
+    assert "--use_deepspeed" not in plan.argv
+    assert "--deepspeed" not in plan.argv
+    assert "--multi_gpu" in plan.argv
+    assert flag_value(plan.argv, "--mixed_precision") == "fp16"
+
+
+@pytest.mark.parametrize("preset", ["zero2", "zero3", "zero3-offload"])
+def test_presets_are_shipped(preset):
+    path = resolve_deepspeed_config(preset)
+    assert path.is_file() and path.parent.name == "presets"
+
+
+def test_user_deepspeed_json(tmp_path):
+    config = tmp_path / "mine.json"
+    config.write_text('{"zero_optimization": {"stage": 1}}')
+    assert resolve_deepspeed_config(str(config)) == config.resolve()
+
+
+@pytest.mark.parametrize(
+    ("choice", "message"),
+    [("zero9", "Unknown DeepSpeed preset"), ("/nope/ds.json", "not found")],
+)
+def test_bad_deepspeed_choice(choice, message):
+    with pytest.raises(UserError, match=message):
+        resolve_deepspeed_config(choice)
+
+
+def test_invalid_deepspeed_json(tmp_path):
+    config = tmp_path / "broken.json"
+    config.write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        resolve_deepspeed_config(str(config))
+
+
+@pytest.mark.parametrize(
+    ("hardware", "bf16", "fp16", "expected"),
+    [
+        (A100, False, False, "bf16"),
+        (T4, False, False, "fp16"),
+        (CPU, False, False, "no"),
+        (A100, False, True, "fp16"),
+        (T4, False, True, "fp16"),
+    ],
+)
+def test_mixed_precision_from_hardware_and_flags(hardware, bf16, fp16, expected):
+    assert resolve_mixed_precision(bf16, fp16, hardware) == expected
+
+
+@pytest.mark.parametrize(
+    ("hardware", "bf16", "fp16", "message"),
+    [
+        (A100, True, True, "mutually exclusive"),
+        (T4, True, False, "Ampere or newer"),
+        (CPU, True, False, "Ampere or newer"),
+        (CPU, False, True, "needs a GPU"),
+    ],
+)
+def test_impossible_precision_is_refused(hardware, bf16, fp16, message):
+    with pytest.raises(UserError, match=message):
+        resolve_mixed_precision(bf16, fp16, hardware)
+
+
+def test_secrets_are_redacted_from_printed_commands():
+    argv = ["x", "--hub_token", "hf_secret", "--learning_rate", "1"]
+    assert redact_secrets(argv) == ["x", "--hub_token", "***", "--learning_rate", "1"]

@@ -1,0 +1,144 @@
+"""Flags of the training program: Hugging Face's own names, read with HfArgumentParser.
+
+The flags come in groups: the task selector, the model, the dataset, the task's own flags
+(e.g. Whisper's language) and the Trainer's `TrainingArguments`. The launcher parses them
+too, before anything starts, so a typo costs a second instead of a GPU start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from trainer.errors import UserError
+from trainer.tasks import DEFAULT_TASK, Task, load_task, task_names
+
+
+class FlagParser(HfArgumentParser):
+    """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
+
+    Abbreviations are off: with two parsers sharing one command line, a prefix such as
+    `--dry` must not silently match another parser's flag.
+    """
+
+    def __init__(self, dataclass_types, **kwargs) -> None:
+        super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse calls this and expects no return
+        raise UserError(f"{message} (see python -m trainer --help).")
+
+
+@dataclass
+class TaskArguments:
+    task: str = field(
+        default=DEFAULT_TASK,
+        metadata={"help": f"What to fine-tune for: one of {', '.join(task_names())}."},
+    )
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub id or local folder of the pretrained model. Leave it and "
+            "--dataset_name out to run the built-in demo."
+        },
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Where downloaded models and datasets are cached."}
+    )
+
+
+@dataclass
+class DataArguments:
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Hub dataset id, or a local directory (see the task's data formats)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "Dataset configuration, e.g. a language code."}
+    )
+    train_split_name: str = field(
+        default="train", metadata={"help": "Training split(s); join several with '+'."}
+    )
+    eval_split_name: str = field(
+        default="test", metadata={"help": "Evaluation split(s); join several with '+'."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many training examples (debugging)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many evaluation examples."}
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for dataset filtering passes."}
+    )
+
+
+@dataclass
+class ParsedFlags:
+    """Everything the command line said, with TrainingArguments not yet constructed.
+
+    TrainingArguments is built later because building it sets up the distributed state,
+    which must happen inside the launched processes and, on CPU, after the gloo workaround.
+    """
+
+    task: Task
+    model: ModelArguments
+    data: DataArguments
+    training: argparse.Namespace
+
+
+TRAINING_DEFAULTS = {
+    "output_dir": "outputs",
+    "report_to": ["tensorboard"],
+    "disable_tqdm": True,  # trainer.progress prints plain log lines instead of bars
+}
+"""Where this product's defaults differ from the Trainer's (explicit flags still win)."""
+
+
+def build_parser(task_class: type[Task]) -> FlagParser:
+    parser = FlagParser(
+        [
+            TaskArguments,
+            ModelArguments,
+            DataArguments,
+            task_class.arguments_class,
+            task_class.training_arguments_class,
+        ]
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS, metric_for_best_model=task_class.default_metric)
+    return parser
+
+
+def selected_task_name(argv: list[str]) -> str:
+    selector = FlagParser([TaskArguments], add_help=False)
+    known, _ = selector.parse_known_args(argv)
+    return known.task
+
+
+def parse_flags(argv: list[str]) -> ParsedFlags:
+    """Parse and check the training program's flags (no model, data or device touched)."""
+    task_class = load_task(selected_task_name(argv))
+    namespace, unknown = build_parser(task_class).parse_known_args(argv)
+    if unknown:
+        raise UserError(f"Unknown flag(s): {' '.join(unknown)} (see python -m trainer --help).")
+    model = _pop_dataclass(namespace, ModelArguments)
+    data = _pop_dataclass(namespace, DataArguments)
+    task_args = _pop_dataclass(namespace, task_class.arguments_class)
+    _pop_dataclass(namespace, TaskArguments)
+    return ParsedFlags(
+        task=task_class(model, data, task_args), model=model, data=data, training=namespace
+    )
+
+
+def _pop_dataclass(namespace: argparse.Namespace, dtype: type):
+    names = [f.name for f in dataclasses.fields(dtype) if f.init]
+    try:
+        return dtype(**{name: vars(namespace).pop(name) for name in names})
+    except ValueError as error:
+        raise UserError(str(error)) from None

@@ -1,0 +1,296 @@
+"""Assets of the built-in demo: a tiny Whisper model and a synthesized English speech set.
+
+The demo fine-tunes a ~3.6 M parameter Whisper on a few dozen short sentences spoken by
+`espeak-ng`, so the whole training pipeline (audio decoding, resampling from 22,050 Hz to
+16 kHz, tokenization, accelerate + DeepSpeed, generation-based evaluation) runs end to end
+in minutes on any machine. Everything is built locally rather than downloaded because
+training images must work without network access and without a model hub: the tokenizer
+is rebuilt from the `multilingual.tiktoken` ranks shipped in the `openai-whisper` package,
+the model is randomly initialised with a fixed seed, and the audio is synthesized.
+"""
+
+import base64
+import csv
+import fcntl
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperProcessor,
+    WhisperTokenizer,
+)
+from transformers.convert_slow_tokenizer import TikTokenConverter
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+from trainer.errors import UserError
+
+WHISPER_INSTALL_HINT = "install with: pip install --no-deps openai-whisper==20250625"
+ENDOFTEXT = "<|endoftext|>"
+# Multilingual Whisper models before large-v3 know 99 languages: LANGUAGES minus "yue".
+LANGUAGE_TOKENS = tuple(f"<|{code}|>" for code in list(LANGUAGES)[:99])
+TASK_TOKENS = {"translate": "<|translate|>", "transcribe": "<|transcribe|>"}
+SPECIAL_TOKENS = (
+    "<|startoftranscript|>",
+    *LANGUAGE_TOKENS,
+    *TASK_TOKENS.values(),
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nospeech|>",
+    "<|notimestamps|>",
+)
+TIMESTAMP_TOKENS = tuple(f"<|{i * 0.02:.2f}|>" for i in range(1501))
+
+DEMO_SENTENCES = (
+    "one two three",
+    "red green blue",
+    "the cat is black",
+    "four five six",
+    "open the door",
+    "seven eight nine",
+    "a big yellow sun",
+    "turn on the light",
+    "good morning",
+    "the dog runs fast",
+    "ten small boxes",
+    "please stop here",
+)
+# Each rendering of a sentence takes the next (voice, words per minute) pair, so with
+# four training renderings and one test rendering no test clip repeats a training clip.
+VOICES = tuple(
+    (voice, speed)
+    for speed in (140, 175)
+    for voice in ("en", "en-us", "en+f3", "en+m3", "en-gb-scotland", "en-us+f4")
+)
+DEFAULT_SPLITS = {"train": list(DEMO_SENTENCES) * 4, "test": list(DEMO_SENTENCES)}
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    """Where `prepare_demo_assets` put the demo's model and data."""
+
+    model_dir: Path  # save_pretrained'd tiny WhisperForConditionalGeneration + WhisperProcessor
+    dataset_dir: Path  # an `audiofolder` dataset directory
+
+
+def _whisper_package_dir() -> Path:
+    """The installed `openai-whisper` package, used only for its tokenizer asset files."""
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"the demo needs the openai-whisper tokenizer files; {WHISPER_INSTALL_HINT}"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def _english_spelling_file() -> Path:
+    """British-to-American spelling map used by `WhisperTokenizer.normalize` (English WER)."""
+    return _whisper_package_dir() / "normalizers" / "english.json"
+
+
+class _LocalTikTokenConverter(TikTokenConverter):
+    """TikTokenConverter reading a local ranks file, without tiktoken's /tmp cache copy."""
+
+    @staticmethod
+    def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+        lines = Path(tiktoken_url).read_bytes().splitlines()
+        return {
+            base64.b64decode(token): int(rank)
+            for token, rank in (line.split() for line in lines if line)
+        }
+
+
+def build_whisper_tokenizer() -> WhisperTokenizer:
+    """The exact multilingual Whisper tokenizer (51,865 ids), rebuilt from tiktoken ranks.
+
+    The converter derives a merge for every split of a token into two known tokens, which
+    makes the BPE pick the same pieces as tiktoken does.
+    """
+    ranks_file = str(_whisper_package_dir() / "assets" / "multilingual.tiktoken")
+    vocab, merges = _LocalTikTokenConverter(ranks_file).extract_vocab_merges_from_model(ranks_file)
+    tokenizer = WhisperTokenizer(
+        vocab=vocab,
+        merges=merges,
+        normalizer_file=str(_english_spelling_file()),
+        unk_token=ENDOFTEXT,
+        bos_token=ENDOFTEXT,
+        eos_token=ENDOFTEXT,
+        pad_token=ENDOFTEXT,
+        extra_special_tokens=list(SPECIAL_TOKENS),
+    )
+    tokenizer.add_tokens(list(TIMESTAMP_TOKENS))
+    return tokenizer
+
+
+def _begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
+    """As in the released models: a transcript starts with neither a bare space nor its end."""
+    return [
+        *tokenizer.encode(" ", add_special_tokens=False),
+        tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+    ]
+
+
+def _generation_config(tokenizer: WhisperTokenizer) -> GenerationConfig:
+    """What `WhisperForConditionalGeneration.generate(language=..., task=...)` looks up;
+    `max_length` counts generated tokens only (Whisper adds the prefix length itself)."""
+    ids = tokenizer.convert_tokens_to_ids
+    eot = ids(ENDOFTEXT)
+    return GenerationConfig(
+        decoder_start_token_id=ids("<|startoftranscript|>"),
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        max_length=64,
+        is_multilingual=True,
+        lang_to_id={token: ids(token) for token in LANGUAGE_TOKENS},
+        task_to_id={task: ids(token) for task, token in TASK_TOKENS.items()},
+        no_timestamps_token_id=ids("<|notimestamps|>"),
+        prev_sot_token_id=ids("<|startofprev|>"),
+        max_initial_timestamp_index=50,
+        return_timestamps=False,
+        suppress_tokens=[],
+        begin_suppress_tokens=_begin_suppress_tokens(tokenizer),
+        forced_decoder_ids=None,
+    )
+
+
+def build_tiny_whisper(model_dir: Path, chunk_length: int = 6) -> None:
+    """Save a randomly initialised (seed 0) tiny Whisper plus its processor to `model_dir`.
+
+    `chunk_length` seconds of audio give `chunk_length * 100` mel frames, which the encoder's
+    two convolutions halve to `max_source_positions`; a short window keeps the demo fast.
+    """
+    tokenizer = build_whisper_tokenizer()
+    eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    config = WhisperConfig(
+        vocab_size=len(tokenizer),
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=chunk_length * 50,
+        max_target_positions=448,
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        pad_token_id=eot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        suppress_tokens=[],
+        begin_suppress_tokens=_begin_suppress_tokens(tokenizer),
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = WhisperForConditionalGeneration(config)
+    model.generation_config = _generation_config(tokenizer)
+    feature_extractor = WhisperFeatureExtractor(feature_size=80, chunk_length=chunk_length)
+    processor = WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer)
+    model.save_pretrained(model_dir)
+    processor.save_pretrained(model_dir)
+    # save_pretrained skips the English spelling map that `tokenizer.normalize` needs.
+    shutil.copyfile(_english_spelling_file(), model_dir / "normalizer.json")
+
+
+def _speak(text: str, voice: str, speed: int, wav_path: Path) -> None:
+    """Synthesize one clip; the text goes through stdin so it is never parsed as an option."""
+    subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav_path), "--stdin"],
+        input=text.encode(),
+        check=True,
+        capture_output=True,
+    )
+
+
+def _assign_voices(splits: dict[str, list[str]]) -> dict[str, list[tuple[str, str, int]]]:
+    """(text, voice, speed) per clip: every rendering of a sentence, across splits, gets the
+    next voice after the previous one, so no test clip duplicates a training clip."""
+    first_seen = {
+        text: i
+        for i, text in enumerate(dict.fromkeys(t for texts in splits.values() for t in texts))
+    }
+    renderings: Counter[str] = Counter()
+    clips: dict[str, list[tuple[str, str, int]]] = {}
+    for split, texts in splits.items():
+        clips[split] = []
+        for text in texts:
+            voice, speed = VOICES[(first_seen[text] + renderings[text]) % len(VOICES)]
+            renderings[text] += 1
+            clips[split].append((text, voice, speed))
+    return clips
+
+
+def synthesize_speech_dataset(
+    dataset_dir: Path, sentences_per_split: dict[str, list[str]] | None = None
+) -> None:
+    """Write an `audiofolder` dataset: `<split>/NNNN.wav` (22,050 Hz) + `<split>/metadata.csv`.
+
+    The WAVs keep espeak's native rate on purpose: the training pipeline must resample.
+    """
+    if shutil.which("espeak-ng") is None:
+        raise UserError(
+            "the demo synthesizes its speech with espeak-ng; install it (apt-get install espeak-ng)"
+        )
+    jobs: list[tuple[str, str, int, Path]] = []
+    for split, clips in _assign_voices(sentences_per_split or DEFAULT_SPLITS).items():
+        split_dir = dataset_dir / split
+        split_dir.mkdir(parents=True)
+        wavs = [split_dir / f"{index:04d}.wav" for index in range(len(clips))]
+        rows = [(wav.name, text) for wav, (text, _, _) in zip(wavs, clips, strict=True)]
+        _write_metadata(split_dir / "metadata.csv", rows)
+        jobs += [(*clip, wav) for wav, clip in zip(wavs, clips, strict=True)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(lambda job: _speak(*job), jobs))
+
+
+def _write_metadata(path: Path, rows: list[tuple[str, str]]) -> None:
+    """The `metadata.csv` that `audiofolder` joins to the WAVs by `file_name`."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file_name", "transcription"])
+        writer.writerows(rows)
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Serialise builders on one machine; the kernel releases the lock if a process dies."""
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_once(target: Path, build: Callable[[Path], None]) -> None:
+    """Build into a scratch sibling, then rename: an existing `target` is always complete."""
+    if target.exists():
+        return
+    scratch = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    build(scratch)
+    os.replace(scratch, target)
+
+
+def prepare_demo_assets(cache_dir: Path) -> DemoAssets:
+    """Build (once, then reuse) the tiny model and the speech set under `cache_dir`."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    assets = DemoAssets(model_dir=cache_dir / "tiny-whisper", dataset_dir=cache_dir / "speech-demo")
+    with _exclusive_lock(cache_dir / ".demo-assets.lock"):
+        _build_once(assets.model_dir, build_tiny_whisper)
+        _build_once(assets.dataset_dir, synthesize_speech_dataset)
+    return assets

@@ -1,0 +1,265 @@
+"""`python -m trainer`: find the cluster, check every flag, then become `accelerate launch`.
+
+Runs once per node (the container's entrypoint). It resolves the topology from Vertex AI's
+environment, validates the training program's flags and inputs (so bad input fails here,
+in a second, before any process group or GPU is touched), builds the `accelerate launch`
+command, and replaces itself with it. `--dry-run` prints the plan as JSON instead.
+
+`build_launch_plan` is pure: the same topology, hardware and flags always give the same
+command, which is what the tests check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainer.cluster import Topology, resolve_topology
+from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
+from trainer.errors import UserError
+from trainer.hardware import Hardware
+
+DEMO_RECIPE = RECIPES_DIR / "demo.yaml"
+
+VERTEX_NODE_LEVEL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""Vertex AI sets these per NODE; torchrun sets its own per PROCESS, so ours are dropped."""
+
+SECRET_FLAG_MARKERS = ("token", "key", "secret", "password")
+
+
+@dataclass
+class LauncherArguments:
+    nproc_per_node: int | None = field(
+        default=None,
+        metadata={"help": "Processes per node (default: one per GPU; 1 on a CPU-only node)."},
+    )
+    deepspeed: str = field(
+        default="zero2",
+        metadata={
+            "help": "DeepSpeed preset (zero2, zero3, zero3-offload), the path of a DeepSpeed "
+            "JSON config, or none for plain DDP."
+        },
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rendezvous port on the chief (default: the port in CLUSTER_SPEC, 2222 on "
+            "Vertex AI; 29500 for a single node). Give every node the same value."
+        },
+    )
+    rdzv_timeout: int = field(
+        default=1800,
+        metadata={
+            "help": "Seconds the nodes wait for each other at start-up (Vertex AI replicas may "
+            "start minutes apart). Collectives during training time out after --ddp_timeout."
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Print the resolved topology and launch command as JSON; start nothing."},
+    )
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    topology: Topology
+    hardware: Hardware
+    argv: list[str]
+    env: dict[str, str]
+    """Variables set for the launched processes (on top of the current environment)."""
+    unset_env: list[str]
+    """Variables removed from the current environment before launching."""
+
+    def describe(self) -> dict:
+        return {
+            "topology": {**asdict(self.topology), "world_size": self.topology.world_size},
+            "hardware": asdict(self.hardware),
+            "command": redact_secrets(self.argv),
+            "env": self.env,
+            "unset_env": self.unset_env,
+        }
+
+
+def build_launch_plan(
+    topology: Topology,
+    hardware: Hardware,
+    options: LauncherArguments,
+    deepspeed_config: Path | None,
+    training_argv: list[str],
+    mixed_precision: str,
+    current_env: Mapping[str, str],
+    cache_dir: Path,
+    python: str = sys.executable,
+) -> LaunchPlan:
+    """The `accelerate launch` command and environment for this node (pure)."""
+    argv = [
+        python, "-m", "accelerate.commands.launch",
+        "--num_machines", str(topology.num_nodes),
+        "--machine_rank", str(topology.node_rank),
+        "--num_processes", str(topology.world_size),
+        "--main_process_ip", topology.master_addr,
+        "--main_process_port", str(topology.master_port),
+        "--mixed_precision", mixed_precision,
+        "--dynamo_backend", "no",
+        "--rdzv_backend", "static",
+        "--rdzv_conf", f"timeout={options.rdzv_timeout}",
+        "--max_restarts", "0",
+    ]  # fmt: skip
+    if deepspeed_config is not None:
+        argv += [
+            "--use_deepspeed",
+            "--deepspeed_config_file", str(deepspeed_config),
+            "--deepspeed_multinode_launcher", "standard",
+        ]  # fmt: skip
+    elif topology.world_size > 1:
+        argv.append("--multi_gpu")
+    argv += ["--module", "trainer.train", *training_argv]
+    if deepspeed_config is not None:
+        argv += ["--deepspeed", str(deepspeed_config)]
+
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": current_env.get(
+            "OMP_NUM_THREADS", str(max(1, hardware.cpu_count // topology.nproc_per_node))
+        ),
+    }
+    if hardware.gpu_count == 0:
+        env["DS_ACCELERATOR"] = "cpu"
+        env["TORCH_EXTENSIONS_DIR"] = current_env.get(
+            "TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")
+        )
+    unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
+    return LaunchPlan(topology, hardware, argv, env, unset)
+
+
+def resolve_mixed_precision(bf16: bool, fp16: bool, hardware: Hardware) -> str:
+    """The user's --bf16/--fp16 if the hardware can do it, else what the hardware does best."""
+    if bf16 and fp16:
+        raise UserError("--bf16 and --fp16 are mutually exclusive: choose one.")
+    if fp16 and hardware.gpu_count == 0:
+        raise UserError("--fp16 needs a GPU; this node has none (leave precision flags out).")
+    if bf16 and not hardware.supports_bf16:
+        device = hardware.gpu_name or "a CPU-only node"
+        raise UserError(f"--bf16 needs an Ampere or newer GPU; this is {device}.")
+    if bf16:
+        return "bf16"
+    if fp16:
+        return "fp16"
+    return hardware.mixed_precision
+
+
+def redact_secrets(argv: list[str]) -> list[str]:
+    redacted = list(argv)
+    for i, arg in enumerate(redacted[:-1]):
+        if arg.startswith("--") and any(mark in arg.lower() for mark in SECRET_FLAG_MARKERS):
+            redacted[i + 1] = "***"
+    return redacted
+
+
+def cache_dir() -> Path:
+    """Per-machine cache for demo assets and compiled DeepSpeed ops; survives runs."""
+    if "TRAINER_CACHE_DIR" in os.environ:
+        return Path(os.environ["TRAINER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "vertex-trainer"
+
+
+def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArguments, LaunchPlan]:
+    """Everything before the exec: parse, validate, resolve (the only I/O is local checks)."""
+    from trainer.arguments import FlagParser, parse_flags
+    from trainer.deepspeed_config import resolve_deepspeed_config
+    from trainer.hardware import detect_hardware
+
+    options, training_argv = FlagParser([LauncherArguments]).parse_known_args(
+        expand_config_file(argv)
+    )
+    options = LauncherArguments(**vars(options))
+    hardware = detect_hardware()
+    topology = resolve_topology(
+        env, hardware.gpu_count, options.nproc_per_node, options.master_port
+    )
+    deepspeed_config = resolve_deepspeed_config(options.deepspeed)
+
+    flags = parse_flags(training_argv)
+    if flags.model.model_name_or_path is None or flags.data.dataset_name is None:
+        training_argv = with_demo_defaults(flags, training_argv)
+        flags = parse_flags(training_argv)
+    flags.task.check_inputs()
+    mixed_precision = resolve_mixed_precision(flags.training.bf16, flags.training.fp16, hardware)
+    if mixed_precision != "no" and not (flags.training.bf16 or flags.training.fp16):
+        training_argv = [*training_argv, f"--{mixed_precision}", "true"]
+
+    return options, build_launch_plan(
+        topology,
+        hardware,
+        options,
+        deepspeed_config,
+        training_argv,
+        mixed_precision,
+        env,
+        cache_dir(),
+    )
+
+
+def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
+    """No model and no dataset given: the built-in demo (tiny Whisper, synthesized speech).
+
+    Its assets are built on this node (once; they are cached), since nodes share no disk.
+    """
+    if flags.model.model_name_or_path is not None or flags.data.dataset_name is not None:
+        raise UserError(
+            "Give both --model_name_or_path and --dataset_name, "
+            "or neither to run the built-in demo."
+        )
+    from trainer.demo_assets import prepare_demo_assets
+
+    assets = prepare_demo_assets(cache_dir() / "demo")
+    return [
+        *config_file_flags(DEMO_RECIPE),
+        "--model_name_or_path", str(assets.model_dir),
+        "--dataset_name", str(assets.dataset_dir),
+        *training_argv,
+    ]  # fmt: skip
+
+
+def print_help(argv: list[str]) -> None:
+    from trainer.arguments import FlagParser, build_parser, selected_task_name
+    from trainer.tasks import load_task
+
+    launcher = FlagParser([LauncherArguments], prog="python -m trainer [config.yaml]")
+    print(
+        launcher.format_help().replace(
+            "usage:", "Launcher flags (one launcher per node)\nusage:", 1
+        )
+    )
+    task = load_task(selected_task_name(argv))
+    print("Training flags (passed to every process; --task selects the flags shown):\n")
+    print(build_parser(task).format_help().split("\n\n", 1)[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if "-h" in argv or "--help" in argv:
+            print_help([a for a in argv if a not in ("-h", "--help")])
+            return
+        options, plan = prepare_launch(argv, os.environ)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if options.dry_run:
+        print(json.dumps(plan.describe(), indent=2))
+        return
+    topology = plan.topology
+    print(
+        f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
+        f"{topology.nproc_per_node} process(es) per node, world size {topology.world_size}, "
+        f"rendezvous {topology.master_addr}:{topology.master_port}",
+        flush=True,
+    )
+    env = {k: v for k, v in os.environ.items() if k not in plan.unset_env} | plan.env
+    os.execve(plan.argv[0], plan.argv, env)

@@ -1,0 +1,62 @@
+"""The face every training task shows to the training program.
+
+`trainer/train.py` knows tasks only through this class: it asks a task for its datasets,
+its model and processor, how to batch examples and how to score predictions. A task never
+imports the training program, the launcher or storage.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from transformers import Trainer, TrainingArguments
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import EvalPrediction, PreTrainedModel
+
+    from trainer.arguments import DataArguments, ModelArguments
+
+
+class Task(ABC):
+    arguments_class: ClassVar[type]
+    """Dataclass of the task's own flags (parsed with the common ones)."""
+    training_arguments_class: ClassVar[type[TrainingArguments]] = TrainingArguments
+    trainer_class: ClassVar[type[Trainer]] = Trainer
+    default_metric: ClassVar[str]
+    """The metric used for `metric_for_best_model` and hyperparameter tuning by default."""
+    lower_is_better: ClassVar[frozenset[str]] = frozenset()
+    """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
+
+    def __init__(self, model: ModelArguments, data: DataArguments, options: Any) -> None:
+        self.model_args = model
+        self.data_args = data
+        self.options = options
+
+    def check_inputs(self) -> None:
+        """Cheap checks of paths, columns and options, run by the launcher before any launch."""
+
+    def adjust_training_arguments(self, training: Any) -> None:
+        """Set what the task requires of TrainingArguments (on the parsed namespace)."""
+
+    @abstractmethod
+    def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
+        """Training and evaluation datasets, with only the columns the collator needs.
+
+        Called after `build_model_and_processor`, so limits that depend on the model (such
+        as Whisper's input window) can be applied while loading.
+        """
+
+    @abstractmethod
+    def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
+        """The model to fine-tune and the processor saved next to it."""
+
+    @abstractmethod
+    def data_collator(self, processor: Any) -> Callable[[list[dict]], dict]:
+        """Turns a list of raw examples into a model batch (feature extraction happens here)."""
+
+    @abstractmethod
+    def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:
+        """Scores evaluation predictions."""

@@ -1,0 +1,402 @@
+"""Speech recognition with Whisper, scored by word error rate (WER).
+
+Unlike the classic recipe, no `datasets.map` pass computes log-mel features over the whole
+corpus on every node before training: audio is decoded (and resampled to 16 kHz) when an
+example is read, and the collator turns a batch of waveforms into features in one
+vectorised call. Training starts as soon as the first batch is ready.
+
+Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory
+(`metadata.csv` or `metadata.jsonl` with a `file_name` column, at the top or in one folder
+per split), or a local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`,
+`test.tsv`, ...; `dev` is the `validation` split).
+"""
+
+from __future__ import annotations
+
+import csv
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+
+from trainer.data_sources import (
+    LocalLayout,
+    check_columns,
+    check_splits,
+    local_directory,
+    looks_like_path,
+    split_names,
+    table_header,
+)
+from trainer.errors import UserError
+from trainer.tasks.base import Task
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+SAMPLING_RATE = 16_000
+"""Whisper's feature extractor expects 16 kHz audio; every source is resampled to it."""
+
+COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
+"""Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
+
+AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl")
+
+
+@dataclass
+class SpeechArguments:
+    audio_column_name: str = field(default="audio", metadata={"help": "Column with the audio."})
+    text_column_name: str = field(
+        default="text", metadata={"help": "Column with the transcription (Common Voice: sentence)."}
+    )
+    language: str | None = field(
+        default=None,
+        metadata={"help": "Spoken language, by name or code (english, en, serbian, sr, ...)."},
+    )
+    whisper_task: Literal["transcribe", "translate"] = field(
+        default="transcribe", metadata={"help": "Whisper's own task: transcribe or translate."}
+    )
+    max_duration_in_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Drop longer clips (default: the model's input window, 30 s for Whisper)."
+        },
+    )
+    min_duration_in_seconds: float = field(default=0.0, metadata={"help": "Drop shorter clips."})
+    do_lower_case: bool = field(default=False, metadata={"help": "Lower-case training targets."})
+    do_remove_punctuation: bool = field(
+        default=False, metadata={"help": "Remove punctuation from training targets."}
+    )
+    do_normalize_eval: bool = field(
+        default=True,
+        metadata={"help": "Normalise predictions and references (Whisper's normaliser) for WER."},
+    )
+    freeze_encoder: bool = field(
+        default=False, metadata={"help": "Train the decoder only (keeps the audio encoder fixed)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.language is not None:
+            self.language = _language_name(self.language)
+        if self.max_duration_in_seconds is not None and self.max_duration_in_seconds <= 0:
+            raise ValueError("--max_duration_in_seconds must be positive.")
+        if (
+            self.max_duration_in_seconds is not None
+            and self.min_duration_in_seconds >= self.max_duration_in_seconds
+        ):
+            raise ValueError(
+                "--min_duration_in_seconds must be smaller than --max_duration_in_seconds."
+            )
+
+
+def _language_name(language: str) -> str:
+    """Accept a language by name or code, case-insensitively; return Whisper's name."""
+    key = language.lower().strip("<|>")
+    if key in TO_LANGUAGE_CODE:
+        return LANGUAGES[TO_LANGUAGE_CODE[key]]
+    if key in LANGUAGES:
+        return LANGUAGES[key]
+    raise ValueError(
+        f'Unknown language "{language}": use a Whisper language name or code (e.g. english, en).'
+    )
+
+
+def detect_local_layout(directory: Path) -> LocalLayout:
+    """Recognise an audiofolder or Common Voice-style directory from its files."""
+    tsv_files = sorted(directory.glob("*.tsv"))
+    if (directory / "clips").is_dir() and tsv_files:
+        header = table_header(tsv_files[0])
+        return LocalLayout(
+            builder="csv",
+            splits={
+                COMMON_VOICE_SPLIT_FILES.get(path.stem, path.stem): [path] for path in tsv_files
+            },
+            columns=frozenset(header) - {"path"} | {"audio"},
+            load_kwargs={"delimiter": "\t", "quoting": csv.QUOTE_NONE},
+        )
+    metadata = _audiofolder_metadata(directory)
+    if metadata:
+        header = table_header(next(iter(metadata.values())))
+        return LocalLayout(
+            builder="audiofolder",
+            splits={name: [path.parent] for name, path in metadata.items()},
+            columns=frozenset(header) - {"file_name"} | {"audio"},
+            load_kwargs={"data_dir": str(directory)},
+        )
+    raise UserError(
+        f"{directory} is neither an audiofolder ({' or '.join(AUDIOFOLDER_METADATA)} with a "
+        "file_name column) nor a Common Voice directory (clips/ and .tsv files)."
+    )
+
+
+def _audiofolder_metadata(directory: Path) -> dict[str, Path]:
+    for name in AUDIOFOLDER_METADATA:
+        if (directory / name).is_file():
+            return {"train": directory / name}
+    return {
+        sub.name: sub / name
+        for sub in sorted(p for p in directory.iterdir() if p.is_dir())
+        for name in AUDIOFOLDER_METADATA
+        if (sub / name).is_file()
+    }
+
+
+class SpeechRecognitionTask(Task):
+    arguments_class = SpeechArguments
+    training_arguments_class = Seq2SeqTrainingArguments
+    trainer_class = Seq2SeqTrainer
+    default_metric = "wer"
+    lower_is_better = frozenset({"wer"})
+    options: SpeechArguments
+
+    def check_inputs(self) -> None:
+        name = self.data_args.dataset_name
+        if name is None or not looks_like_path(name):
+            return  # a hub dataset: checked when it is loaded
+        directory = local_directory(name)
+        layout = detect_local_layout(directory)
+        check_splits(layout, self.data_args.train_split_name, directory)
+        check_splits(layout, self.data_args.eval_split_name, directory)
+        check_columns(layout.columns, self._column_flags(), str(directory))
+
+    def adjust_training_arguments(self, training: Any) -> None:
+        # WER needs generated text, and the collator needs the raw audio and text columns.
+        training.predict_with_generate = True
+        training.remove_unused_columns = False
+        if training.generation_max_length is None:
+            training.generation_max_length = 225
+
+    def build_model_and_processor(self):
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        path, cache_dir = self.model_args.model_name_or_path, self.model_args.cache_dir
+        processor = WhisperProcessor.from_pretrained(path, cache_dir=cache_dir)
+        model = WhisperForConditionalGeneration.from_pretrained(path, cache_dir=cache_dir)
+        processor.tokenizer.set_prefix_tokens(
+            language=self.options.language, task=self.options.whisper_task
+        )
+        model.generation_config.language = self.options.language
+        model.generation_config.task = self.options.whisper_task
+        model.generation_config.forced_decoder_ids = None
+        model.config.forced_decoder_ids = None
+        if self.options.freeze_encoder:
+            model.freeze_encoder()
+        self._max_label_length = model.config.max_target_positions
+        return model, processor
+
+    def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
+        window = processor.feature_extractor.chunk_length
+        max_duration = self.options.max_duration_in_seconds or window
+        if max_duration > window:
+            raise UserError(
+                f"--max_duration_in_seconds {max_duration} exceeds the model's {window} s input "
+                "window; longer clips would be cut while their transcripts are not."
+            )
+        train = self._load_split(self.data_args.train_split_name, self.data_args.max_train_samples)
+        train = _filter_by_duration(
+            train, self.options.min_duration_in_seconds, max_duration, self.data_args
+        )
+        evaluation = None
+        if self.data_args.eval_split_name:
+            evaluation = self._load_split(
+                self.data_args.eval_split_name, self.data_args.max_eval_samples
+            )
+        return train, evaluation
+
+    def data_collator(self, processor) -> SpeechCollator:
+        return SpeechCollator(
+            processor=processor,
+            normalize_target=self._target_normalizer(),
+            max_label_length=self._max_label_length,
+        )
+
+    def compute_metrics(self, processor) -> Callable:
+        tokenizer = processor.tokenizer
+        normalize = _identity
+        if self.options.do_normalize_eval:
+            normalize = (
+                tokenizer.normalize
+                if self.options.language == "english"
+                else (tokenizer.basic_normalize)
+            )
+
+        def word_error_rate(prediction) -> dict[str, float]:
+            import jiwer
+
+            predicted_ids = prediction.predictions
+            if isinstance(predicted_ids, tuple):
+                predicted_ids = predicted_ids[0]
+            predicted_ids = np.where(predicted_ids < 0, tokenizer.pad_token_id, predicted_ids)
+            label_ids = np.where(
+                prediction.label_ids < 0, tokenizer.pad_token_id, prediction.label_ids
+            )
+            predictions = tokenizer.batch_decode(predicted_ids, skip_special_tokens=True)
+            references = tokenizer.batch_decode(label_ids, skip_special_tokens=True)
+            pairs = [
+                (normalize(ref), normalize(pred))
+                for ref, pred in zip(references, predictions, strict=True)
+            ]
+            pairs = [(ref, pred) for ref, pred in pairs if ref.strip()]
+            if not pairs:
+                return {"wer": float("nan")}
+            refs, preds = zip(*pairs, strict=True)
+            return {"wer": 100.0 * jiwer.wer(list(refs), list(preds))}
+
+        return word_error_rate
+
+    def _column_flags(self) -> dict[str, str]:
+        return {
+            "audio_column_name": self.options.audio_column_name,
+            "text_column_name": self.options.text_column_name,
+        }
+
+    def _target_normalizer(self) -> Callable[[str], str]:
+        steps = []
+        if self.options.do_lower_case:
+            steps.append(str.lower)
+        if self.options.do_remove_punctuation:
+            table = str.maketrans("", "", string.punctuation)
+            steps.append(lambda text: text.translate(table))
+
+        def normalize(text: str) -> str:
+            for step in steps:
+                text = step(text)
+            return text.strip()
+
+        return normalize
+
+    def _load_split(self, spec: str, max_samples: int | None) -> Dataset:
+        from datasets import Audio
+
+        dataset = self._load_raw(spec)
+        check_columns(
+            dataset.column_names,
+            self._column_flags(),
+            f"dataset {self.data_args.dataset_name} split {spec}",
+        )
+        audio, text = self.options.audio_column_name, self.options.text_column_name
+        dataset = dataset.select_columns([audio, text]).rename_columns(
+            {audio: "audio", text: "text"} if (audio, text) != ("audio", "text") else {}
+        )
+        if max_samples is not None:
+            dataset = dataset.select(range(min(max_samples, len(dataset))))
+        return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+
+    def _load_raw(self, spec: str) -> Dataset:
+        from datasets import Audio, load_dataset
+
+        name = self.data_args.dataset_name
+        if not looks_like_path(name):
+            return _load_or_explain(
+                name,
+                lambda: load_dataset(
+                    name,
+                    self.data_args.dataset_config_name,
+                    split=spec,
+                    cache_dir=self.model_args.cache_dir,
+                ),
+            )
+        directory = local_directory(name)
+        layout = detect_local_layout(directory)
+        check_splits(layout, spec, directory)
+        if layout.builder == "audiofolder":
+            return _load_or_explain(
+                name, lambda: load_dataset("audiofolder", split=spec, **layout.load_kwargs)
+            )
+        files = {split: [str(p) for p in layout.splits[split]] for split in split_names(spec)}
+        table = _load_or_explain(
+            name, lambda: load_dataset("csv", data_files=files, split=spec, **layout.load_kwargs)
+        )
+        clips = directory / "clips"
+        table = table.map(
+            lambda batch: {"audio": [str(clips / p) for p in batch["path"]]},
+            batched=True,
+            remove_columns=["path"],
+        )
+        return table.cast_column("audio", Audio())
+
+
+def _load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return load()
+    except (DatasetNotFoundError, FileNotFoundError, ConnectionError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise UserError(f"Could not load dataset {name}: {first_line}") from None
+
+
+def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) -> Dataset:
+    """Drop clips outside [low, high] seconds, reading only each file's header."""
+    from datasets import Audio
+
+    encoded = dataset.cast_column("audio", Audio(decode=False))
+    kept = encoded.filter(
+        lambda audio: low <= _duration_seconds(audio) <= high,
+        input_columns=["audio"],
+        num_proc=data_args.preprocessing_num_workers,
+        desc="Filtering clips by duration",
+    )
+    return kept.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+
+
+def _duration_seconds(audio: dict) -> float:
+    from torchcodec.decoders import AudioDecoder
+
+    decoder = AudioDecoder(audio["bytes"] if audio.get("bytes") else audio["path"])
+    duration = decoder.metadata.duration_seconds_from_header
+    if duration is None:
+        duration = decoder.get_all_samples().duration_seconds
+    return duration
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+@dataclass
+class SpeechCollator:
+    """Decoded waveforms + transcripts -> Whisper's log-mel features and padded label ids.
+
+    Feature extraction runs here, batched, inside the data loader's workers: no corpus-wide
+    preprocessing pass, and the work is spread over the loader processes of every rank.
+    """
+
+    processor: Any
+    normalize_target: Callable[[str], str]
+    max_label_length: int
+
+    def __call__(self, examples: list[dict]) -> dict:
+        waveforms = [_mono_waveform(example["audio"]) for example in examples]
+        features = self.processor.feature_extractor(
+            waveforms, sampling_rate=SAMPLING_RATE, return_tensors="pt"
+        )
+        tokenizer = self.processor.tokenizer
+        encoded = tokenizer(
+            [self.normalize_target(example["text"]) for example in examples],
+            padding=True,
+            truncation=True,
+            max_length=self.max_label_length,
+            return_tensors="pt",
+        )
+        labels = encoded.input_ids.masked_fill(encoded.attention_mask.ne(1), -100)
+        # The model prepends the start-of-transcript token itself when it shifts labels.
+        start = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+        if bool((labels[:, 0] == start).all()):
+            labels = labels[:, 1:]
+        return {"input_features": features.input_features, "labels": labels}
+
+
+def _mono_waveform(audio) -> np.ndarray:
+    samples = audio.get_all_samples()
+    if samples.sample_rate != SAMPLING_RATE:
+        raise ValueError(f"audio decoded at {samples.sample_rate} Hz, expected {SAMPLING_RATE}")
+    return samples.data.mean(dim=0).numpy()
+
+
+TASK = SpeechRecognitionTask
