@@ -31,7 +31,7 @@ class LocalLayout:
 
 
 def looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or Path(name).is_dir()
+    return name.startswith(("/", "./", "../", "~", "gs://")) or Path(name).is_dir()
 
 
 def local_directory(name: str) -> Path:

@@ -1,0 +1,161 @@
+"""Bad input: one clear line, exit code 2, and nothing launched.
+
+The launcher is called in-process (fast), with `os.execve` replaced by a tripwire that
+fails the test if the launcher ever got as far as starting accelerate. One case also runs
+the real command line to show the same through a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from trainer import launch
+
+
+@pytest.fixture
+def launcher(monkeypatch, capsys, demo_assets, tmp_path):
+    """Run `python -m trainer ARGS` in-process; return (exit code, stdout, stderr)."""
+
+    def never_launch(*args):
+        raise AssertionError(f"bad input reached the launch: {args}")
+
+    monkeypatch.setattr(launch.os, "execve", never_launch)
+    monkeypatch.chdir(tmp_path)
+    for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(args: list[str], env: dict[str, str] | None = None):
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        model = ["--model_name_or_path", str(demo_assets.model_dir)]
+        data = ["--dataset_name", str(demo_assets.dataset_dir)]
+        columns = ["--text_column_name", "transcription"]
+        with pytest.raises(SystemExit) as exit_info:
+            launch.main([*model, *data, *columns, *args])
+        captured = capsys.readouterr()
+        return exit_info.value.code, captured.out, captured.err
+
+    return run
+
+
+def spec(task_type: str, index: int = 0) -> str:
+    return json.dumps(
+        {
+            "cluster": {"workerpool0": ["chief:2222"], "workerpool1": ["w:2222"],
+                        "workerpool2": ["rs:2222"]},
+            "task": {"type": task_type, "index": index},
+        }
+    )  # fmt: skip
+
+
+BAD_INPUTS = [
+    pytest.param([], {"CLUSTER_SPEC": "{oops"}, "CLUSTER_SPEC is not valid JSON", id="spec-json"),
+    pytest.param(
+        [],
+        {"CLUSTER_SPEC": spec("workerpool1", 3)},
+        "lists 1 replica",
+        id="spec-index-out-of-range",
+    ),
+    pytest.param(
+        [],
+        {"CLUSTER_SPEC": spec("workerpool2")},
+        "must run its own image",
+        id="reduction-server-replica",
+    ),
+    pytest.param(["--deepspeed", "zero9"], {}, 'Unknown DeepSpeed preset "zero9"', id="preset"),
+    pytest.param(
+        ["--dataset_name", "/no/such/dir"],
+        {},
+        "Dataset directory /no/such/dir not found",
+        id="dataset-path",
+    ),
+    pytest.param(
+        ["--dataset_name", str(REPO_ROOT / "trainer")],
+        {},
+        "is neither an audiofolder",
+        id="dataset-layout",
+    ),
+    pytest.param(["--dataset_name", "gs://bucket/data"], {}, "Cloud Storage FUSE", id="gs-dataset"),
+    pytest.param(
+        ["--audio_column_name", "sound"],
+        {},
+        'Column "sound" (--audio_column_name)',
+        id="audio-column",
+    ),
+    pytest.param(
+        ["--text_column_name", "sentence"],
+        {},
+        'Column "sentence" (--text_column_name)',
+        id="text-column",
+    ),
+    pytest.param(
+        ["--eval_split_name", "validation"], {}, 'Split "validation" not found', id="split"
+    ),
+    pytest.param(["--language", "klingon"], {}, 'Unknown language "klingon"', id="language"),
+    pytest.param(["--bf16", "true", "--fp16", "true"], {}, "mutually exclusive", id="bf16+fp16"),
+    pytest.param(["--fp16", "true"], {}, "--fp16 needs a GPU", id="fp16-on-cpu"),
+    pytest.param(["--learning_rat", "1e-4"], {}, "Unknown flag(s): --learning_rat", id="typo"),
+    pytest.param(["--learning_rate", "fast"], {}, "invalid float value: 'fast'", id="type"),
+    pytest.param(["--task", "dance"], {}, 'Unknown task "dance"', id="task"),
+    pytest.param(["--nproc_per_node", "0"], {}, "at least 1", id="nproc"),
+    pytest.param(["--max_duration_in_seconds", "0"], {}, "must be positive", id="duration"),
+    pytest.param(["--whisper_task", "summarize"], {}, "invalid choice", id="whisper-task"),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "message"), BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(launcher, args, env, message):
+    code, out, err = launcher(args, env)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_model_without_dataset_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--model_name_or_path", "openai/whisper-small"])
+    assert exit_info.value.code == 2
+    assert "Give both --model_name_or_path and --dataset_name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("- a list\n", "must map flag names"), ("key: [unclosed\n", "not valid YAML")],
+)
+def test_bad_config_file(monkeypatch, capsys, tmp_path, content, message):
+    config = tmp_path / "recipe.yaml"
+    config.write_text(content)
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    with pytest.raises(SystemExit):
+        launch.main([str(config)])
+    assert message in capsys.readouterr().err
+
+
+def test_missing_config_file_names_the_shipped_recipes(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["whisper-tiny-nope.yaml"])
+    err = capsys.readouterr().err
+    assert "Config file whisper-tiny-nope.yaml not found" in err
+    assert "whisper-small.yaml" in err
+
+
+def test_real_command_line_fails_fast_with_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer", "--deepspeed", "zero9"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        'error: Unknown DeepSpeed preset "zero9": choose one of zero2, zero3, zero3-offload, '
+        "none, or give the path of a DeepSpeed JSON config."
+    ]

@@ -1,0 +1,144 @@
+"""The speech task on real audio: data layouts, resampling, batching and WER."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from transformers import EvalPrediction
+
+from trainer.arguments import parse_flags
+from trainer.errors import UserError
+
+COMMON_VOICE_COLUMNS = ["client_id", "path", "sentence", "up_votes", "down_votes", "age",
+                        "gender", "accents", "locale", "segment"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def common_voice_dir(demo_assets, tmp_path_factory):
+    """A Common Voice-style copy of the demo speech: 48 kHz MP3 clips and TSV splits.
+
+    Sentences get quotes and an apostrophe, which Common Voice has and csv quoting breaks.
+    """
+    root = tmp_path_factory.mktemp("common-voice")
+    (root / "clips").mkdir()
+    splits = {"train": "train", "dev": "test", "test": "test"}
+    jobs = []
+    for tsv, source in splits.items():
+        with (demo_assets.dataset_dir / source / "metadata.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        with (root / f"{tsv}.tsv").open("w") as out:
+            out.write("\t".join(COMMON_VOICE_COLUMNS) + "\n")
+            for i, row in enumerate(rows[:6]):
+                clip = f"common_voice_en_{tsv}_{i}.mp3"
+                sentence = f'"{row["transcription"]}," she said, it\'s fine'
+                values = ["c1", clip, sentence, "2", "0", "", "", "", "en", ""]
+                out.write("\t".join(values) + "\n")
+                jobs.append(
+                    (demo_assets.dataset_dir / source / row["file_name"], root / "clips" / clip)
+                )
+
+    def to_mp3(job):
+        wav, mp3 = job
+        subprocess.run(
+            ["ffmpeg", "-loglevel", "error", "-i", str(wav), "-ar", "48000", str(mp3)], check=True
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(to_mp3, jobs))
+    return root
+
+
+def speech_task(model_dir, dataset_dir, *extra):
+    flags = parse_flags(
+        [
+            "--model_name_or_path",
+            str(model_dir),
+            "--dataset_name",
+            str(dataset_dir),
+            "--language",
+            "en",
+            *extra,
+        ]
+    )
+    task = flags.task
+    task.check_inputs()
+    model, processor = task.build_model_and_processor()
+    return task, model, processor
+
+
+def test_common_voice_directory_loads_mp3_at_16khz(demo_assets, common_voice_dir):
+    task, _, processor = speech_task(
+        demo_assets.model_dir, common_voice_dir, "--text_column_name", "sentence",
+        "--train_split_name", "train+validation",
+    )  # fmt: skip
+    train, evaluation = task.load_datasets(processor)
+    assert len(train) == 12 and len(evaluation) == 6
+    assert train.column_names == ["audio", "text"]
+    example = train[0]
+    assert example["text"].startswith('"') and "it's fine" in example["text"]
+    samples = example["audio"].get_all_samples()
+    assert samples.sample_rate == 16_000
+    assert 0.3 < samples.duration_seconds < 4
+
+
+def test_audiofolder_duration_filter_reads_headers(demo_assets):
+    task, _, processor = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription",
+        "--max_duration_in_seconds", "1.4",
+    )  # fmt: skip
+    train, _ = task.load_datasets(processor)
+    durations = [ex["audio"].get_all_samples().duration_seconds for ex in train]
+    assert 0 < len(train) < 48, "the filter should keep some clips and drop others"
+    assert max(durations) <= 1.4 + 0.01
+
+
+def test_max_duration_beyond_the_model_window_is_refused(demo_assets):
+    task, _, processor = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription",
+        "--max_duration_in_seconds", "20",
+    )  # fmt: skip
+    with pytest.raises(UserError, match="exceeds the model's 6 s input window"):
+        task.load_datasets(processor)
+
+
+def test_collator_makes_whisper_batches_from_raw_audio(demo_assets):
+    task, model, processor = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription",
+        "--do_lower_case", "true", "--do_remove_punctuation", "true",
+    )  # fmt: skip
+    train, _ = task.load_datasets(processor)
+    examples = [train[i] for i in range(3)]
+    examples[0]["text"] = "Hello, World!"
+    batch = task.data_collator(processor)(examples)
+
+    frames = 2 * model.config.max_source_positions
+    assert tuple(batch["input_features"].shape) == (3, 80, frames)
+    labels = batch["labels"]
+    tokenizer = processor.tokenizer
+    # the start-of-transcript token is stripped (the model prepends it when shifting)
+    assert (labels[:, 0] == tokenizer.convert_tokens_to_ids("<|en|>")).all()
+    assert (labels == -100).any(), "shorter label rows are padded with -100"
+    first = labels[0][labels[0] != -100]
+    assert tokenizer.decode(first, skip_special_tokens=True) == "hello world"
+    loss = model(**batch).loss
+    assert np.isfinite(loss.item())
+
+
+def test_word_error_rate(demo_assets):
+    task, _, processor = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription"
+    )
+    tokenizer = processor.tokenizer
+    references = ["the cat sat on the mat", "red green blue"]
+    hypotheses = ["the cat sat on a mat", "red green blue"]
+    labels = tokenizer(references, padding=True, return_tensors="np")
+    label_ids = np.where(labels.attention_mask == 1, labels.input_ids, -100)
+    predictions = tokenizer(hypotheses, padding=True, return_tensors="np").input_ids
+    metrics = task.compute_metrics(processor)(EvalPrediction(predictions, label_ids))
+    assert metrics["wer"] == pytest.approx(100 * 1 / 9)
+    perfect = task.compute_metrics(processor)(EvalPrediction(label_ids, label_ids))
+    assert perfect["wer"] == 0
