@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,6 +67,19 @@ class TrainerProcess:
                 self.process.wait()
         return self.process.returncode, self.log.read_text()
 
+    def kill_node(self) -> None:
+        """SIGKILL the launcher and every process under it, as a dead machine would.
+
+        torchrun starts each worker in its own session, so killing the launcher's process
+        group is not enough: the whole process tree is collected first, then killed.
+        """
+        import psutil
+
+        launcher = psutil.Process(self.process.pid)
+        for process in [launcher, *launcher.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
 
 def start_trainer(args: list[str], cwd: Path, env: dict[str, str]) -> TrainerProcess:
     """Start `python -m trainer ARGS` exactly as a user (or the image's entrypoint) would.
@@ -79,8 +95,39 @@ def start_trainer(args: list[str], cwd: Path, env: dict[str, str]) -> TrainerPro
             env=env,
             stdout=handle,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a test can kill the whole node
         )
     return TrainerProcess(process, log)
+
+
+def start_nodes(
+    root: Path, assets: DemoAssets, args: list[str], num_nodes: int = 2, **env: str
+) -> list[TrainerProcess]:
+    """Start one launcher per simulated Vertex AI node, as each replica would run it.
+
+    Each node gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1 on a free
+    port), Vertex's node-level RANK/WORLD_SIZE, and its own directory with its own copy of
+    the model and data: nodes share no disk.
+    """
+    port = free_port()
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"],
+               "workerpool1": [f"127.0.0.1:{port}"] * (num_nodes - 1)}  # fmt: skip
+    nodes = []
+    for rank in range(num_nodes):
+        pool, index = ("workerpool0", 0) if rank == 0 else ("workerpool1", rank - 1)
+        node_dir = root / f"node{rank}"
+        node_dir.mkdir(parents=True)
+        model_dir = shutil.copytree(assets.model_dir, node_dir / "model-in")
+        data_dir = shutil.copytree(assets.dataset_dir, node_dir / "data")
+        spec = {"cluster": cluster, "environment": "cloud",
+                "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
+        node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
+                               RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
+        node_args = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
+                     "--text_column_name", "transcription", "--language", "en",
+                     "--nproc_per_node", "1", *args]  # fmt: skip
+        nodes.append(start_trainer(node_args, cwd=node_dir, env=node_env))
+    return nodes
 
 
 def run_trainer(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600):
@@ -91,3 +138,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """A running Cloud Storage emulator (with bucket `test-bucket`) for this test session."""
+    from tests.gcs_emulator import running_emulator
+
+    with running_emulator() as url:
+        yield url
+
+
+@pytest.fixture
+def gcs(gcs_emulator, monkeypatch):
+    """Point this process's storage client at the emulator; yield the emulator URL."""
+    from trainer import storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    storage._client.cache_clear()
+    yield gcs_emulator
+    storage._client.cache_clear()

@@ -159,3 +159,17 @@ def test_real_command_line_fails_fast_with_one_line(tmp_path):
         'error: Unknown DeepSpeed preset "zero9": choose one of zero2, zero3, zero3-offload, '
         "none, or give the path of a DeepSpeed JSON config."
     ]
+
+
+def test_missing_bucket_fails_before_launch(launcher, gcs):
+    code, _, err = launcher([], {"AIP_CHECKPOINT_DIR": "gs://no-such-bucket/job/checkpoints/"})
+    assert code == 2
+    assert err == "error: Bucket gs://no-such-bucket does not exist.\n"
+
+
+def test_unwritable_model_dir_fails_before_launch(launcher, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    code, _, err = launcher(["--model_dir", str(blocker / "model")])
+    assert code == 2
+    assert err.startswith(f"error: Cannot write to {blocker / 'model'}")

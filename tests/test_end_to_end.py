@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
 from datasets import Audio, load_dataset
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-from tests.conftest import free_port, run_trainer, start_trainer, trainer_env
+from tests.conftest import run_trainer, start_nodes, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -97,43 +96,13 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
 
 def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
     """Two launchers with Vertex-style CLUSTER_SPECs, sharing no directory, meet and train."""
-    port = free_port()
-    cluster = {"workerpool0": [f"127.0.0.1:{port}"], "workerpool1": [f"127.0.0.1:{port}"]}
-    nodes = []
-    for pool in ("workerpool0", "workerpool1"):
-        node_dir = tmp_path / pool
-        node_dir.mkdir()
-        # Nodes share no disk: each gets its own copy of the model and data.
-        model_dir = shutil.copytree(demo_assets.model_dir, node_dir / "model-in")
-        data_dir = shutil.copytree(demo_assets.dataset_dir, node_dir / "data")
-        spec = {
-            "cluster": cluster,
-            "environment": "cloud",
-            "task": {"type": pool, "index": 0, "trial": "1"},
-        }
-        env = trainer_env(
-            tmp_path / f"cache-{pool}",
-            CLUSTER_SPEC=json.dumps(spec),
-            RANK="0" if pool == "workerpool0" else "1",
-            WORLD_SIZE="2",
-        )
-        args = [
-            "--deepspeed", "zero3",
-            "--nproc_per_node", "1",
-            "--model_name_or_path", str(model_dir),
-            "--dataset_name", str(data_dir),
-            "--text_column_name", "transcription",
-            "--language", "en",
-            *SHORT_RUN,
-            "--output_dir", "out",
-        ]  # fmt: skip
-        nodes.append((node_dir, start_trainer(args, cwd=node_dir, env=env)))
-
+    nodes = start_nodes(tmp_path, demo_assets, ["--deepspeed", "zero3", *SHORT_RUN,
+                                                "--output_dir", "out"])  # fmt: skip
     outputs = []
-    for node_dir, node in nodes:
+    for rank, node in enumerate(nodes):
         code, output = node.finish(timeout=600)
         outputs.append(output)
-        assert code == 0, f"{node_dir.name} failed:\n{output[-3000:]}"
+        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
 
     chief, worker = (rank_reports(output) for output in outputs)
     assert chief.keys() == {0} and worker.keys() == {1}
@@ -141,14 +110,12 @@ def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
     assert chief[0][2] != worker[1][2], "both nodes trained on the same batch"
     assert "node 1 of 2 (worker)" in outputs[1]
 
-    chief_out = tmp_path / "workerpool0" / "out"
     assert_trained_model_reloads_and_generates(
-        chief_out / "model", demo_assets.model_dir, demo_assets.dataset_dir
+        tmp_path / "node0" / "out" / "model", demo_assets.model_dir, demo_assets.dataset_dir
     )
     # ZeRO-3 partitions parameters and optimizer state: each node holds only its own shard.
-    for node, rank in (("workerpool0", 0), ("workerpool1", 1)):
-        step_dir = tmp_path / node / "out" / "checkpoint-4" / "global_step4"
+    for rank in (0, 1):
+        step_dir = tmp_path / f"node{rank}" / "out" / "checkpoint-4" / "global_step4"
         shards = sorted(path.name for path in step_dir.glob("zero_pp_rank_*_optim_states.pt"))
-        assert shards == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"], (node, shards)
-    for node_dir, _ in nodes:
-        assert not (node_dir / ".deepspeed_env").exists()
+        assert shards == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"], (rank, shards)
+        assert not (tmp_path / f"node{rank}" / ".deepspeed_env").exists()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from trainer.errors import UserError
+from trainer.outputs import OutputArguments
 from trainer.tasks import DEFAULT_TASK, Task, load_task, task_names
 
 
@@ -90,6 +91,7 @@ class ParsedFlags:
     task: Task
     model: ModelArguments
     data: DataArguments
+    outputs: OutputArguments
     training: argparse.Namespace
 
 
@@ -108,6 +110,7 @@ def build_parser(task_class: type[Task]) -> FlagParser:
             ModelArguments,
             DataArguments,
             task_class.arguments_class,
+            OutputArguments,
             task_class.training_arguments_class,
         ]
     )
@@ -130,9 +133,14 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
     model = _pop_dataclass(namespace, ModelArguments)
     data = _pop_dataclass(namespace, DataArguments)
     task_args = _pop_dataclass(namespace, task_class.arguments_class)
+    outputs = _pop_dataclass(namespace, OutputArguments)
     _pop_dataclass(namespace, TaskArguments)
     return ParsedFlags(
-        task=task_class(model, data, task_args), model=model, data=data, training=namespace
+        task=task_class(model, data, task_args),
+        model=model,
+        data=data,
+        outputs=outputs,
+        training=namespace,
     )
 
 

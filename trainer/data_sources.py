@@ -9,12 +9,17 @@ a hub id. Split specs such as `train+validation` work for both, because both end
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.errors import UserError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 @dataclass(frozen=True)
@@ -35,16 +40,37 @@ def looks_like_path(name: str) -> bool:
 
 
 def local_directory(name: str) -> Path:
-    """The dataset directory named by `--dataset_name`, which must exist."""
+    """The dataset directory named by `--dataset_name`: it must exist (gs:// is fetched)."""
     if name.startswith("gs://"):
-        raise UserError(
-            f"{name}: read gs:// datasets through Cloud Storage FUSE on Vertex AI "
-            "(/gcs/BUCKET/...); direct gs:// reads are not supported yet."
-        )
+        return fetch_directory(name)
     path = Path(name).expanduser()
     if not path.is_dir():
         raise UserError(f"Dataset directory {name} not found.")
     return path
+
+
+def fetch_directory(uri: str) -> Path:
+    """A gs:// dataset directory, copied (once per machine) into the local cache.
+
+    Audio and image decoders read local files, and every epoch reads every file again, so
+    one verified copy per node beats streaming each read from Cloud Storage. A marker
+    beside the copy records the listing it was made from; an unchanged listing means the
+    copy is complete and current, and nothing is read or sent again.
+    """
+    from trainer.cache import cache_dir
+    from trainer.storage import open_store
+
+    store = open_store(uri)
+    entries = sorted(store.list_files().values(), key=lambda entry: entry.path)
+    if not entries:
+        raise UserError(f"Dataset {uri} holds no files (or its bucket does not exist).")
+    target = cache_dir() / "datasets" / uri.removeprefix("gs://").rstrip("/")
+    marker = target.with_name(target.name + ".complete.json")
+    listing = json.dumps([dataclasses.asdict(entry) for entry in entries])
+    if not (marker.is_file() and marker.read_text() == listing):
+        store.download(target, entries)
+        marker.write_text(listing)
+    return target
 
 
 def split_names(spec: str) -> list[str]:
@@ -77,3 +103,14 @@ def table_header(path: Path) -> list[str]:
         return list(json.loads(first_line)) if first_line.strip() else []
     delimiter = "\t" if path.suffix == ".tsv" else ","
     return next(csv.reader([first_line], delimiter=delimiter), [])
+
+
+def load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
+    """Run a `load_dataset` call; a dataset that is missing or unreadable becomes one line."""
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return load()
+    except (DatasetNotFoundError, FileNotFoundError, ConnectionError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise UserError(f"Could not load dataset {name}: {first_line}") from None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.cache import cache_dir
 from trainer.cluster import Topology, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
@@ -160,19 +161,12 @@ def redact_secrets(argv: list[str]) -> list[str]:
     return redacted
 
 
-def cache_dir() -> Path:
-    """Per-machine cache for demo assets and compiled DeepSpeed ops; survives runs."""
-    if "TRAINER_CACHE_DIR" in os.environ:
-        return Path(os.environ["TRAINER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vertex-trainer"
-
-
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArguments, LaunchPlan]:
     """Everything before the exec: parse, validate, resolve (the only I/O is local checks)."""
     from trainer.arguments import FlagParser, parse_flags
     from trainer.deepspeed_config import resolve_deepspeed_config
     from trainer.hardware import detect_hardware
+    from trainer.outputs import check_output_locations, resolve_output_locations
 
     options, training_argv = FlagParser([LauncherArguments]).parse_known_args(
         expand_config_file(argv)
@@ -189,6 +183,10 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         training_argv = with_demo_defaults(flags, training_argv)
         flags = parse_flags(training_argv)
     flags.task.check_inputs()
+    if not options.dry_run:  # a dry run writes nothing, not even a probe file
+        check_output_locations(
+            resolve_output_locations(flags.outputs, env, flags.training.output_dir)
+        )
     mixed_precision = resolve_mixed_precision(flags.training.bf16, flags.training.fp16, hardware)
     if mixed_precision != "no" and not (flags.training.bf16 or flags.training.fp16):
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]

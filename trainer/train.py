@@ -1,17 +1,20 @@
 """The training program that `accelerate launch` runs in every process.
 
-flags -> task -> model and processor -> datasets -> Trainer -> train, evaluate, save.
-It is also usable on its own (`python -m trainer.train FLAGS`, e.g. as the module of a
-Vertex AI prebuilt-container job), but `python -m trainer` is the normal entry point: it
-finds the cluster, checks the flags and starts this program on every GPU of every node.
+flags -> task -> model and processor -> datasets -> resume point -> Trainer -> train,
+evaluate, save. It is also usable on its own (`python -m trainer.train FLAGS`, e.g. as
+the module of a Vertex AI prebuilt-container job), but `python -m trainer` is the normal
+entry point: it finds the cluster, checks the flags and starts this program on every GPU
+of every node.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,10 +23,34 @@ from trainer.config_file import expand_config_file
 from trainer.errors import UserError
 
 FINAL_MODEL_DIRNAME = "model"
+STAGING_DIRNAME = ".staging"
+RESUME_CHOICE_FILENAME = ".resume-from"
+
+
+@dataclass(frozen=True)
+class ProcessPlace:
+    """Where this process sits, from the variables torchrun sets for every worker."""
+
+    node_rank: int
+    num_nodes: int
+    is_local_main: bool
+    is_global_main: bool
+
+    @classmethod
+    def from_env(cls) -> ProcessPlace:
+        env = os.environ
+        world, local_world = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+        return cls(
+            node_rank=int(env.get("GROUP_RANK", "0")),
+            num_nodes=max(1, world // local_world),
+            is_local_main=env.get("LOCAL_RANK", "0") == "0",
+            is_global_main=env.get("RANK", "0") == "0",
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = expand_config_file_or_exit(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         train(argv)
     except UserError as error:
@@ -43,7 +70,10 @@ def expand_config_file_or_exit(argv: list[str]) -> list[str]:
 def train(argv: list[str]) -> None:
     from transformers import PrinterCallback, set_seed
 
+    from trainer.callbacks import CheckpointSyncCallback
+    from trainer.outputs import resolve_output_locations
     from trainer.progress import FirstBatchReport, ProgressLogCallback
+    from trainer.storage import open_store
 
     flags = parse_flags(argv)
     task = flags.task
@@ -57,8 +87,13 @@ def train(argv: list[str]) -> None:
     # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
     model, processor = task.build_model_and_processor()
     args = build_training_arguments(flags)
+    place = ProcessPlace.from_env()
+    locations = resolve_output_locations(flags.outputs, os.environ, args.output_dir)
+    output_dir = Path(args.output_dir)
+
     with args.main_process_first(desc="loading datasets"):
         train_dataset, eval_dataset = task.load_datasets(processor)
+    resume_from = checkpoint_to_resume(flags, locations, args, place)
 
     trainer = task.trainer_class(
         model=model,
@@ -71,17 +106,122 @@ def train(argv: list[str]) -> None:
     )
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ProgressLogCallback())
+    uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
+    trainer.add_callback(CheckpointSyncCallback(uploader))
+    for callback in reporting_callbacks(flags, locations, output_dir, place):
+        trainer.add_callback(callback)
 
-    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    # If training fails (a peer died, say), the uploads in flight are not waited for: the
+    # chief would wait for markers a dead node never writes. Their checkpoints simply get
+    # no manifest, and the upload thread ends with the process.
+    result = trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_metrics("train", result.metrics)
     if eval_dataset is not None:
         trainer.save_metrics("eval", trainer.evaluate())
-
-    final_dir = Path(args.output_dir) / FINAL_MODEL_DIRNAME
+    final_dir = output_dir / FINAL_MODEL_DIRNAME
     trainer.save_model(str(final_dir))
-    if trainer.is_world_process_zero():
-        print(f"final model and processor saved to {final_dir} (load with from_pretrained)")
-        print(f"checkpoints, metrics and TensorBoard logs are under {args.output_dir}", flush=True)
+    if uploader is not None:
+        uploader.close()
+    if place.is_global_main:
+        if locations.model != str(final_dir):
+            open_store(locations.model).upload(final_dir)
+        print(f"final model and processor saved to {locations.model} (load with from_pretrained)")
+        print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
+    if uploader is not None and uploader.failures:
+        raise RuntimeError(f"checkpoints not saved to {locations.checkpoints}: {uploader.failures}")
+
+
+def checkpoint_to_resume(flags: ParsedFlags, locations, args, place: ProcessPlace) -> str | None:
+    """The local path of the checkpoint to resume from, fetched and verified, or None.
+
+    Each node's local main process looks for it (and downloads what its node lacks) while
+    the node's other processes wait, then they read its choice from a node-local file.
+    """
+    from trainer.checkpoints import find_resumable_checkpoint
+    from trainer.storage import open_store
+
+    if args.resume_from_checkpoint:
+        return args.resume_from_checkpoint
+    choice = flags.outputs.resume
+    if choice == "never":
+        return None
+    output_dir = Path(args.output_dir)
+    choice_file = output_dir / RESUME_CHOICE_FILENAME
+    with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
+        if place.is_local_main:
+            if choice == "auto":
+                found = find_resumable_checkpoint(open_store(locations.checkpoints), output_dir)
+            else:
+                found = explicit_checkpoint(choice, output_dir)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            choice_file.write_text(str(found or ""))
+        path = choice_file.read_text() or None
+    if path and place.is_global_main:
+        print(f"resuming from {path}", flush=True)
+    return path
+
+
+def explicit_checkpoint(location: str, output_dir: Path) -> Path:
+    """`--resume PATH_OR_URI`: a complete checkpoint (one with a manifest), fetched here."""
+    from trainer.checkpoints import MANIFEST, read_manifest
+    from trainer.storage import open_store
+
+    store = open_store(location)
+    entries = read_manifest(store)
+    if entries is None:
+        if not location.startswith("gs://") and Path(location).is_dir():
+            return Path(location)  # a plain local Trainer checkpoint: trusted as given
+        raise UserError(f"--resume {location}: no {MANIFEST} there, so not a complete checkpoint.")
+    local = output_dir / location.rstrip("/").rsplit("/", 1)[-1]
+    store.download(local, entries)
+    return local
+
+
+def checkpoint_uploader(locations, args, place: ProcessPlace, peer_timeout: float):
+    """This node's uploader, on its local main process only (None elsewhere)."""
+    from trainer.checkpoints import CheckpointUploader
+    from trainer.storage import open_store
+
+    if not place.is_local_main:
+        return None
+    if place.num_nodes > 1 and not locations.shared_checkpoints:
+        if place.is_global_main:
+            logging.getLogger(__name__).warning(
+                "%d nodes but no --checkpoint_dir or AIP_CHECKPOINT_DIR: checkpoints stay on "
+                "each node's disk and cannot be resumed after a restart.",
+                place.num_nodes,
+            )
+        return None
+    return CheckpointUploader(
+        store=open_store(locations.checkpoints),
+        staging_root=Path(args.output_dir) / STAGING_DIRNAME / "checkpoints",
+        node_rank=place.node_rank,
+        num_nodes=place.num_nodes,
+        is_global_main=place.is_global_main,
+        keep=args.save_total_limit if locations.shared_checkpoints else None,
+        peer_timeout=peer_timeout,
+    )
+
+
+def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: ProcessPlace):
+    """TensorBoard sync (when a destination is set) and hyperparameter-tuning reports."""
+    from trainer.callbacks import HypertuneCallback, TensorBoardSyncCallback
+    from trainer.storage import open_store
+
+    callbacks = []
+    if locations.tensorboard and place.is_global_main:
+        callbacks.append(
+            TensorBoardSyncCallback(
+                local_dir=output_dir / "runs",
+                store=open_store(locations.tensorboard),
+                staging=output_dir / STAGING_DIRNAME / "tensorboard",
+                interval=flags.outputs.tensorboard_sync_seconds,
+            )
+        )
+    tuning = "CLOUD_ML_TRIAL_ID" in os.environ or "CLOUD_ML_HP_METRIC_FILE" in os.environ
+    if tuning and place.is_global_main and flags.training.metric_for_best_model:
+        callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
+    return callbacks
 
 
 def infer_metric_direction(flags: ParsedFlags) -> None:

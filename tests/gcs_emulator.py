@@ -1,0 +1,116 @@
+"""A real Cloud Storage emulator for the tests, and a proxy that makes it unreliable.
+
+The emulator (`gcp-storage-emulator`, pure Python) speaks the JSON API that the real
+google-cloud-storage client uses; `STORAGE_EMULATOR_HOST` points the client at it. The
+flaky proxy sits in between and answers a seeded fraction of requests with 503 or by
+dropping the connection, the faults the client's retries and our verification must
+survive.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.conftest import free_port
+
+BUCKET = "test-bucket"
+
+
+@contextmanager
+def running_emulator():
+    """Start the emulator with an in-memory store and one bucket; yield its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        ["gcp-storage-emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+         "--in-memory", "--default-bucket", BUCKET, "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _wait_for_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the storage emulator did not open port {port}")
+
+
+class FlakyProxy:
+    """Forwards HTTP to the emulator, failing `failure_rate` of requests (seeded)."""
+
+    def __init__(self, upstream: str, failure_rate: float, seed: int = 0) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.failure_rate = failure_rate
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.requests = self.failures = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _fault(self) -> str | None:
+        with self.lock:
+            self.requests += 1
+            if self.random.random() >= self.failure_rate:
+                return None
+            self.failures += 1
+            return self.random.choice(["503", "drop"])
+
+    def _handler(self):
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                fault = proxy._fault()
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                upstream = http.client.HTTPConnection(proxy.upstream, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                response = upstream.getresponse()
+                payload = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                upstream.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+        return Handler

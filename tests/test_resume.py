@@ -1,0 +1,165 @@
+"""Nothing lost: a node dies, the job restarts, training resumes from Cloud Storage.
+
+Two simulated nodes (separate processes, directories and CLUSTER_SPECs) write
+checkpoints, TensorBoard logs and the model to a real GCS emulator through the real
+google-cloud-storage client, with the output locations Vertex AI derives from
+`baseOutputDirectory`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import run_trainer, start_nodes, trainer_env
+from tests.gcs_emulator import BUCKET, FlakyProxy
+from trainer.checkpoints import MANIFEST, complete_checkpoints, read_manifest
+from trainer.storage import open_store
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 40
+RUN = [
+    "--deepspeed", "zero2",
+    "--max_steps", str(MAX_STEPS),
+    "--save_steps", "5",
+    "--save_total_limit", "2",
+    "--logging_steps", "5",
+    "--eval_strategy", "steps",
+    "--eval_steps", "20",
+    "--max_eval_samples", "4",
+    "--per_device_eval_batch_size", "4",
+    "--per_device_train_batch_size", "4",
+    "--learning_rate", "1e-3",
+    "--seed", "7",
+    "--ddp_timeout", "60",
+    "--output_dir", "out",
+]  # fmt: skip
+
+
+def vertex_outputs(base: str) -> dict[str, str]:
+    """The variables Vertex AI sets from a job's baseOutputDirectory."""
+    return {
+        "AIP_CHECKPOINT_DIR": f"{base}/checkpoints/",
+        "AIP_MODEL_DIR": f"{base}/model/",
+        "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/",
+    }
+
+
+def finish_all(nodes, timeout=600) -> list[str]:
+    outputs = []
+    for rank, node in enumerate(nodes):
+        code, output = node.finish(timeout)
+        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
+        outputs.append(output)
+    return outputs
+
+
+def final_weights(base: str, tmp_path) -> dict[str, torch.Tensor]:
+    local = tmp_path / f"model-{uuid.uuid4().hex}"
+    open_store(f"{base}/model").download(local)
+    return load_file(local / "model.safetensors")
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_killed_node_restart_resumes_and_matches_an_uninterrupted_run(tmp_path, demo_assets, gcs):
+    job = f"gs://{BUCKET}/{uuid.uuid4().hex}"
+    env = {"STORAGE_EMULATOR_HOST": gcs}
+
+    # 1. The reference: the same job, never interrupted.
+    uninterrupted = f"{job}/uninterrupted"
+    finish_all(start_nodes(tmp_path / "a", demo_assets, RUN, **env,
+                           **vertex_outputs(uninterrupted)))  # fmt: skip
+
+    # 2. The same job; the worker node is killed once checkpoint-10 is complete.
+    base = f"{job}/interrupted"
+    checkpoints = open_store(f"{base}/checkpoints")
+    nodes = start_nodes(tmp_path / "b", demo_assets, RUN, **env, **vertex_outputs(base))
+    wait_until(lambda: "checkpoint-10" in complete_checkpoints(checkpoints), 400,
+               "checkpoint-10 in the store")  # fmt: skip
+    nodes[1].kill_node()
+    killed_at = time.monotonic()
+    code, chief_log = nodes[0].finish(timeout=300)
+    chief_exit_seconds = time.monotonic() - killed_at
+    assert code != 0, "the chief must fail when its peer dies, not hang or succeed"
+    steps_logged = [int(s) for s in re.findall(rf"step (\d+)/{MAX_STEPS}", chief_log)]
+    assert max(steps_logged, default=0) < MAX_STEPS, "the kill came after the run finished"
+    assert not open_store(f"{base}/model").list_files(), "no final model from a failed run"
+    newest_complete = complete_checkpoints(checkpoints)[-1]
+
+    # 3. Vertex restarts the job: fresh machines (no local files), same outputs.
+    restart = start_nodes(tmp_path / "c", demo_assets, RUN, **env, **vertex_outputs(base),
+                          CLOUD_ML_HP_METRIC_FILE=str(tmp_path / "hypertune.jsonl"))  # fmt: skip
+    chief_log, _ = finish_all(restart)
+    assert f"resuming from out/{newest_complete}" in chief_log
+    resumed_step = int(newest_complete.split("-")[1])
+    first_step_after = min(int(s) for s in re.findall(rf"step (\d+)/{MAX_STEPS}", chief_log))
+    assert first_step_after == resumed_step + 5, "training restarted from scratch"
+
+    reference, resumed = final_weights(uninterrupted, tmp_path), final_weights(base, tmp_path)
+    assert reference.keys() == resumed.keys()
+    worst = max((reference[k] - resumed[k]).abs().max().item() for k in reference)
+    print(
+        f"chief exited {chief_exit_seconds:.1f}s after the kill; resumed from "
+        f"{newest_complete}; max |weight difference| vs uninterrupted: {worst:.3g}"
+    )
+    assert worst < 1e-5, f"resumed weights differ from the uninterrupted run by {worst}"
+
+    # Retention in GCS: only complete checkpoints, at most save_total_limit of them.
+    names = [n for n in checkpoints.list_dirs() if n.startswith("checkpoint-")]
+    complete = complete_checkpoints(checkpoints)
+    assert len(complete) <= 2 + 1, complete  # + the best one, which is never deleted
+    for name in complete:
+        listed = {e.path for e in read_manifest(checkpoints.child(name))}
+        present = {p for p in checkpoints.child(name).list_files()
+                   if p != MANIFEST and not p.startswith(".nodes/")}  # fmt: skip
+        assert listed == present, f"{name}: manifest and store disagree"
+    assert set(complete) <= set(names)
+
+    # TensorBoard logs reached their store; hypertune saw one report per evaluation.
+    assert any("tfevents" in p for p in open_store(f"{base}/logs").list_files())
+    reports = [json.loads(line) for line in (tmp_path / "hypertune.jsonl").read_text().split("\n")
+               if line]  # fmt: skip
+    steps = [int(r["global_step"]) for r in reports]
+    assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, reports
+    assert all(float(r["wer"]) >= 0 for r in reports)
+
+
+def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, gcs):
+    proxy = FlakyProxy(gcs, failure_rate=0.15, seed=3)
+    base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
+    try:
+        code, output = run_trainer(
+            ["--nproc_per_node", "2", "--max_steps", "6", "--save_steps", "2",
+             "--eval_strategy", "no", "--logging_steps", "2", "--output_dir", "out"],
+            cwd=tmp_path,
+            env=trainer_env(demo_cache, STORAGE_EMULATOR_HOST=proxy.url, **vertex_outputs(base)),
+        )  # fmt: skip
+    finally:
+        proxy.close()
+    assert code == 0, output[-3000:]
+    assert proxy.failures > 0, "no fault was injected: the test proved nothing"
+    checkpoints = open_store(f"{base}/checkpoints")
+    # the demo recipe's save_total_limit (2) applies in GCS too
+    assert complete_checkpoints(checkpoints) == ["checkpoint-4", "checkpoint-6"]
+    assert "checkpoint-2" not in checkpoints.list_dirs()
+    for name in complete_checkpoints(checkpoints):
+        listed = {e.path for e in read_manifest(checkpoints.child(name))}
+        present = {p for p in checkpoints.child(name).list_files()
+                   if p != MANIFEST and not p.startswith(".nodes/")}  # fmt: skip
+        assert listed == present
+        assert any(p.endswith("optim_states.pt") for p in listed)
+    assert "model.safetensors" in open_store(f"{base}/model").list_files()
+    print(f"storage proxy failed {proxy.failures} of {proxy.requests} requests")

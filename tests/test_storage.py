@@ -1,0 +1,203 @@
+"""The storage layer and the checkpoint protocol against a real GCS emulator."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.gcs_emulator import BUCKET, FlakyProxy
+from trainer import storage
+from trainer.checkpoints import (
+    MANIFEST,
+    CheckpointUploader,
+    complete_checkpoints,
+    find_resumable_checkpoint,
+    read_manifest,
+)
+from trainer.errors import UserError
+from trainer.storage import crc32c_of, open_store
+
+
+def make_files(root: Path, files: dict[str, bytes]) -> Path:
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return root
+
+
+def fresh_prefix() -> str:
+    return f"gs://{BUCKET}/{uuid.uuid4().hex}"
+
+
+FILES = {"config.json": b"{}", "global_step4/shard_0.pt": os.urandom(300_000),
+         "global_step4/shard_1.pt": os.urandom(200_000), "latest": b"global_step4"}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["gs", "local"])
+def test_upload_download_round_trip_is_verified(gcs, tmp_path, kind):
+    source = make_files(tmp_path / "src", FILES)
+    store = open_store(fresh_prefix() if kind == "gs" else str(tmp_path / "store"))
+    entries = store.upload(source)
+    assert sorted(e.path for e in entries) == sorted(FILES)
+    listed = store.list_files()
+    assert {e.path: e.crc32c for e in entries} == {k: v.crc32c for k, v in listed.items()}
+    assert listed["latest"].crc32c == crc32c_of(source / "latest")
+    store.download(tmp_path / "dst")
+    for name, content in FILES.items():
+        assert (tmp_path / "dst" / name).read_bytes() == content
+
+
+def test_uploads_survive_an_unreliable_service(gcs, tmp_path, monkeypatch, caplog):
+    proxy = FlakyProxy(gcs, failure_rate=0.3, seed=7)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    storage._client.cache_clear()
+    try:
+        source = make_files(tmp_path / "src", {f"f{i}.bin": os.urandom(5000) for i in range(12)})
+        store = open_store(fresh_prefix())
+        store.upload(source)
+        store.download(tmp_path / "dst")
+    finally:
+        proxy.close()
+    assert proxy.failures > 0, "the proxy injected no fault: the test proved nothing"
+    assert sorted(store.list_files()) == sorted(p.name for p in source.iterdir())
+    for path in source.iterdir():
+        assert (tmp_path / "dst" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_missing_bucket_and_unwritable_path_are_one_clear_error(gcs, tmp_path):
+    with pytest.raises(UserError, match=r"^Bucket gs://no-such-bucket does not exist\.$"):
+        open_store("gs://no-such-bucket/run").check_writable()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(UserError, match="Cannot write to"):
+        open_store(str(blocker / "outputs")).check_writable()
+
+
+def uploader(store, tmp_path, node, nodes, keep=None):
+    return CheckpointUploader(store, tmp_path / f"staging-{node}", node_rank=node,
+                              num_nodes=nodes, is_global_main=node == 0, keep=keep,
+                              peer_timeout=60)  # fmt: skip
+
+
+def node_checkpoint(tmp_path, node, step, shard_rank):
+    root = tmp_path / f"node{node}" / f"checkpoint-{step}"
+    files = {f"global_step{step}/zero_pp_rank_{shard_rank}_optim_states.pt": os.urandom(1000)}
+    if node == 0:
+        files |= {"model.safetensors": os.urandom(2000), "trainer_state.json": b"{}",
+                  "latest": f"global_step{step}".encode()}  # fmt: skip
+    return make_files(root, files)
+
+
+def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path):
+    store = open_store(fresh_prefix())
+    chief, worker = uploader(store, tmp_path, 0, 2), uploader(store, tmp_path, 1, 2)
+    chief.submit(node_checkpoint(tmp_path, 0, 4, shard_rank=0))
+    # The chief's part alone never makes the checkpoint complete.
+    with pytest.raises(TimeoutError):
+        _wait_for(lambda: store.child("checkpoint-4").read_text(MANIFEST), seconds=3)
+    worker.submit(node_checkpoint(tmp_path, 1, 4, shard_rank=1))
+    worker.close()
+    chief.close()
+    entries = read_manifest(store.child("checkpoint-4"))
+    present = {path for path in store.child("checkpoint-4").list_files()
+               if path != MANIFEST and not path.startswith(".nodes/")}  # fmt: skip
+    assert {e.path for e in entries} == present
+    assert "global_step4/zero_pp_rank_1_optim_states.pt" in present
+    assert chief.failures == worker.failures == []
+
+
+def test_retention_keeps_the_newest_and_the_best(gcs, tmp_path):
+    store = open_store(fresh_prefix())
+    chief = uploader(store, tmp_path, 0, 1, keep=1)
+    for step in (2, 4, 6):
+        chief.submit(node_checkpoint(tmp_path, 0, step, 0), best_checkpoint="checkpoint-2")
+    chief.close()
+    assert complete_checkpoints(store) == ["checkpoint-2", "checkpoint-6"]
+    assert "checkpoint-4" not in store.list_dirs()
+
+
+def test_the_uploader_snapshots_before_the_trainer_deletes(gcs, tmp_path):
+    import shutil
+
+    store = open_store(fresh_prefix())
+    chief = uploader(store, tmp_path, 0, 1)
+    checkpoint = node_checkpoint(tmp_path, 0, 8, 0)
+    chief.submit(checkpoint)
+    shutil.rmtree(checkpoint)  # as the Trainer's save_total_limit rotation may do
+    chief.close()
+    assert complete_checkpoints(store) == ["checkpoint-8"]
+
+
+def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
+    store = open_store(fresh_prefix())
+    chief = uploader(store, tmp_path, 0, 1)
+    for step in (3, 4):
+        chief.submit(node_checkpoint(tmp_path, 0, step, 0))
+    chief.close()
+    # checkpoint-4: a manifest whose CRC32C does not match a file's content
+    manifest = json.loads(store.child("checkpoint-4").read_text(MANIFEST))
+    manifest["files"][0]["crc32c"] = "AAAAAA=="
+    store.child("checkpoint-4").write_text(MANIFEST, json.dumps(manifest))
+    # checkpoint-5: files but no manifest (an upload that never finished)
+    store.child("checkpoint-5").upload(node_checkpoint(tmp_path, 0, 5, 0))
+
+    with caplog.at_level(logging.WARNING):
+        found = find_resumable_checkpoint(store, tmp_path / "resume")
+    assert found == tmp_path / "resume" / "checkpoint-3"
+    assert (found / "latest").read_text() == "global_step3"
+    warnings = caplog.text
+    assert "checkpoint-5: no manifest" in warnings
+    assert "checkpoint-4 does not hold what its manifest lists" in warnings
+
+
+def _wait_for(condition, seconds: float):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise TimeoutError
+
+
+def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
+    gcs, demo_assets, tmp_path, monkeypatch
+):
+    from trainer.arguments import parse_flags
+
+    monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
+    uri = f"{fresh_prefix()}/speech-demo"
+    open_store(uri).upload(demo_assets.dataset_dir)
+    flags = parse_flags(
+        [
+            "--model_name_or_path",
+            str(demo_assets.model_dir),
+            "--dataset_name",
+            uri,
+            "--text_column_name",
+            "transcription",
+            "--language",
+            "en",
+        ]
+    )
+    flags.task.check_inputs()  # what the launcher runs: fetches, then checks layout and columns
+    copy = next((tmp_path / "cache" / "datasets").rglob("metadata.csv"))
+    fetched_at = copy.stat().st_mtime_ns
+    _, processor = flags.task.build_model_and_processor()
+    train, evaluation = flags.task.load_datasets(processor)
+    assert (len(train), len(evaluation)) == (48, 12)
+    assert train[0]["audio"].get_all_samples().sample_rate == 16_000
+    assert copy.stat().st_mtime_ns == fetched_at, "the dataset was fetched twice"
+
+
+def test_empty_gs_dataset_is_refused(gcs):
+    from trainer.data_sources import local_directory
+
+    with pytest.raises(UserError, match="holds no files"):
+        local_directory(f"{fresh_prefix()}/nothing-here")

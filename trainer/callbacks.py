@@ -1,0 +1,113 @@
+"""Trainer callbacks that connect training to storage and to Vertex AI's tuning service."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from trainer.checkpoints import CheckpointUploader
+from trainer.storage import Store
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointSyncCallback(TrainerCallback):
+    """Hands every saved checkpoint to this node's uploader (see trainer/checkpoints.py)."""
+
+    def __init__(self, uploader: CheckpointUploader | None) -> None:
+        self.uploader = uploader
+
+    def on_save(self, args, state, control, **kwargs):
+        from accelerate import PartialState
+
+        # Every rank writes its own files (optimizer shard, RNG state) and the Trainer does
+        # not wait for the others before this callback: wait here, then snapshot.
+        PartialState().wait_for_everyone()
+        if self.uploader is not None:
+            best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            self.uploader.submit(checkpoint, best)
+
+
+class TensorBoardSyncCallback(TrainerCallback):
+    """Copies the TensorBoard logs to their store every few seconds and at the end.
+
+    Event files grow while they are written, so each sync copies them to a staging dir
+    first: what is uploaded is a consistent snapshot that verifies.
+    """
+
+    def __init__(self, local_dir: Path, store: Store, staging: Path, interval: float) -> None:
+        self.local_dir = local_dir
+        self.store = store
+        self.staging = staging
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._synced: dict[str, tuple[int, int]] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tensorboard-sync", daemon=True)
+            self._thread.start()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sync()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sync()
+            except Exception as error:  # noqa: BLE001 - the next sync tries again
+                logger.warning("TensorBoard sync to %s failed: %s", self.store.uri, error)
+
+    def sync(self) -> None:
+        if not self.local_dir.is_dir():
+            return
+        changed = []
+        for path in sorted(p for p in self.local_dir.rglob("*") if p.is_file()):
+            name = path.relative_to(self.local_dir).as_posix()
+            stat = path.stat()
+            if self._synced.get(name) != (stat.st_size, stat.st_mtime_ns):
+                target = self.staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                changed.append((name, (stat.st_size, stat.st_mtime_ns)))
+        if changed:
+            self.store.upload(self.staging, [name for name, _ in changed])
+            self._synced.update(changed)
+
+
+class HypertuneCallback(TrainerCallback):
+    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service.
+
+    Only the global main process reports, once per evaluated step, through one HyperTune
+    instance (a second instance would overwrite the metrics file).
+    """
+
+    def __init__(self, metric: str) -> None:
+        import hypertune
+
+        self.metric = metric.removeprefix("eval_")
+        self._reporter = hypertune.HyperTune()
+        self._reported_steps: set[int] = set()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        value = (metrics or {}).get(f"eval_{self.metric}")
+        if not state.is_world_process_zero or value is None:
+            return
+        if state.global_step in self._reported_steps:
+            return
+        self._reported_steps.add(state.global_step)
+        self._reporter.report_hyperparameter_tuning_metric(
+            hyperparameter_metric_tag=self.metric,
+            metric_value=float(value),
+            global_step=state.global_step,
+        )
