@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Smoke test of a freshly built image, run by cloudbuild.yaml before anything is pushed:
+#
+#   docker run --rm --shm-size=2g --entrypoint=bash IMAGE -c "$(cat docker/smoke-test.sh)"
+#
+# It needs no GPU and no network (the build machine has neither a GPU nor the model hub):
+# imports, the CUDA build of torch, DeepSpeed's compiled ops, the launch plan of a simulated
+# two-node Vertex AI job, and a short CPU training run of the built-in demo through the
+# real entrypoint (two processes, DeepSpeed ZeRO-2, evaluation, saving).
+set -euo pipefail
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+cd "$(mktemp -d)"
+
+echo "--- imports"
+python - <<'EOF'
+import re, subprocess
+import accelerate, datasets, deepspeed, google.cloud.storage, hypertune, jiwer, torch
+import torchcodec.decoders, transformers, trainer
+from deepspeed.git_version_info import installed_ops
+
+nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+nvcc_version = re.search(r"release (\d+)\.", nvcc).group(1)
+assert (torch.version.cuda or "").startswith("13."), f"torch is not a CUDA 13 build: {torch.version.cuda}"
+assert torch.version.cuda.split(".")[0] == nvcc_version, f"nvcc {nvcc_version} cannot build for torch"
+missing = [op for op in ("fused_adam", "cpu_adam") if not installed_ops.get(op)]
+assert not missing, f"DeepSpeed ops not compiled into the image: {missing}"
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), deepspeed {deepspeed.__version__}, "
+      f"transformers {transformers.__version__}, accelerate {accelerate.__version__}")
+EOF
+
+echo "--- ds_report"
+DS_ACCELERATOR=cuda ds_report
+
+echo "--- launch plan of node 1 in a two-node job (8 GPUs each, simulated)"
+CLUSTER_SPEC='{"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
+  "workerpool1": ["cmle-training-workerpool1-ab-0:2222"]},
+  "environment": "cloud", "task": {"type": "workerpool1", "index": 0}}' \
+    python -m trainer whisper-small.yaml --deepspeed zero2 --nproc_per_node 8 --dry-run > plan.json
+python - <<'EOF'
+import json
+
+plan = json.load(open("plan.json"))
+topology = plan["topology"]
+expected = {"num_nodes": 2, "node_rank": 1, "world_size": 16, "master_port": 2222,
+            "master_addr": "cmle-training-workerpool0-ab-0"}
+assert {key: topology[key] for key in expected} == expected, topology
+print(" ".join(plan["command"]))
+EOF
+
+echo "--- CPU training: the built-in demo for 2 steps, 2 processes, DeepSpeed ZeRO-2"
+python -m trainer --nproc_per_node 2 --max_steps 2 --logging_steps 1 --eval_steps 2 \
+    --save_steps 2 --max_eval_samples 4 --output_dir smoke
+test -f smoke/model/config.json
+
+echo "smoke test passed"

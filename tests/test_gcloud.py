@@ -1,0 +1,221 @@
+"""The real gcloud CLI submits config.yaml, hptuning.yaml and cloudbuild.yaml.
+
+gcloud is pointed at a capture server on 127.0.0.1 (DESIGN.md section 7), which records
+each request and answers like the API would, so gcloud exits 0 and the tests can check the
+exact body a user's `gcloud ... --config` sends: worker pools, replica counts, image, args,
+env, output directory, build steps and substitutions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuningJob
+from google.cloud.devtools.cloudbuild_v1.types import Build
+from google.protobuf import json_format
+
+from tests.conftest import REPO_ROOT
+from tests.test_jobspec import CONFIG, HPTUNING, parse_strictly
+from trainer import jobspec
+
+CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"
+REGION = "europe-west4"
+
+
+def test_gcloud_is_installed():
+    """The proof below needs the real CLI; these machines ship it, so its absence fails."""
+    assert shutil.which("gcloud"), "install the gcloud CLI: the job specs are proven with it"
+
+
+class CaptureServer(ThreadingHTTPServer):
+    """Records (method, path, JSON body) and answers as Vertex AI or Cloud Build would."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CaptureHandler)
+        self.requests: list[tuple[str, str, dict]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"  # gcloud needs the slash
+
+
+class _CaptureHandler(BaseHTTPRequestHandler):
+    server: CaptureServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        path = self.path.split("?")[0]
+        self.server.requests.append(("POST", path, body))
+        self._reply(_api_response(path, body))
+
+    def do_GET(self) -> None:
+        self.server.requests.append(("GET", self.path.split("?")[0], {}))
+        self._reply({}, status=404)
+
+    def _reply(self, payload: dict, status: int = 200) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:  # keep pytest's output clean
+        pass
+
+
+def _api_response(path: str, body: dict) -> dict:
+    if path.endswith("/builds"):
+        build = {**body, "id": "b-1", "projectId": "p", "status": "QUEUED"}
+        return {
+            "name": "operations/build/p/b-1",
+            "metadata": {
+                "@type": "type.googleapis.com/google.devtools.cloudbuild.v1.BuildOperationMetadata",
+                "build": build,
+            },
+        }
+    # POST /v1/projects/p/locations/REGION/customJobs (or hyperparameterTuningJobs)
+    return {**body, "name": f"{path.removeprefix('/v1/')}/1", "state": "JOB_STATE_PENDING"}
+
+
+@pytest.fixture
+def capture():
+    server = CaptureServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def gcloud(capture: CaptureServer, tmp_path, *args: str) -> tuple[str, str, dict]:
+    """Run gcloud against the capture server; return the one request it made."""
+    env = {  # nothing of the user's gcloud configuration or credentials
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud-config"),
+        "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true",
+        "CLOUDSDK_CORE_PROJECT": "p",
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM": capture.url,
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBUILD": capture.url,
+    }
+    result = subprocess.run(
+        [shutil.which("gcloud"), *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    posts = [request for request in capture.requests if request[0] == "POST"]
+    assert len(posts) == 1, capture.requests
+    return posts[0]
+
+
+def test_custom_job_create_sends_config_yaml_as_written(capture, tmp_path):
+    _, path, body = gcloud(
+        capture, tmp_path, "ai", "custom-jobs", "create", f"--region={REGION}",
+        "--display-name=whisper-small-sr", "--config=config.yaml",
+    )  # fmt: skip
+    assert path == f"/v1/projects/p/locations/{REGION}/customJobs"
+    assert body["displayName"] == "whisper-small-sr"
+    spec = body["jobSpec"]
+    chief, workers = spec["workerPoolSpecs"]
+    assert [chief["replicaCount"], workers["replicaCount"]] == ["1", "1"]  # int64 as JSON text
+    for pool in (chief, workers):
+        assert pool["machineSpec"] == {
+            "machineType": "a2-highgpu-8g",
+            "acceleratorType": "NVIDIA_TESLA_A100",
+            "acceleratorCount": 8,
+        }
+        assert pool["containerSpec"]["imageUri"] == jobspec.DEFAULT_IMAGE
+        assert pool["containerSpec"]["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
+        env = {item["name"]: item["value"] for item in pool["containerSpec"]["env"]}
+        assert env == jobspec.DEFAULT_ENV
+        assert pool["diskSpec"] == {"bootDiskSizeGb": 200}
+    assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://BUCKET/whisper-small-sr"}
+    assert spec["scheduling"] == {"timeout": "86400s", "restartJobOnWorkerRestart": True}
+    # Nothing in the file was lost or added on the way.
+    sent = parse_strictly(spec, CustomJobSpec)
+    assert sent == parse_strictly(yaml.safe_load(CONFIG.read_text()), CustomJobSpec)
+
+
+def test_hp_tuning_job_create_sends_hptuning_yaml_as_written(capture, tmp_path):
+    _, path, body = gcloud(
+        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
+        "--display-name=whisper-small-sr-tuning", "--config=hptuning.yaml",
+    )  # fmt: skip
+    assert path == f"/v1/projects/p/locations/{REGION}/hyperparameterTuningJobs"
+    assert body["displayName"] == "whisper-small-sr-tuning"
+    assert (body["maxTrialCount"], body["parallelTrialCount"]) == (8, 2)
+    assert body["studySpec"]["metrics"] == [{"metricId": "wer", "goal": "MINIMIZE"}]
+    parameters = {p["parameterId"]: p for p in body["studySpec"]["parameters"]}
+    assert parameters["learning_rate"]["scaleType"] == "UNIT_LOG_SCALE"
+    assert set(parameters) == {"learning_rate", "warmup_steps"}
+    sent = parse_strictly(body, HyperparameterTuningJob)
+    written = parse_strictly(yaml.safe_load(HPTUNING.read_text()), HyperparameterTuningJob)
+    written.display_name = "whisper-small-sr-tuning"
+    assert sent == written
+    assert sent.trial_job_spec == parse_strictly(yaml.safe_load(CONFIG.read_text()), CustomJobSpec)
+
+
+def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
+    _, path, body = gcloud(
+        capture, tmp_path, "builds", "submit", "--no-source", "--async",
+        "--config=cloudbuild.yaml", "--substitutions=_TAG=abc1234,_REGION=europe-west4",
+    )  # fmt: skip
+    assert path == "/v1/projects/p/locations/global/builds"
+    assert body["substitutions"] == {
+        "_REGION": "europe-west4",
+        "_REPOSITORY": "vertex-trainer",
+        "_IMAGE": "vertex-hf-trainer",
+        "_TAG": "abc1234",
+        "_REDUCTION_SERVER": "0",
+    }
+    assert body["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200"}
+    assert body["timeout"] == "7200s"
+    image = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}"
+    assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest"]
+
+    steps = {step["id"]: step for step in body["steps"]}
+    assert list(steps) == ["pull-previous", "build", "smoke-test"], "pull, build, test; push last"
+    assert f"docker pull {image}:latest" in steps["pull-previous"]["args"][-1]
+    build = steps["build"]["args"]
+    assert build[0] == "build" and build[-1] == "."
+    assert f"--cache-from={image}:latest" in build
+    assert {f"--tag={image}:${{_TAG}}", f"--tag={image}:latest"} <= set(build)
+    assert "--file=docker/Dockerfile" in build
+    smoke = steps["smoke-test"]["args"][-1]
+    assert f"{image}:${{_TAG}}" in smoke and '-c "$$(cat docker/smoke-test.sh)"' in smoke
+    # Every substitution is used and every one used is defined (Cloud Build rejects either).
+    used = set(re.findall(r"\$\{(_[A-Z_]+)\}", json.dumps(body["steps"] + body["images"])))
+    assert used == set(body["substitutions"])
+
+
+def test_cloudbuild_yaml_parses_strictly_into_a_build():
+    config = yaml.safe_load(CLOUDBUILD.read_text())
+    build = parse_strictly(config, Build)
+    assert build.timeout.total_seconds() == 7200
+    assert build.options.machine_type.name == "E2_HIGHCPU_32"
+    config["options"]["diskSizeGB"] = config["options"].pop("diskSizeGb")
+    with pytest.raises(json_format.ParseError, match="diskSizeGB"):
+        parse_strictly(config, Build)
+
+
+def test_job_specs_run_the_image_cloud_build_pushes():
+    substitutions = yaml.safe_load(CLOUDBUILD.read_text())["substitutions"]
+    pushed = "{_REGION}-docker.pkg.dev/PROJECT_ID/{_REPOSITORY}/{_IMAGE}:latest".format(
+        **substitutions
+    )
+    assert pushed == jobspec.DEFAULT_IMAGE
+    for pool in yaml.safe_load(CONFIG.read_text())["workerPoolSpecs"]:
+        assert pool["containerSpec"]["imageUri"] == pushed

@@ -1,0 +1,258 @@
+"""config.yaml and hptuning.yaml: the generator's output, valid Vertex AI messages, and a
+command line that every node of the job turns into the right launch plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuningJob
+from google.protobuf import json_format
+
+from tests.conftest import REPO_ROOT, trainer_env
+from trainer import jobspec
+
+CONFIG = REPO_ROOT / "config.yaml"
+HPTUNING = REPO_ROOT / "hptuning.yaml"
+
+
+def parse_strictly(data: dict, message_type):
+    """Parse REST-style JSON/YAML into a Vertex or Cloud Build message; unknown fields fail.
+
+    gcloud itself does not reject a misspelled field of a custom job (it drops it), so
+    this is what catches one before Vertex AI silently ignores it.
+    """
+    message = message_type()
+    json_format.ParseDict(data, message_type.pb(message), ignore_unknown_fields=False)
+    return message
+
+
+def rendered(*argv: str) -> dict[str, dict]:
+    return {name: yaml.safe_load(text) for name, text in jobspec.render(list(argv)).items()}
+
+
+def test_checked_in_specs_are_the_generators_output_for_the_defaults():
+    files = jobspec.render([])
+    assert CONFIG.read_text() == files["config.yaml"], "regenerate: python -m trainer.jobspec"
+    assert HPTUNING.read_text() == files["hptuning.yaml"], "regenerate: python -m trainer.jobspec"
+
+
+def test_check_flag_reports_drift(tmp_path, capsys):
+    with pytest.raises(SystemExit) as in_sync:
+        jobspec.main(["--check", "--dest", str(REPO_ROOT)])
+    assert in_sync.value.code == 0, capsys.readouterr().out
+    (tmp_path / "config.yaml").write_text(CONFIG.read_text().replace("replicaCount: 1", "x: 1"))
+    (tmp_path / "hptuning.yaml").write_text(HPTUNING.read_text())
+    with pytest.raises(SystemExit) as drifted:
+        jobspec.main(["--check", "--dest", str(tmp_path)])
+    assert drifted.value.code == 1
+    out = capsys.readouterr().out
+    assert "config.yaml" in out and "hptuning.yaml" not in out
+
+
+def test_checked_in_specs_parse_strictly_into_vertex_messages():
+    job = parse_strictly(yaml.safe_load(CONFIG.read_text()), CustomJobSpec)
+    tuning = parse_strictly(yaml.safe_load(HPTUNING.read_text()), HyperparameterTuningJob)
+    chief, workers = job.worker_pool_specs
+    assert (chief.replica_count, workers.replica_count) == (1, 1)
+    assert chief.machine_spec.machine_type == "a2-highgpu-8g"
+    assert chief.machine_spec.accelerator_count == 8
+    assert chief.machine_spec.accelerator_type.name == "NVIDIA_TESLA_A100"
+    assert chief.container_spec.image_uri == jobspec.DEFAULT_IMAGE
+    assert list(chief.container_spec.args) == ["whisper-small.yaml", "--deepspeed", "zero2"]
+    pools = yaml.safe_load(CONFIG.read_text())["workerPoolSpecs"]
+    assert pools[0] == {**pools[1], "replicaCount": 1}, "the chief is a worker, one replica"
+    assert chief.disk_spec.boot_disk_size_gb >= 100
+    assert job.base_output_directory.output_uri_prefix.startswith("gs://")
+    assert job.scheduling.timeout.total_seconds() == 24 * 3600
+    assert job.scheduling.restart_job_on_worker_restart
+    assert tuning.trial_job_spec == job
+    assert [(m.metric_id, m.goal.name) for m in tuning.study_spec.metrics] == [("wer", "MINIMIZE")]
+    learning_rate, warmup = tuning.study_spec.parameters
+    assert learning_rate.parameter_id == "learning_rate"
+    assert learning_rate.scale_type.name == "UNIT_LOG_SCALE"
+    assert learning_rate.double_value_spec.min_value < learning_rate.double_value_spec.max_value
+    assert warmup.parameter_id == "warmup_steps" and warmup.integer_value_spec.max_value > 0
+    assert 1 <= tuning.parallel_trial_count < tuning.max_trial_count
+
+
+def test_a_misspelled_field_is_caught():
+    spec = yaml.safe_load(CONFIG.read_text())
+    spec["workerPoolSpecs"][1]["replicaCont"] = spec["workerPoolSpecs"][1].pop("replicaCount")
+    with pytest.raises(json_format.ParseError, match="replicaCont"):
+        parse_strictly(spec, CustomJobSpec)
+    tuning = yaml.safe_load(HPTUNING.read_text())
+    tuning["studySpec"]["metrics"][0]["metric_Id"] = "wer"
+    with pytest.raises(json_format.ParseError, match="metric_Id"):
+        parse_strictly(tuning, HyperparameterTuningJob)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g"],
+        ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
+        ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
+        ["--deepspeed", "zero3", "--max_steps", "100", "--learning_rate", "3e-5"],
+    ],
+)
+def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
+    specs = rendered(*argv)
+    job = parse_strictly(specs["config.yaml"], CustomJobSpec)
+    assert parse_strictly(specs["hptuning.yaml"], HyperparameterTuningJob).trial_job_spec == job
+    options, training_flags = jobspec.parse_arguments(argv)
+    gpu, count = jobspec.GPU_MACHINES[options.machine_type]
+    pools = job.worker_pool_specs
+    assert [pool.replica_count for pool in pools] == [1] + [options.nodes - 1] * (options.nodes > 1)
+    for pool in pools:
+        assert pool.machine_spec.machine_type == options.machine_type
+        assert pool.machine_spec.accelerator_type.name == gpu
+        assert pool.machine_spec.accelerator_count == (options.accelerator_count or count[-1])
+        args = list(pool.container_spec.args)
+        assert args == [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+        env = {item.name: item.value for item in pool.container_spec.env}
+        expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+        assert env == expected_env
+    assert job.scheduling.strategy.name == ("SPOT" if options.spot else "STRATEGY_UNSPECIFIED")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--accelerator_count", "4"], "a2-highgpu-8g offers 8 x NVIDIA_TESLA_A100, not "
+         "--accelerator_count 4 (use a2-highgpu-4g)"),
+        (["--nodes", "0"], "--nodes must be at least 1"),
+        (["--base_output_dir", "/tmp/out"], "--base_output_dir must be a gs:// URI"),
+        (["--machine_type", "g2-standard-8", "--accelerator_type", "NVIDIA_TESLA_T4"],
+         "g2-standard-8 comes with NVIDIA_L4, not NVIDIA_TESLA_T4"),
+        (["--machine_type", "a4-highgpu-8g"], "not in the GPU machine table"),
+        (["--learning_rte", "1e-5"], "Unknown flag(s): --learning_rte"),
+        (["--recipe", "mine.yaml"], "is not shipped in the image"),
+        (["--deepspeed", "local.json"], "nor a /gcs/BUCKET/... path"),
+        (["--env", "HF_TOKEN=hf_abc"], "HF_TOKEN looks like a secret"),
+        (["--push_to_hub", "--hub_token", "hf_abc"], "--hub_token looks like a secret"),
+    ],
+)  # fmt: skip
+def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        jobspec.main([*argv, "--dest", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not list(tmp_path.iterdir()), "nothing is written on bad input"
+
+
+def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = None) -> str:
+    """CLUSTER_SPEC as Vertex AI sets it on one replica of this job (see DESIGN.md 4)."""
+    cluster = {
+        f"workerpool{number}": [
+            f"cmle-training-workerpool{number}-3f1c9e2a-{replica}:2222"
+            for replica in range(int(spec["replicaCount"]))
+        ]
+        for number, spec in enumerate(job["workerPoolSpecs"])
+    }
+    task = {"type": pool, "index": index} | ({"trial": trial} if trial else {})
+    return json.dumps({"cluster": cluster, "environment": "cloud", "task": task, "job": job})
+
+
+def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None) -> dict:
+    """What Vertex AI puts in a replica's environment, plus the pool's own containerSpec.env."""
+    base = job["baseOutputDirectory"]["outputUriPrefix"].rstrip("/") + "/"
+    if trial:
+        base += f"{trial}/"
+    pool = job["workerPoolSpecs"][pool_number]
+    return {
+        "CLUSTER_SPEC": vertex_cluster_spec(job, f"workerpool{pool_number}", index, trial),
+        "AIP_MODEL_DIR": f"{base}model/",
+        "AIP_CHECKPOINT_DIR": f"{base}checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": f"{base}logs/",
+        "CLOUD_ML_JOB_ID": "1234567890",
+        # Node-level values the launcher must not pass on as process ranks.
+        "RANK": str(pool_number and index + 1),
+        "WORLD_SIZE": str(sum(int(p["replicaCount"]) for p in job["workerPoolSpecs"])),
+        "MASTER_ADDR": "cmle-training-workerpool0-3f1c9e2a-0",
+        "MASTER_PORT": "2222",
+        **{item["name"]: item["value"] for item in pool["containerSpec"]["env"]},
+    } | ({"CLOUD_ML_TRIAL_ID": trial} if trial else {})
+
+
+def test_every_node_of_the_checked_in_job_plans_the_same_cluster(tmp_path, demo_cache):
+    """Start the launcher on each node exactly as Vertex AI would run config.yaml.
+
+    Vertex runs the image with the pool's args and nothing else; on the real machines the
+    launcher counts the 8 GPUs itself, here `--nproc_per_node` stands in for them (on a
+    node without GPUs it is not capped).
+    """
+    job = yaml.safe_load(CONFIG.read_text())
+    gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
+    nodes = [(pool, index) for pool, spec in enumerate(job["workerPoolSpecs"])
+             for index in range(spec["replicaCount"])]  # fmt: skip
+    processes = []
+    for pool, index in nodes:
+        cwd = tmp_path / f"workerpool{pool}-{index}"
+        cwd.mkdir()
+        args = [*job["workerPoolSpecs"][pool]["containerSpec"]["args"], "--dry-run"]
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "trainer", *args, "--nproc_per_node", str(gpus)],
+                cwd=cwd, env=trainer_env(demo_cache, **vertex_env(job, pool, index)),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+        )  # fmt: skip
+    plans = []
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+        plans.append(json.loads(out))
+
+    assert sorted(plan["topology"]["node_rank"] for plan in plans) == list(range(len(nodes)))
+    for plan, (pool, index) in zip(plans, nodes, strict=True):
+        assert_vertex_plan(plan, pool, index, num_nodes=len(nodes), gpus=gpus)
+    written = [path for node in tmp_path.iterdir() for path in node.iterdir()]
+    assert not written, "a dry run writes nothing"
+
+
+def test_a_tuning_trial_gets_its_parameters_after_the_recipe(demo_cache, monkeypatch):
+    """Vertex AI appends `--name=value` per parameter to each trial's container args."""
+    from trainer.launch import prepare_launch
+
+    tuning = yaml.safe_load(HPTUNING.read_text())
+    job = tuning["trialJobSpec"]
+    gpus = job["workerPoolSpecs"][1]["machineSpec"]["acceleratorCount"]
+    params = [f"--{p['parameterId']}=3e-05" if "doubleValueSpec" in p else
+              f"--{p['parameterId']}=250" for p in tuning["studySpec"]["parameters"]]  # fmt: skip
+    args = job["workerPoolSpecs"][1]["containerSpec"]["args"]
+    env = trainer_env(demo_cache, **vertex_env(job, 1, 0, trial="7"))
+    monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
+    _, plan = prepare_launch([*args, *params, "--nproc_per_node", str(gpus), "--dry-run"], env)
+    described = plan.describe()
+    assert_vertex_plan(described, 1, 0, num_nodes=len(job["workerPoolSpecs"]), gpus=gpus)
+    training = described["command"][described["command"].index("trainer.train") + 1 :]
+    for param in params:  # after the recipe's own value, so the trial's value wins
+        assert training.index(param) > training.index(param.split("=")[0])
+
+
+def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: int) -> None:
+    topology = plan["topology"]
+    assert topology == {
+        "num_nodes": num_nodes,
+        "node_rank": 0 if pool == 0 else index + 1,
+        "master_addr": "cmle-training-workerpool0-3f1c9e2a-0",
+        "master_port": 2222,
+        "nproc_per_node": gpus,
+        "role": "chief" if pool == 0 else "worker",
+        "world_size": num_nodes * gpus,
+    }
+    command = plan["command"]
+    assert command[command.index("--num_processes") + 1] == str(num_nodes * gpus)
+    assert command[command.index("--machine_rank") + 1] == str(topology["node_rank"])
+    assert command[command.index("--main_process_ip") + 1] == topology["master_addr"]
+    assert command[command.index("--main_process_port") + 1] == "2222"
+    assert command[command.index("--deepspeed_multinode_launcher") + 1] == "standard"
+    assert command[command.index("--deepspeed_config_file") + 1].endswith("zero2.json")
+    assert command[command.index("--model_name_or_path") + 1] == "openai/whisper-small"
+    assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"]

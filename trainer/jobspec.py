@@ -1,0 +1,336 @@
+"""`python -m trainer.jobspec`: write config.yaml and hptuning.yaml for Vertex AI.
+
+The custom job and the tuning job repeat the same worker pools, and a hand-edited spec
+fails late: Vertex AI rejects an accelerator count the machine type does not offer only
+after the job is submitted, and a typo in a training flag only once the image has been
+pulled onto every node. This generator writes both files from a few flags, checks the
+machine, the output location and every training flag first (with the launcher's own
+parser), and leaves one `error:` line and exit code 2 when something is wrong.
+
+The checked-in config.yaml and hptuning.yaml are its output for the defaults below;
+`--check` says whether files on disk still match (the tests use it).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from trainer.errors import UserError
+
+DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:latest"
+"""cloudbuild.yaml's push target with its default substitutions (PROJECT_ID: yours)."""
+
+T4_MACHINES = {f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (1, 2, 4)) for cpus in (4, 8, 16, 32)}
+T4_MACHINES.update({f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (4,)) for cpus in (64, 96)})
+GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
+    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", (n,)) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", (16,)),
+    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", (n,)) for n in (1, 2, 4, 8)},
+    "a3-highgpu-8g": ("NVIDIA_H100_80GB", (8,)),
+    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", (8,)),
+    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", (8,)),
+    **{f"g2-standard-{cpus}": ("NVIDIA_L4", (1,)) for cpus in (4, 8, 12, 16, 32)},
+    "g2-standard-24": ("NVIDIA_L4", (2,)),
+    "g2-standard-48": ("NVIDIA_L4", (4,)),
+    "g2-standard-96": ("NVIDIA_L4", (8,)),
+    **T4_MACHINES,
+}
+"""Vertex AI machine type -> (accelerator type, accelerator counts it can have).
+
+Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
+docker/Dockerfile: T4, A100, L4, H100/H200). Add a row here to use another machine.
+"""
+
+DEFAULT_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "NCCL_DEBUG": "WARN",
+}
+"""Progress bars redraw with carriage returns, which Cloud Logging turns into thousands of
+lines; NCCL warnings are what explains a multi-node hang."""
+
+MIN_BOOT_DISK_GB = 100
+SECRET_WORDS = {"token", "key", "secret", "password"}
+"""Words of a variable or flag name (HF_TOKEN, --hub_token, WANDB_API_KEY) that say secret."""
+
+
+@dataclass
+class JobSpecArguments:
+    nodes: int = field(default=2, metadata={"help": "Machines in the job (1 chief + workers)."})
+    machine_type: str = field(default="a2-highgpu-8g", metadata={"help": "Vertex machine type."})
+    accelerator_type: str | None = field(
+        default=None, metadata={"help": "GPU type (default: the machine type's own)."}
+    )
+    accelerator_count: int | None = field(
+        default=None, metadata={"help": "GPUs per machine (default: the most it offers)."}
+    )
+    image: str = field(default=DEFAULT_IMAGE, metadata={"help": "The training image's URI."})
+    spot: bool = field(default=False, metadata={"help": "Run on Spot VMs (preempted jobs resume)."})
+    base_output_dir: str = field(
+        default="gs://BUCKET/whisper-small-sr",
+        metadata={"help": "gs:// prefix of checkpoints, logs and model (baseOutputDirectory)."},
+    )
+    boot_disk_size_gb: int = field(
+        default=200, metadata={"help": "Per machine: the image, caches and local checkpoints."}
+    )
+    timeout_hours: int = field(default=24, metadata={"help": "Vertex stops the job after this."})
+    recipe: str = field(
+        default="whisper-small.yaml",
+        metadata={"help": "Recipe shipped in the image (trainer/recipes/) or a /gcs/ path."},
+    )
+    deepspeed: str = field(default="zero2", metadata={"help": "DeepSpeed preset or JSON path."})
+    env: list[str] = field(
+        default_factory=list, metadata={"help": "Extra NAME=VALUE variables for every node."}
+    )
+    max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
+    parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
+
+
+@dataclass
+class OutputArguments:
+    """Where the files go; not part of the spec, so not recorded in the files' header."""
+
+    dest: str = field(default=".", metadata={"help": "Directory the two files are written to."})
+    check: bool = field(
+        default=False, metadata={"help": "Write nothing; exit 1 if the files on disk differ."}
+    )
+
+
+def resolve_accelerator(options: JobSpecArguments) -> tuple[str, int]:
+    """The machine's accelerator type and count, or a UserError saying what would work."""
+    if options.machine_type not in GPU_MACHINES:
+        raise UserError(
+            f"--machine_type {options.machine_type} is not in the GPU machine table "
+            f"({', '.join(sorted(GPU_MACHINES))}); add it to GPU_MACHINES in trainer/jobspec.py."
+        )
+    gpu, counts = GPU_MACHINES[options.machine_type]
+    if options.accelerator_type not in (None, gpu):
+        raise UserError(
+            f"{options.machine_type} comes with {gpu}, not {options.accelerator_type}; "
+            f"pick a machine type that has {options.accelerator_type}."
+        )
+    count = counts[-1] if options.accelerator_count is None else options.accelerator_count
+    if count not in counts:
+        fits = sorted(m for m, (g, c) in GPU_MACHINES.items() if g == gpu and count in c)
+        hint = f"use {' or '.join(fits)}" if fits else f"no machine type has {count} of them"
+        raise UserError(
+            f"{options.machine_type} offers {' or '.join(map(str, counts))} x {gpu}, not "
+            f"--accelerator_count {count} ({hint})."
+        )
+    return gpu, count
+
+
+def check_options(options: JobSpecArguments) -> None:
+    if options.nodes < 1:
+        raise UserError(f"--nodes must be at least 1 (the chief), got {options.nodes}.")
+    if not options.base_output_dir.startswith("gs://") or options.base_output_dir == "gs://":
+        raise UserError(
+            f"--base_output_dir must be a gs:// URI (Vertex AI derives AIP_CHECKPOINT_DIR, "
+            f"AIP_MODEL_DIR and AIP_TENSORBOARD_LOG_DIR from it), got {options.base_output_dir!r}."
+        )
+    if options.boot_disk_size_gb < MIN_BOOT_DISK_GB:
+        raise UserError(f"--boot_disk_size_gb must be at least {MIN_BOOT_DISK_GB} (Vertex AI).")
+    if options.timeout_hours < 1:
+        raise UserError("--timeout_hours must be at least 1.")
+    if not 1 <= options.parallel_trial_count <= options.max_trial_count:
+        raise UserError(
+            "--parallel_trial_count must be between 1 and --max_trial_count "
+            f"({options.max_trial_count}), got {options.parallel_trial_count}."
+        )
+    for item in options.env:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise UserError(f'--env takes NAME=VALUE, got "{item}".')
+
+
+def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None:
+    """A job spec is readable by everyone who can list the project's jobs, and lands in git."""
+    names = [item.split("=", 1)[0] for item in options.env]
+    names += [flag.split("=", 1)[0] for flag in training_flags if flag.startswith("--")]
+    for name in names:
+        if SECRET_WORDS & set(re.split(r"[-_]+", name.lower())):
+            raise UserError(
+                f"{name} looks like a secret, and a job spec is readable by everyone who can "
+                "list the project's jobs: keep data and models in the job's bucket instead."
+            )
+
+
+def check_training_flags(options: JobSpecArguments, training_flags: list[str]) -> None:
+    """Parse the node command line the way the launcher will, so typos fail here.
+
+    Files must exist on the nodes: the recipe and a DeepSpeed JSON are either shipped in
+    the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there.
+    """
+    from trainer.arguments import FlagParser, parse_flags
+    from trainer.config_file import RECIPES_DIR, expand_config_file
+    from trainer.deepspeed_config import preset_names
+    from trainer.launch import LauncherArguments
+
+    if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
+        raise UserError(
+            f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
+            "nor a /gcs/BUCKET/... path the nodes can read."
+        )
+    launcher_flags, rest = FlagParser([LauncherArguments]).parse_known_args(training_flags)
+    if launcher_flags.dry_run:
+        raise UserError("--dry-run in a job spec would make every node exit without training.")
+    recipe = options.recipe
+    if recipe.startswith("/gcs/"):
+        return  # read on the nodes; its flags cannot be checked here
+    if Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file():
+        raise UserError(
+            f"--recipe {recipe} is not shipped in the image: put it in trainer/recipes/ and "
+            "rebuild the image, or upload it and give its /gcs/BUCKET/... path."
+        )
+    parse_flags(expand_config_file([recipe, *rest]))
+
+
+def container_args(options: JobSpecArguments, training_flags: list[str]) -> list[str]:
+    return [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+
+
+def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dict:
+    """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others."""
+    gpu, count = resolve_accelerator(options)
+    env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+
+    def pool(replicas: int) -> dict:
+        return {
+            "machineSpec": {
+                "machineType": options.machine_type,
+                "acceleratorType": gpu,
+                "acceleratorCount": count,
+            },
+            "replicaCount": replicas,
+            "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
+            "containerSpec": {
+                "imageUri": options.image,
+                "args": container_args(options, training_flags),
+                "env": [{"name": name, "value": value} for name, value in env.items()],
+            },
+        }
+
+    scheduling = {
+        "timeout": f"{options.timeout_hours * 3600}s",
+        # Static rendezvous: one restarted node cannot rejoin the others' process group,
+        # so the whole job restarts and resumes from the last complete checkpoint.
+        "restartJobOnWorkerRestart": True,
+    }
+    if options.spot:
+        scheduling["strategy"] = "SPOT"
+    pools = [pool(1)] + ([pool(options.nodes - 1)] if options.nodes > 1 else [])
+    return {
+        "workerPoolSpecs": pools,
+        "baseOutputDirectory": {"outputUriPrefix": options.base_output_dir},
+        "scheduling": scheduling,
+    }
+
+
+def tuning_job(options: JobSpecArguments, training_flags: list[str]) -> dict:
+    """A HyperparameterTuningJob without displayName (gcloud takes it as a flag).
+
+    Vertex AI appends `--learning_rate=...` and `--warmup_steps=...` to every trial's
+    container args, after the recipe, so they override it. The metric is the one
+    trainer.callbacks.HypertuneCallback reports: `metric_for_best_model` (wer).
+    """
+    return {
+        "studySpec": {
+            "metrics": [{"metricId": "wer", "goal": "MINIMIZE"}],
+            "parameters": [
+                {
+                    "parameterId": "learning_rate",
+                    "doubleValueSpec": {"minValue": 1.0e-6, "maxValue": 1.0e-4},
+                    "scaleType": "UNIT_LOG_SCALE",
+                },
+                {
+                    "parameterId": "warmup_steps",
+                    "integerValueSpec": {"minValue": 0, "maxValue": 1000},
+                    "scaleType": "UNIT_LINEAR_SCALE",
+                },
+            ],
+            "measurementSelectionType": "BEST_MEASUREMENT",
+        },
+        "maxTrialCount": options.max_trial_count,
+        "parallelTrialCount": options.parallel_trial_count,
+        "trialJobSpec": custom_job_spec(options, training_flags),
+    }
+
+
+def render(argv: list[str]) -> dict[str, str]:
+    """File name -> content, for this command line (pure apart from the flag checks)."""
+    options, training_flags = parse_arguments(argv)
+    check_options(options)
+    refuse_secrets(options, training_flags)
+    resolve_accelerator(options)
+    check_training_flags(options, training_flags)
+    command = _command(argv)
+    submit = {
+        "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "
+        "--config=config.yaml",
+        "hptuning.yaml": "gcloud ai hp-tuning-jobs create --region=REGION --display-name=NAME "
+        "--config=hptuning.yaml",
+    }
+    specs = {
+        "config.yaml": custom_job_spec(options, training_flags),
+        "hptuning.yaml": tuning_job(options, training_flags),
+    }
+    return {
+        name: f"# {submit[name]}\n# Written by: {command}\n"
+        "# Change it by running that again with other flags (see docs/deploy.md), not by hand.\n"
+        + yaml.safe_dump(spec, sort_keys=False, width=100)
+        for name, spec in specs.items()
+    }
+
+
+def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
+    """The generator's flags; anything else is a training flag for every node."""
+    namespace, training_flags = _parser(JobSpecArguments).parse_known_args(argv)
+    return JobSpecArguments(**vars(namespace)), training_flags
+
+
+def _parser(dataclass_type: type):
+    from trainer.arguments import FlagParser
+
+    return FlagParser([dataclass_type], prog="python -m trainer.jobspec")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if "-h" in argv or "--help" in argv:
+            for dataclass_type in (JobSpecArguments, OutputArguments):
+                print(_parser(dataclass_type).format_help())
+            print("Any other flag is passed to the training program on every node.")
+            return
+        output, spec_argv = _parser(OutputArguments).parse_known_args(argv)
+        files = render(spec_argv)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    dest = Path(output.dest)
+    stale = [name for name, text in files.items() if not _matches(dest / name, text)]
+    if output.check:
+        for name in stale:
+            print(f"{dest / name} is not what this writes: {_command(spec_argv)}")
+        sys.exit(1 if stale else 0)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (dest / name).write_text(text)
+        print(f"wrote {dest / name}")
+
+
+def _command(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "trainer.jobspec", *argv])
+
+
+def _matches(path: Path, text: str) -> bool:
+    return path.is_file() and path.read_text() == text
+
+
+if __name__ == "__main__":
+    main()
