@@ -189,7 +189,7 @@ class LocalStore(Store):
         return path.read_text() if path.is_file() else None
 
     def write_text(self, name: str, text: str) -> None:
-        path = self.root / name if name else self.root
+        path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 

@@ -14,7 +14,9 @@ from trainer.tasks.base import Task
 DEFAULT_TASK = "speech-recognition"
 
 _TASK_MODULES = {
+    "image-classification": "trainer.tasks.image",
     "speech-recognition": "trainer.tasks.speech",
+    "text-classification": "trainer.tasks.text",
 }
 
 

@@ -1,0 +1,383 @@
+"""What image and text classification share: sources, the label set, metrics, class weights.
+
+A classification task reads (input, label) pairs from a hub dataset or a local directory,
+fine-tunes an `AutoModelFor...Classification` whose head is sized and named from the label
+set, and scores predictions by accuracy and macro F1. The subclasses say only how their
+local directories look, which model and processor to load, and how to batch inputs.
+
+The label set has to exist before the model (its head has one output per label), and the
+training program builds the model before it loads the datasets. So the raw training split
+is loaded in `build_model_and_processor` on every rank, as the Hugging Face example
+scripts do (`datasets` serialises concurrent builds of one cache with a file lock), and
+`load_datasets` prepares it further inside `main_process_first`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import abstractmethod
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from transformers import Trainer
+
+from trainer.data_sources import (
+    LocalLayout,
+    check_columns,
+    check_splits,
+    load_or_explain,
+    local_directory,
+    looks_like_path,
+)
+from trainer.errors import UserError
+from trainer.tasks.base import Task
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import EvalPrediction, PreTrainedModel
+
+LABEL = "label"
+"""The label column's name once loaded, whatever `--label_column_name` called it."""
+LABELS_SHOWN = 20
+"""How many labels the start-up line names (ImageNet has a thousand)."""
+
+
+@dataclass
+class ClassificationArguments:
+    label_column_name: str = field(
+        default="label",
+        metadata={"help": "Column with the class: a ClassLabel, or values such as positive."},
+    )
+    class_weights: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weight the loss per class: balanced (inverse frequency in the training "
+            "split), or one weight per label in label-id order, e.g. 1,2.5,1."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.class_weights is not None:
+            parse_class_weights(self.class_weights)
+
+
+def parse_class_weights(text: str) -> str | tuple[float, ...]:
+    if text.strip() == "balanced":
+        return "balanced"
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        weights = ()
+    if not weights or not all(weight > 0 and math.isfinite(weight) for weight in weights):
+        raise ValueError(
+            f'--class_weights "{text}": use balanced, or one positive number per label '
+            "separated by commas (e.g. 1,2.5,1)."
+        )
+    return weights
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """The classes the model predicts, and how a dataset's label values map to their ids.
+
+    A `ClassLabel` feature gives the names and ids as they are. Other label columns (strings
+    such as "positive" in a CSV, or plain integers) give the sorted distinct values of the
+    training split; evaluation labels must be among them.
+    """
+
+    names: tuple[str, ...]
+    ids: Mapping[Any, int]
+    """Label value as stored in the dataset -> id of the model's output."""
+    source: str
+
+    @classmethod
+    def from_split(cls, dataset: Dataset, source: str) -> LabelSet:
+        from datasets import ClassLabel
+
+        feature = dataset.features[LABEL]
+        if isinstance(feature, ClassLabel):
+            names = tuple(feature.names)
+            ids = {i: i for i in range(len(names))}
+        else:
+            values = dataset.unique(LABEL)
+            if any(_is_missing(value) for value in values):
+                raise UserError(f"{source} has examples without a label; fill or drop them.")
+            values = sorted(values)
+            names = tuple(str(value) for value in values)
+            ids = {value: i for i, value in enumerate(values)}
+        if len(names) < 2:
+            raise UserError(
+                f"{source} has {len(names)} label(s) ({', '.join(names)}); "
+                "classification needs at least two."
+            )
+        return cls(names, ids, source)
+
+    def describe(self) -> str:
+        """One line naming the ids, which `--class_weights` and predictions refer to."""
+        ids = ", ".join(f"{i} {name}" for i, name in enumerate(self.names[:LABELS_SHOWN]))
+        more = f", ... ({len(self.names)} in all)" if len(self.names) > LABELS_SHOWN else ""
+        return f"labels from {self.source}: {ids}{more}"
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.names))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
+
+    def check(self, dataset: Dataset, where: str) -> None:
+        """Every label of `dataset` must map to one of ours (also catches -1 "no label")."""
+        from datasets import ClassLabel
+
+        feature = dataset.features[LABEL]
+        if isinstance(feature, ClassLabel) and tuple(feature.names) != self.names:
+            raise UserError(
+                f"{where} names its labels {', '.join(feature.names)}, but the model was "
+                f"built for {', '.join(self.names)} (from {self.source})."
+            )
+        unknown = [value for value in dataset.unique(LABEL) if value not in self.ids]
+        if unknown:
+            shown = ", ".join(repr(value) for value in unknown[:5])
+            raise UserError(
+                f"{where} has label(s) {shown} that are not in the label set "
+                f"({', '.join(self.names)}) taken from {self.source}."
+            )
+
+    def class_weights(self, spec: str, train: Dataset) -> torch.Tensor:
+        """`balanced` gives n / (classes * count), as scikit-learn does; else as given."""
+        weights = parse_class_weights(spec)
+        if weights == "balanced":
+            counts = Counter(self.ids[value] for value in train[LABEL])
+            total, classes = sum(counts.values()), len(self.names)
+            weights = tuple(total / (classes * max(counts[i], 1)) for i in range(classes))
+        if len(weights) != len(self.names):
+            raise UserError(
+                f"--class_weights gives {len(weights)} weight(s) for {len(self.names)} labels "
+                f"({', '.join(self.names)}, in this order)."
+            )
+        return torch.tensor(weights, dtype=torch.float32)
+
+
+class ClassWeightedTrainer(Trainer):
+    """Trainer whose loss is cross-entropy weighted per class.
+
+    Overriding `compute_loss` keeps the model and its saved config unchanged, and works the
+    same under DeepSpeed (the engine only sees the loss). The loss is a per-batch mean, so
+    the Trainer divides it by the gradient accumulation steps like a model's own loss.
+    """
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args, class_weights: torch.Tensor, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.class_weights = class_weights
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits,
+            labels.to(logits.device),
+            weight=self.class_weights.to(logits.device),
+            label_smoothing=self.args.label_smoothing_factor,
+        )
+        return (loss, outputs) if return_outputs else loss
+
+
+def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
+    """Accuracy, and macro F1 over the classes that occur in labels or predictions (those
+    scikit-learn's `f1_score(average="macro")` averages over)."""
+    logits = prediction.predictions
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    predicted = np.asarray(logits).argmax(axis=-1)
+    labels = np.asarray(prediction.label_ids)
+    size = int(max(labels.max(), predicted.max())) + 1
+    hits = np.bincount(labels[predicted == labels], minlength=size)
+    # F1 = 2 TP / (2 TP + FP + FN), and 2 TP + FP + FN = (times predicted) + (times true)
+    occurrences = np.bincount(predicted, minlength=size) + np.bincount(labels, minlength=size)
+    present = occurrences > 0
+    f1 = 2 * hits[present] / occurrences[present]
+    return {"accuracy": float(np.mean(predicted == labels)), "macro_f1": float(np.mean(f1))}
+
+
+@dataclass
+class ClassificationCollator:
+    """Raw examples -> model inputs (from the task's `encode_inputs`) plus label ids."""
+
+    encode_inputs: Callable[[list], Mapping[str, torch.Tensor]]
+    input_column: str
+    label_ids: Mapping[Any, int]
+
+    def __call__(self, examples: list[dict]) -> dict:
+        batch = dict(self.encode_inputs([example[self.input_column] for example in examples]))
+        batch["labels"] = torch.tensor([self.label_ids[example[LABEL]] for example in examples])
+        return batch
+
+
+class ClassificationTask(Task):
+    default_metric = "accuracy"
+    input_column: ClassVar[str]
+    """The input column's name once loaded ("image", "text")."""
+    input_flag: ClassVar[str]
+    """The flag naming the input column in the source data."""
+    options: ClassificationArguments
+    labels: LabelSet
+    _train: Dataset
+    _class_weights: torch.Tensor | None = None
+
+    @classmethod
+    @abstractmethod
+    def detect_local_layout(cls, directory: Path) -> LocalLayout:
+        """Recognise the task's local dataset directory (splits, columns) from its files."""
+
+    @abstractmethod
+    def load_model_and_processor(self, labels: LabelSet) -> tuple[PreTrainedModel, Any]:
+        """The pretrained model with a head for `labels` (see `pretrained_kwargs`)."""
+
+    @abstractmethod
+    def input_encoder(self, processor: Any) -> Callable[[list], Mapping[str, torch.Tensor]]:
+        """Turns a list of raw inputs (images, texts) into the model's input tensors."""
+
+    def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
+        spec = self.data_args.train_split_name
+        self._train = self._load_split(spec)
+        self.labels = LabelSet.from_split(
+            self._train, f"split {spec} of {self.data_args.dataset_name}"
+        )
+        if os.environ.get("RANK", "0") == "0":
+            print(self.labels.describe(), flush=True)
+        return self.load_model_and_processor(self.labels)
+
+    def pretrained_kwargs(self, labels: LabelSet) -> dict:
+        """`from_pretrained` arguments that give the model a fresh head for our labels."""
+        return {
+            "cache_dir": self.model_args.cache_dir,
+            "num_labels": len(labels.names),
+            "id2label": labels.id2label,
+            "label2id": labels.label2id,
+            # a checkpoint fine-tuned on other classes has a head of another size
+            "ignore_mismatched_sizes": True,
+        }
+
+    def check_inputs(self) -> None:
+        name = self.data_args.dataset_name
+        if name is None or not looks_like_path(name):
+            return  # a hub dataset: checked when it is loaded
+        directory = local_directory(name)
+        layout = self.detect_local_layout(directory)
+        check_splits(layout, self.data_args.train_split_name, directory)
+        if self.data_args.eval_split_name:
+            check_splits(layout, self.data_args.eval_split_name, directory)
+        check_columns(layout.columns, self._column_flags(), str(directory))
+
+    def adjust_training_arguments(self, training: Any) -> None:
+        # The collator needs the raw input and label columns, which the model does not name.
+        training.remove_unused_columns = False
+
+    def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
+        spec = self.data_args.train_split_name
+        train = self.prepare_split(self._limit(self._train, self.data_args.max_train_samples), spec)
+        if self.options.class_weights is not None:
+            self._class_weights = self.labels.class_weights(self.options.class_weights, train)
+        evaluation = None
+        if self.data_args.eval_split_name:
+            spec = self.data_args.eval_split_name
+            evaluation = self._limit(self._load_split(spec), self.data_args.max_eval_samples)
+            evaluation = self.prepare_split(evaluation, spec)
+        return self.for_training(train), evaluation
+
+    def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
+        """Check a split's labels; subclasses add their own checks and clean-up."""
+        self.labels.check(dataset, f"split {spec} of {self.data_args.dataset_name}")
+        return dataset
+
+    def for_training(self, dataset: Dataset) -> Dataset:
+        """The training split as the Trainer sees it (where on-the-fly augmentation goes)."""
+        return dataset
+
+    def data_collator(self, processor: Any) -> ClassificationCollator:
+        return ClassificationCollator(
+            encode_inputs=self.input_encoder(processor),
+            input_column=self.input_column,
+            label_ids=self.labels.ids,
+        )
+
+    def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:
+        return classification_metrics
+
+    @property
+    def trainer_class(self) -> Callable[..., Trainer]:
+        """With `--class_weights`, a Trainer bound to the weights (known once the training
+        split is loaded: `balanced` counts it); otherwise the plain Trainer."""
+        if self._class_weights is None:
+            return Trainer
+        return partial(ClassWeightedTrainer, class_weights=self._class_weights)
+
+    def _column_flags(self) -> dict[str, str]:
+        flags = {
+            self.input_flag: getattr(self.options, self.input_flag),
+            "label_column_name": self.options.label_column_name,
+        }
+        if len(set(flags.values())) < len(flags):
+            raise UserError(f"--{self.input_flag} and --label_column_name name the same column.")
+        return flags
+
+    def _load_split(self, spec: str) -> Dataset:
+        """One split (or `a+b`), reduced to the input and label columns under fixed names."""
+        dataset = self._load_raw(spec)
+        name = self.data_args.dataset_name
+        check_columns(dataset.column_names, self._column_flags(), f"dataset {name} split {spec}")
+        source, label = getattr(self.options, self.input_flag), self.options.label_column_name
+        dataset = dataset.select_columns([source, label])
+        renames = {source: self.input_column, label: LABEL}
+        return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
+
+    def _load_raw(self, spec: str) -> Dataset:
+        from datasets import load_dataset
+
+        name = self.data_args.dataset_name
+        if not looks_like_path(name):
+            return load_or_explain(
+                name,
+                lambda: load_dataset(
+                    name,
+                    self.data_args.dataset_config_name,
+                    split=spec,
+                    cache_dir=self.model_args.cache_dir,
+                ),
+            )
+        directory = local_directory(name)
+        layout = self.detect_local_layout(directory)
+        check_splits(layout, spec, directory)
+        # All splits are declared, so that labels inferred from folders agree across splits.
+        data_files = {
+            split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
+            for split, paths in layout.splits.items()
+        }
+        return load_or_explain(
+            name,
+            lambda: load_dataset(
+                layout.builder, data_files=data_files, split=spec, **layout.load_kwargs
+            ),
+        )
+
+    @staticmethod
+    def _limit(dataset: Dataset, max_samples: int | None) -> Dataset:
+        if max_samples is None:
+            return dataset
+        return dataset.select(range(min(max_samples, len(dataset))))

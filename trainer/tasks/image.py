@@ -1,0 +1,213 @@
+"""Image classification (ViT or any `AutoModelForImageClassification`), scored by accuracy.
+
+Images are decoded when an example is read, and the model's image processor (resize,
+rescale, normalise) runs batched in the collator, so no pass over the corpus writes
+pixel arrays before training. With `--augment`, training images first get a random
+resized crop and a horizontal flip, as in the Hugging Face image-classification example.
+
+Data sources (`--dataset_name`): a hub dataset with an image column and a label column, or
+a local `imagefolder` directory, with one folder per class (`DIR/CLASS/*.jpg`, all of it
+the `train` split) or one folder per split holding them (`DIR/train/CLASS/*.jpg`,
+`DIR/test/CLASS/*.jpg`; the split names are the folder names). The label names are the
+class folder names.
+
+Images that cannot be decoded (not an image, truncated, unknown format) are skipped and
+counted, with one line naming the first of them: one bad file in a scraped set of
+thousands should not stop a job, and a split where nothing decodes is an error. The check
+is a pass over the split before training; `datasets` caches its result on each machine.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.data_sources import LocalLayout
+from trainer.errors import UserError
+from trainer.tasks.classification import (
+    LABEL,
+    ClassificationArguments,
+    ClassificationTask,
+    LabelSet,
+)
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from PIL.Image import Image as PILImage
+
+IMAGE = "image"
+
+
+@dataclass
+class ImageArguments(ClassificationArguments):
+    image_column_name: str = field(default="image", metadata={"help": "Column with the image."})
+    augment: bool = field(
+        default=False,
+        metadata={"help": "Random resized crop and horizontal flip of training images."},
+    )
+
+
+def _image_extensions() -> frozenset[str]:
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    return frozenset(ImageFolder.EXTENSIONS)
+
+
+def _subfolders(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.iterdir() if path.is_dir())
+
+
+def _class_folders(directory: Path, extensions: frozenset[str]) -> list[Path]:
+    """Sub-folders of `directory` that directly hold at least one image file."""
+    return [
+        folder
+        for folder in _subfolders(directory)
+        if any(path.suffix.lower() in extensions for path in folder.iterdir() if path.is_file())
+    ]
+
+
+class ImageClassificationTask(ClassificationTask):
+    arguments_class = ImageArguments
+    input_column = IMAGE
+    input_flag = "image_column_name"
+    options: ImageArguments
+
+    @classmethod
+    def detect_local_layout(cls, directory: Path) -> LocalLayout:
+        extensions = _image_extensions()
+        if _class_folders(directory, extensions):
+            splits = {"train": [directory]}
+        else:
+            splits = {
+                folder.name: [folder]
+                for folder in _subfolders(directory)
+                if _class_folders(folder, extensions)
+            }
+        if not splits:
+            raise UserError(
+                f"{directory} is not an imagefolder: put one folder per class in it "
+                "(DIR/CLASS/*.jpg), or one folder per split holding those (DIR/train/CLASS/*.jpg)."
+            )
+        return LocalLayout(builder="imagefolder", splits=splits, columns=frozenset({IMAGE, LABEL}))
+
+    def load_model_and_processor(self, labels: LabelSet):
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        path = self.model_args.model_name_or_path
+        model = AutoModelForImageClassification.from_pretrained(
+            path, **self.pretrained_kwargs(labels)
+        )
+        processor = AutoImageProcessor.from_pretrained(path, cache_dir=self.model_args.cache_dir)
+        return model, processor
+
+    def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
+        dataset = super().prepare_split(dataset, spec)
+        return drop_undecodable(
+            dataset,
+            f"split {spec} of {self.data_args.dataset_name}",
+            self.data_args.preprocessing_num_workers,
+        )
+
+    def for_training(self, dataset: Dataset) -> Dataset:
+        return dataset.with_transform(augment_images) if self.options.augment else dataset
+
+    def input_encoder(self, processor) -> Callable[[list], Any]:
+        return partial(_pixel_values, processor)
+
+
+def _pixel_values(processor, images: list[PILImage]) -> dict:
+    rgb = [image if image.mode == "RGB" else image.convert("RGB") for image in images]
+    return {"pixel_values": processor(images=rgb, return_tensors="pt")["pixel_values"]}
+
+
+def drop_undecodable(dataset: Dataset, where: str, num_proc: int | None) -> Dataset:
+    """The examples whose image decodes; the others are counted and the first one named."""
+    from datasets import Image
+
+    encoded = dataset.cast_column(IMAGE, Image(decode=False))
+    decodable = list(
+        encoded.map(
+            _decodable_batch,
+            batched=True,
+            input_columns=[IMAGE],
+            remove_columns=encoded.column_names,
+            num_proc=num_proc,
+            desc="Checking that images decode",
+        )["decodable"]
+    )
+    bad = [index for index, ok in enumerate(decodable) if not ok]
+    if bad:
+        first = encoded[bad[0]][IMAGE].get("path") or f"example {bad[0]}"
+        if len(bad) == len(encoded):
+            raise UserError(f"None of the {len(bad)} images in {where} can be decoded ({first}).")
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(
+                f"warning: skipped {len(bad)} of {len(encoded)} images in {where} that could "
+                f"not be decoded (first: {first})",
+                flush=True,
+            )
+        encoded = encoded.select([index for index, ok in enumerate(decodable) if ok])
+    return encoded.cast_column(IMAGE, Image())
+
+
+def _decodable_batch(images: list[dict]) -> dict[str, list[bool]]:
+    return {"decodable": [_decodes(image) for image in images]}
+
+
+def _decodes(image: dict) -> bool:
+    """Whether PIL decodes the whole image. JPEGs are decoded at 1/8 scale (`draft`), which
+    still reads the whole stream, so truncated files are caught at a fraction of the cost."""
+    from PIL import Image
+
+    source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
+    try:
+        with Image.open(source) as opened:
+            opened.draft("RGB", (1, 1))
+            opened.load()
+    except Exception:  # PIL reports broken files with many exception types
+        return False
+    return True
+
+
+def augment_images(batch: dict) -> dict:
+    """Applied on the fly to training examples only (`with_transform`); the processor then
+    resizes the crop to the model's input size."""
+    batch[IMAGE] = [_random_flip(_random_resized_crop(image)) for image in batch[IMAGE]]
+    return batch
+
+
+CROP_AREA = (0.08, 1.0)
+CROP_ASPECT = (3 / 4, 4 / 3)
+"""torchvision's RandomResizedCrop defaults: share of the area kept, width/height range."""
+
+
+def _random_resized_crop(image: PILImage) -> PILImage:
+    """RandomResizedCrop's sampling, without the resize; after ten misses the whole image
+    is kept."""
+    width, height = image.size
+    for _ in range(10):
+        area = width * height * random.uniform(*CROP_AREA)
+        aspect = math.exp(random.uniform(*(math.log(bound) for bound in CROP_ASPECT)))
+        crop_width = round(math.sqrt(area * aspect))
+        crop_height = round(math.sqrt(area / aspect))
+        if 0 < crop_width <= width and 0 < crop_height <= height:
+            left = random.randint(0, width - crop_width)
+            top = random.randint(0, height - crop_height)
+            return image.crop((left, top, left + crop_width, top + crop_height))
+    return image
+
+
+def _random_flip(image: PILImage) -> PILImage:
+    from PIL import Image
+
+    return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if random.random() < 0.5 else image
+
+
+TASK = ImageClassificationTask
