@@ -80,7 +80,12 @@ BAD_INPUTS = [
         "is neither an audiofolder",
         id="dataset-layout",
     ),
-    pytest.param(["--dataset_name", "gs://bucket/data"], {}, "Cloud Storage FUSE", id="gs-dataset"),
+    pytest.param(
+        ["--dataset_name", "gs://bucket/data"],
+        {"GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent/key.json"},
+        "No Google Cloud credentials",
+        id="gs-without-credentials",
+    ),
     pytest.param(
         ["--audio_column_name", "sound"],
         {},
@@ -115,6 +120,14 @@ def test_bad_input_is_one_line_and_exit_2(launcher, args, env, message):
     assert out == ""
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err
+
+
+def test_demo_is_speech_only(monkeypatch, capsys):
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--task", "image-classification"])
+    assert exit_info.value.code == 2
+    assert "The built-in demo is speech-recognition" in capsys.readouterr().err
 
 
 def test_model_without_dataset_is_refused(monkeypatch, capsys):

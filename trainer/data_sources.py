@@ -105,6 +105,39 @@ def table_header(path: Path) -> list[str]:
     return next(csv.reader([first_line], delimiter=delimiter), [])
 
 
+def load_split(
+    data_args, cache_dir: str | None, spec: str, detect_layout: Callable[[Path], LocalLayout]
+) -> tuple[Dataset, Path | None]:
+    """One split spec (e.g. `train+validation`) from the hub or a local directory.
+
+    Returns the dataset and, for local data, its directory. The files of every local split
+    are declared, not only the requested ones, so that labels inferred from folder names
+    agree across splits.
+    """
+    from datasets import load_dataset
+
+    name = data_args.dataset_name
+    if not looks_like_path(name):
+        config = data_args.dataset_config_name
+        hub = load_or_explain(
+            name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir)
+        )
+        return hub, None
+    directory = local_directory(name)
+    layout = detect_layout(directory)
+    check_splits(layout, spec, directory)
+    data_files = {
+        split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
+        for split, paths in layout.splits.items()
+    }
+    local = load_or_explain(
+        name,
+        lambda: load_dataset(layout.builder, data_files=data_files, split=spec,
+                             **layout.load_kwargs),
+    )  # fmt: skip
+    return local, directory
+
+
 def load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
     """Run a `load_dataset` call; a dataset that is missing or unreadable becomes one line."""
     from datasets.exceptions import DatasetNotFoundError

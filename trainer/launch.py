@@ -167,6 +167,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     from trainer.deepspeed_config import resolve_deepspeed_config
     from trainer.hardware import detect_hardware
     from trainer.outputs import check_output_locations, resolve_output_locations
+    from trainer.performance import fast_defaults, flag_names
 
     options, training_argv = FlagParser([LauncherArguments]).parse_known_args(
         expand_config_file(argv)
@@ -190,6 +191,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     mixed_precision = resolve_mixed_precision(flags.training.bf16, flags.training.fp16, hardware)
     if mixed_precision != "no" and not (flags.training.bf16 or flags.training.fp16):
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]
+    training_argv = [*training_argv, *fast_defaults(hardware, flag_names(training_argv))]
 
     return options, build_launch_plan(
         topology,
@@ -208,10 +210,17 @@ def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
 
     Its assets are built on this node (once; they are cached), since nodes share no disk.
     """
+    from trainer.tasks import DEFAULT_TASK, load_task
+
     if flags.model.model_name_or_path is not None or flags.data.dataset_name is not None:
         raise UserError(
             "Give both --model_name_or_path and --dataset_name, "
             "or neither to run the built-in demo."
+        )
+    if type(flags.task) is not load_task(DEFAULT_TASK):
+        raise UserError(
+            f"The built-in demo is {DEFAULT_TASK}; for other tasks give "
+            "--model_name_or_path and --dataset_name (see docs/tasks.md for recipes)."
         )
     from trainer.demo_assets import prepare_demo_assets
 

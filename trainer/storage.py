@@ -319,7 +319,15 @@ def _client():
         from google.auth.credentials import AnonymousCredentials
 
         return storage.Client(project="emulator", credentials=AnonymousCredentials())
-    return storage.Client()
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return storage.Client()
+    except DefaultCredentialsError:
+        raise UserError(
+            "No Google Cloud credentials for Cloud Storage: on Vertex AI the job's service "
+            "account provides them; elsewhere run `gcloud auth application-default login`."
+        ) from None
 
 
 def _retry():

@@ -32,7 +32,7 @@ from trainer.data_sources import (
     LocalLayout,
     check_columns,
     check_splits,
-    load_or_explain,
+    load_split,
     local_directory,
     looks_like_path,
 )
@@ -348,33 +348,10 @@ class ClassificationTask(Task):
         return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
 
     def _load_raw(self, spec: str) -> Dataset:
-        from datasets import load_dataset
-
-        name = self.data_args.dataset_name
-        if not looks_like_path(name):
-            return load_or_explain(
-                name,
-                lambda: load_dataset(
-                    name,
-                    self.data_args.dataset_config_name,
-                    split=spec,
-                    cache_dir=self.model_args.cache_dir,
-                ),
-            )
-        directory = local_directory(name)
-        layout = self.detect_local_layout(directory)
-        check_splits(layout, spec, directory)
-        # All splits are declared, so that labels inferred from folders agree across splits.
-        data_files = {
-            split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
-            for split, paths in layout.splits.items()
-        }
-        return load_or_explain(
-            name,
-            lambda: load_dataset(
-                layout.builder, data_files=data_files, split=spec, **layout.load_kwargs
-            ),
+        dataset, _ = load_split(
+            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout
         )
+        return dataset
 
     @staticmethod
     def _limit(dataset: Dataset, max_samples: int | None) -> Dataset:

@@ -28,9 +28,9 @@ from trainer.data_sources import (
     LocalLayout,
     check_columns,
     check_splits,
+    load_split,
     local_directory,
     looks_like_path,
-    split_names,
     table_header,
 )
 from trainer.errors import UserError
@@ -126,7 +126,6 @@ def detect_local_layout(directory: Path) -> LocalLayout:
             builder="audiofolder",
             splits={name: [path.parent] for name, path in metadata.items()},
             columns=frozenset(header) - {"file_name"} | {"audio"},
-            load_kwargs={"data_dir": str(directory)},
         )
     raise UserError(
         f"{directory} is neither an audiofolder ({' or '.join(AUDIOFOLDER_METADATA)} with a "
@@ -288,47 +287,20 @@ class SpeechRecognitionTask(Task):
         return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
     def _load_raw(self, spec: str) -> Dataset:
-        from datasets import Audio, load_dataset
+        from datasets import Audio
 
-        name = self.data_args.dataset_name
-        if not looks_like_path(name):
-            return _load_or_explain(
-                name,
-                lambda: load_dataset(
-                    name,
-                    self.data_args.dataset_config_name,
-                    split=spec,
-                    cache_dir=self.model_args.cache_dir,
-                ),
-            )
-        directory = local_directory(name)
-        layout = detect_local_layout(directory)
-        check_splits(layout, spec, directory)
-        if layout.builder == "audiofolder":
-            return _load_or_explain(
-                name, lambda: load_dataset("audiofolder", split=spec, **layout.load_kwargs)
-            )
-        files = {split: [str(p) for p in layout.splits[split]] for split in split_names(spec)}
-        table = _load_or_explain(
-            name, lambda: load_dataset("csv", data_files=files, split=spec, **layout.load_kwargs)
+        dataset, directory = load_split(
+            self.data_args, self.model_args.cache_dir, spec, detect_local_layout
         )
-        clips = directory / "clips"
-        table = table.map(
+        if directory is None or detect_local_layout(directory).builder != "csv":
+            return dataset  # the hub, or an audiofolder: the audio column is already there
+        clips = directory / "clips"  # Common Voice: each TSV row names its clip in "path"
+        dataset = dataset.map(
             lambda batch: {"audio": [str(clips / p) for p in batch["path"]]},
             batched=True,
             remove_columns=["path"],
         )
-        return table.cast_column("audio", Audio())
-
-
-def _load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
-    from datasets.exceptions import DatasetNotFoundError
-
-    try:
-        return load()
-    except (DatasetNotFoundError, FileNotFoundError, ConnectionError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        raise UserError(f"Could not load dataset {name}: {first_line}") from None
+        return dataset.cast_column("audio", Audio())
 
 
 def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) -> Dataset:
