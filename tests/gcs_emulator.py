@@ -13,6 +13,7 @@ import http.client
 import random
 import socket
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -28,7 +29,8 @@ def running_emulator():
     """Start the emulator with an in-memory store and one bucket; yield its base URL."""
     port = free_port()
     process = subprocess.Popen(
-        ["gcp-storage-emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+         "--port", str(port),
          "--in-memory", "--default-bucket", BUCKET, "--quiet"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
