@@ -8,9 +8,13 @@ decodes and resamples a clip when it is read and computes the features of a whol
 
 Both paths start from the same raw audiofolder (48 kHz MP3 clips of a few seconds, as
 Common Voice ships them), both use W worker processes, and both feed a DataLoader with
-batch size B. For each path we time the first batch and the whole epoch, alternating the two
+batch size B. For each path we time the first batch and the whole epoch, alternating the
 paths over R repeats in one process (the order flips every repeat), each run with a fresh
-datasets cache, and check that both produce the same batches.
+datasets cache, and assert that all paths produce the same batches.
+
+A third row runs the seed recipe with one torch thread per map worker: as written, the
+recipe's forked map workers inherit one torch thread per core and oversubscribe the CPU
+(DataLoader workers get one thread each), so this row shows how much of the gap is that.
 
     python bench/preprocessing.py [--clips N] [--batch-size B] [--workers W] [--repeats R]
 """
@@ -28,15 +32,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from itertools import product
 from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from datasets import Audio, load_dataset
@@ -46,37 +54,17 @@ from transformers import WhisperFeatureExtractor, WhisperProcessor
 from trainer.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
 from trainer.tasks.speech import SpeechCollator, _filter_by_duration
 
-SUBJECTS = (
-    "the old farmer",
-    "my younger sister",
-    "a tired student",
-    "the village doctor",
-    "our new neighbour",
-    "the quiet librarian",
-    "a young sailor",
-    "the city mayor",
-)
-VERBS = ("carried", "painted", "repaired", "found", "sold", "described")
-OBJECTS = (
-    "a wooden chair",
-    "the broken window",
-    "an old green bicycle",
-    "two heavy boxes",
-    "the small red boat",
-    "a letter from home",
-)
-PLACES = (
-    "before the storm began",
-    "early on a sunday morning",
-    "near the busy harbour",
-    "at the end of the long summer",
-    "behind the railway station",
-)
+# 8 x 6 x 6 x 5 = 1,440 distinct sentences of 10-14 words (3-5 s of speech), as in Common Voice.
+SUBJECTS = "the old farmer|my younger sister|a tired student|the village doctor|our new neighbour|the quiet librarian|a young sailor|the city mayor"  # noqa: E501
+VERBS = "carried|painted|repaired|found|sold|described"
+OBJECTS = "a wooden chair|the broken window|an old green bicycle|two heavy boxes|the small red boat|a letter from home"  # noqa: E501
+PLACES = "before the storm began|early on a sunday morning|near the busy harbour|at the end of the long summer|behind the railway station"  # noqa: E501
 
 
 def build_corpus(root: Path, clips: int) -> Path:
     """An audiofolder of distinct spoken sentences: 48 kHz MP3s and `file_name,sentence`."""
-    combos = random.Random(0).sample(list(product(SUBJECTS, VERBS, OBJECTS, PLACES)), clips)
+    parts = (part.split("|") for part in (SUBJECTS, VERBS, OBJECTS, PLACES))
+    combos = random.Random(0).sample(list(product(*parts)), clips)
     sentences = [" ".join(words).capitalize() + "." for words in combos]
     synthesize_speech_dataset(root / "wav", {"train": sentences})  # espeak-ng, 22,050 Hz WAVs
     corpus = root / "corpus"
@@ -95,6 +83,12 @@ def build_corpus(root: Path, clips: int) -> Path:
             [("file_name", "sentence"), *zip(names, sentences, strict=True)]
         )
     return corpus
+
+
+def describe_corpus(root: Path, clips: int) -> str:
+    megabytes = sum(mp3.stat().st_size for mp3 in root.glob("corpus/*.mp3")) / 1e6
+    seconds = sum((wav.stat().st_size - 44) / 44_100 for wav in root.glob("wav/*/*.wav"))
+    return f"{clips} MP3 clips at 48 kHz, mean {seconds / clips:.1f} s, {megabytes:.1f} MB"
 
 
 def build_processor() -> WhisperProcessor:
@@ -124,8 +118,24 @@ class SeedCollator:
         return batch
 
 
-def seed_loader(raw, processor: WhisperProcessor, args) -> DataLoader:
-    """The seed recipe: cast, a corpus-wide `map` computing features and labels, then load."""
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run with `count` intra-op threads (forked map workers inherit it); None: unchanged."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def seed_loader(raw, processor: WhisperProcessor, args, map_threads: int | None) -> DataLoader:
+    """The seed recipe: cast, a corpus-wide `map` computing features and labels, then load.
+
+    The recipe as written leaves each map worker torch's default thread count (one per core);
+    `map_threads=1` gives them one thread each, as DataLoader workers get, to tell the cost of
+    that oversubscription apart from the cost of the pass itself.
+    """
     feature_extractor, tokenizer = processor.feature_extractor, processor.tokenizer
 
     def prepare_dataset(batch):
@@ -137,12 +147,13 @@ def seed_loader(raw, processor: WhisperProcessor, args) -> DataLoader:
         return batch
 
     ds = raw.cast_column("audio", Audio(sampling_rate=16000))
-    ds = ds.map(
-        prepare_dataset,
-        remove_columns=ds.column_names,
-        num_proc=args.workers,
-        load_from_cache_file=False,
-    )
+    with torch_threads(map_threads):
+        ds = ds.map(
+            prepare_dataset,
+            remove_columns=ds.column_names,
+            num_proc=args.workers,
+            load_from_cache_file=False,
+        )
     start = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
     collator = SeedCollator(processor, decoder_start_token_id=start)
     return DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collator)
@@ -154,16 +165,19 @@ def project_loader(raw, processor: WhisperProcessor, args) -> DataLoader:
     ds = raw.select_columns(["audio", "sentence"]).rename_columns({"sentence": "text"})
     ds = ds.cast_column("audio", Audio(sampling_rate=16000))
     window = processor.feature_extractor.chunk_length
-    ds = _filter_by_duration(
-        ds, 0.0, window, SimpleNamespace(preprocessing_num_workers=args.workers)
-    )
+    workers = SimpleNamespace(preprocessing_num_workers=args.workers)
+    ds = _filter_by_duration(ds, 0.0, window, workers)
     collator = SpeechCollator(
         processor=processor, normalize_target=lambda t: t.strip(), max_label_length=448
     )
     return DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collator)
 
 
-PATHS = {"seed": seed_loader, "project": project_loader}
+PATHS = {
+    "seed": partial(seed_loader, map_threads=None),
+    "seed, 1 thread/worker": partial(seed_loader, map_threads=1),
+    "project": project_loader,
+}
 
 
 def run_once(path: str, corpus: Path, cache: Path, processor, args) -> dict:
@@ -171,34 +185,57 @@ def run_once(path: str, corpus: Path, cache: Path, processor, args) -> dict:
     begin = time.perf_counter()
     raw = load_dataset("audiofolder", data_dir=str(corpus), split="train", cache_dir=str(cache))
     loaded = time.perf_counter()
-    first_s, first_batch, fingerprint = None, None, []
+    first_s, first_features, summary = None, None, []  # summary: labels, per-clip means
     for batch in PATHS[path](raw, processor, args):
-        if first_batch is None:
-            first_s, first_batch = time.perf_counter() - loaded, batch
-        features = batch["input_features"]
-        assert features.shape[1:] == (80, 3000), f"{path}: features {tuple(features.shape)}"
-        fingerprint.append((batch["labels"], features.double().mean(dim=(1, 2))))
+        # numpy, not torch, in this process: a multi-threaded torch op here would leave an
+        # OpenMP pool that deadlocks the seed path's forked map workers (datasets#5094).
+        features, labels = batch["input_features"].numpy(), batch["labels"].numpy()
+        if first_features is None:
+            first_s, first_features = time.perf_counter() - loaded, features
+        assert features.shape[1:] == (80, 3000), f"{path}: features {features.shape}"
+        summary.append((labels, features.mean(axis=(1, 2), dtype=np.float64)))
     epoch_s = time.perf_counter() - loaded
     return {
         "load": loaded - begin,
         "first": first_s,
         "epoch": epoch_s,
-        "batch": first_batch,
-        "fingerprint": fingerprint,
+        "features": first_features,
+        "summary": summary,
     }
 
 
 def check_equivalent(seed: dict, project: dict) -> float:
     """Same first batch (features within 1e-4, identical labels), same labels everywhere."""
-    a, b = seed["batch"], project["batch"]
-    assert a["input_features"].shape == b["input_features"].shape
-    max_diff = (a["input_features"] - b["input_features"]).abs().max().item()
+    a, b = seed["features"], project["features"]
+    assert a.shape == b.shape, f"first batch: {a.shape} vs {b.shape}"
+    max_diff = float(np.abs(a - b).max())
     assert max_diff <= 1e-4, f"first-batch features differ by {max_diff}"
-    pairs = zip(seed["fingerprint"], project["fingerprint"], strict=True)  # same batch count
+    pairs = zip(seed["summary"], project["summary"], strict=True)  # same batch count
     for (labels_a, means_a), (labels_b, means_b) in pairs:
-        assert torch.equal(labels_a, labels_b), "labels differ"
-        assert torch.allclose(means_a, means_b, atol=1e-5), "per-clip feature means differ"
+        assert np.array_equal(labels_a, labels_b), "labels differ"
+        assert np.allclose(means_a, means_b, rtol=0, atol=1e-5), "per-clip feature means differ"
     return max_diff
+
+
+def run_alternating(corpus: Path, tmp: Path, processor, args) -> tuple[dict, float]:
+    """Every path once per repeat, the order flipping each repeat; check outputs agree."""
+    results: dict[str, list[dict]] = {path: [] for path in PATHS}
+    max_diff = 0.0
+    for repeat in range(args.repeats):
+        order = list(PATHS) if repeat % 2 == 0 else list(PATHS)[::-1]
+        for index, path in enumerate(order):
+            cache = tmp / f"cache-{repeat}-{index}"  # fresh: nothing is reused
+            run = run_once(path, corpus, cache, processor, args)
+            results[path].append(run)
+            shutil.rmtree(cache)
+            print(
+                f"repeat {repeat} {path:>21}: first batch {run['first']:.2f} s, "
+                f"epoch {run['epoch']:.2f} s",
+                flush=True,
+            )
+        for path in list(PATHS)[:-1]:  # each seed variant against the project
+            max_diff = max(max_diff, check_equivalent(results[path][-1], results["project"][-1]))
+    return results, max_diff
 
 
 def spread(values: list[float]) -> str:
@@ -208,7 +245,9 @@ def spread(values: list[float]) -> str:
 def report(results: dict[str, list[dict]], args, max_diff: float, corpus_info: str) -> None:
     print(f"\ncommand: {shlex.join(['python', *sys.argv])}")
     print(f"date: {datetime.now().astimezone().isoformat(timespec='seconds')}")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    cpu = platform.processor() or platform.machine()
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"machine: {cpu}, {os.cpu_count()} CPUs, load average now {load} (1, 5, 15 min)")
     print(
         f"versions: torch {torch.__version__}, transformers {transformers.__version__}, "
         f"datasets {datasets.__version__}"
@@ -218,20 +257,23 @@ def report(results: dict[str, list[dict]], args, max_diff: float, corpus_info: s
         f"repeats {args.repeats}"
     )
     loads = [run["load"] for runs in results.values() for run in runs]
-    print(f"load_dataset (both paths, not in the times below): {spread(loads)}")
-    print(f"equivalence: first-batch max |feature diff| {max_diff:.2e}, labels identical\n")
+    print(f"load_dataset (every path, not in the times below): {spread(loads)}")
+    print(f"equivalence: max |feature diff| in first batches {max_diff:.1e}, labels identical\n")
     print("| path | time to first batch | full epoch | clips/s (epoch) |")
     print("|---|---|---|---|")
-    for path, runs in results.items():
-        rate = args.clips / median(run["epoch"] for run in runs)
-        firsts, epochs = [r["first"] for r in runs], [r["epoch"] for r in runs]
-        print(f"| {path} | {spread(firsts)} | {spread(epochs)} | {rate:.1f} |")
-    ratio = {
-        key: median(r[key] for r in results["seed"]) / median(r[key] for r in results["project"])
-        for key in ("first", "epoch")
+    medians = {
+        path: {key: median(run[key] for run in runs) for key in ("first", "epoch")}
+        for path, runs in results.items()
     }
-    print(f"| seed / project | {ratio['first']:.1f}x | {ratio['epoch']:.2f}x | |")
-    print("\nmedian over repeats, (min-max) in brackets")
+    for path, runs in results.items():
+        firsts, epochs = [run["first"] for run in runs], [run["epoch"] for run in runs]
+        rate = args.clips / medians[path]["epoch"]
+        print(f"| {path} | {spread(firsts)} | {spread(epochs)} | {rate:.1f} |")
+    project = medians["project"]
+    for path in (path for path in results if path != "project"):
+        first, epoch = (medians[path][key] / project[key] for key in ("first", "epoch"))
+        print(f"| ratio {path} / project | {first:.1f}x | {epoch:.1f}x | |")
+    print("\nmedian over repeats (min-max); ratios of the medians")
 
 
 def main() -> None:
@@ -248,25 +290,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-preprocessing-") as tmp:
         started = time.perf_counter()
         corpus = build_corpus(Path(tmp), args.clips)
-        megabytes = sum(f.stat().st_size for f in corpus.glob("*.mp3")) / 1e6
-        corpus_info = f"{args.clips} MP3 clips at 48 kHz, {megabytes:.1f} MB"
+        corpus_info = describe_corpus(Path(tmp), args.clips)
         print(f"built corpus in {time.perf_counter() - started:.0f} s: {corpus_info}")
         processor = build_processor()
 
-        results: dict[str, list[dict]] = {"seed": [], "project": []}
-        for repeat in range(args.repeats):
-            order = list(PATHS) if repeat % 2 == 0 else list(PATHS)[::-1]
-            for path in order:
-                cache = Path(tmp) / f"cache-{repeat}-{path}"  # fresh: nothing is reused
-                run = run_once(path, corpus, cache, processor, args)
-                results[path].append(run)
-                shutil.rmtree(cache)
-                print(
-                    f"repeat {repeat} {path:>7}: first batch {run['first']:.2f} s, "
-                    f"epoch {run['epoch']:.2f} s",
-                    flush=True,
-                )
-            max_diff = check_equivalent(results["seed"][-1], results["project"][-1])
+        results, max_diff = run_alternating(corpus, Path(tmp), processor, args)
         print(f"total {time.perf_counter() - started:.0f} s")
     report(results, args, max_diff, corpus_info)
 
