@@ -18,7 +18,10 @@ from trainer.demo_assets import DemoAssets, prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-PERSISTENT_EXTENSIONS_DIR = Path.home() / ".cache" / "vertex-trainer" / "torch_extensions"
+PERSISTENT_EXTENSIONS_DIR = Path(
+    os.environ.get("TORCH_EXTENSIONS_DIR")
+    or Path.home() / ".cache" / "vertex-trainer" / "torch_extensions"
+)
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
 
 

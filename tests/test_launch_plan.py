@@ -1,5 +1,6 @@
 """The accelerate command built from a topology, the hardware and the flags (pure)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,10 @@ def test_mixed_precision_from_hardware_and_flags(hardware, bf16, fp16, expected)
     assert resolve_mixed_precision(bf16, fp16, hardware) == expected
 
 
+def test_explicit_false_precision_flags_mean_fp32_even_on_ampere():
+    assert resolve_mixed_precision(False, False, A100, user_chose=True) == "no"
+
+
 @pytest.mark.parametrize(
     ("hardware", "bf16", "fp16", "message"),
     [
@@ -158,3 +163,16 @@ def test_impossible_precision_is_refused(hardware, bf16, fp16, message):
 def test_secrets_are_redacted_from_printed_commands():
     argv = ["x", "--hub_token", "hf_secret", "--learning_rate", "1"]
     assert redact_secrets(argv) == ["x", "--hub_token", "***", "--learning_rate", "1"]
+
+
+def test_stale_extension_build_locks_are_cleared(tmp_path):
+    from trainer.cache import STALE_LOCK_SECONDS, clear_stale_build_locks
+
+    old, fresh = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
+    for lock in (old, fresh):
+        lock.parent.mkdir()
+        lock.write_text("")
+    now = fresh.stat().st_mtime
+    os.utime(old, (now - STALE_LOCK_SECONDS - 1, now - STALE_LOCK_SECONDS - 1))
+    assert clear_stale_build_locks(tmp_path, now) == [old]
+    assert not old.exists() and fresh.exists(), "a lock a live build may hold must stay"

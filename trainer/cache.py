@@ -15,3 +15,23 @@ def cache_dir() -> Path:
         return Path(os.environ["TRAINER_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vertex-trainer"
+
+
+STALE_LOCK_SECONDS = 600
+"""Compiling DeepSpeed's CPU op takes about a minute; a lock this old has no live owner."""
+
+
+def clear_stale_build_locks(extensions_dir: Path, now: float) -> list[Path]:
+    """Delete torch extension build locks left by killed processes; return what was deleted.
+
+    torch waits forever for a build lock to disappear, so one left by a run killed while
+    compiling would silently stall every later run on this machine.
+    """
+    stale = [
+        lock
+        for lock in extensions_dir.glob("*/lock")
+        if now - lock.stat().st_mtime > STALE_LOCK_SECONDS
+    ]
+    for lock in stale:
+        lock.unlink(missing_ok=True)
+    return stale

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainer.cache import cache_dir
+from trainer.cache import cache_dir, clear_stale_build_locks
 from trainer.cluster import Topology, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
@@ -137,8 +138,13 @@ def build_launch_plan(
     return LaunchPlan(topology, hardware, argv, env, unset)
 
 
-def resolve_mixed_precision(bf16: bool, fp16: bool, hardware: Hardware) -> str:
-    """The user's --bf16/--fp16 if the hardware can do it, else what the hardware does best."""
+def resolve_mixed_precision(
+    bf16: bool, fp16: bool, hardware: Hardware, user_chose: bool = False
+) -> str:
+    """The user's --bf16/--fp16 if the hardware can do it, else what the hardware does best.
+
+    `user_chose` means a precision flag was given at all: `--bf16 false` asks for fp32.
+    """
     if bf16 and fp16:
         raise UserError("--bf16 and --fp16 are mutually exclusive: choose one.")
     if fp16 and hardware.gpu_count == 0:
@@ -150,7 +156,7 @@ def resolve_mixed_precision(bf16: bool, fp16: bool, hardware: Hardware) -> str:
         return "bf16"
     if fp16:
         return "fp16"
-    return hardware.mixed_precision
+    return "no" if user_chose else hardware.mixed_precision
 
 
 def redact_secrets(argv: list[str]) -> list[str]:
@@ -188,10 +194,14 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         check_output_locations(
             resolve_output_locations(flags.outputs, env, flags.training.output_dir)
         )
-    mixed_precision = resolve_mixed_precision(flags.training.bf16, flags.training.fp16, hardware)
-    if mixed_precision != "no" and not (flags.training.bf16 or flags.training.fp16):
+    given = flag_names(training_argv)  # recipes are flags by now, so they count as given
+    chose_precision = bool(given & {"--bf16", "--fp16"})
+    mixed_precision = resolve_mixed_precision(
+        flags.training.bf16, flags.training.fp16, hardware, chose_precision
+    )
+    if mixed_precision != "no" and not chose_precision:
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]
-    training_argv = [*training_argv, *fast_defaults(hardware, flag_names(training_argv))]
+    training_argv = [*training_argv, *fast_defaults(hardware, given)]
 
     return options, build_launch_plan(
         topology,
@@ -268,5 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         f"rendezvous {topology.master_addr}:{topology.master_port}",
         flush=True,
     )
+    if "TORCH_EXTENSIONS_DIR" in plan.env:
+        for lock in clear_stale_build_locks(Path(plan.env["TORCH_EXTENSIONS_DIR"]), time.time()):
+            print(f"removed a stale build lock left by a killed run: {lock}", flush=True)
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env} | plan.env
     os.execve(plan.argv[0], plan.argv, env)
