@@ -78,6 +78,13 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     assert all(world == 2 for world, _, _ in reports.values())
     assert reports[0][2] != reports[1][2], "both ranks trained on the same batch"
     assert re.search(r"step 4/4 \(100%\) \| epoch [\d.]+ \| loss [\d.]+", output)
+    startup = re.search(r"time to first step: ([\d.]+) s \((.*)\)", output)
+    assert startup, "no time-to-first-step line"
+    phases = dict(re.findall(r"([a-z ,]+?) ([\d.]+) s(?:, |$)", startup.group(2)))
+    assert [p.strip(", ") for p in phases] == [
+        "launcher, torchrun and imports", "flags", "rendezvous", "model",
+        "data and resume point", "engine start and first step"]  # fmt: skip
+    assert sum(map(float, phases.values())) == pytest.approx(float(startup.group(1)), abs=0.5)
 
     out = tmp_path / "out"
     eval_results = json.loads((out / "eval_results.json").read_text())

@@ -32,6 +32,10 @@ VERTEX_NODE_LEVEL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"
 
 SECRET_FLAG_MARKERS = ("token", "key", "secret", "password")
 
+LAUNCHED_AT_VARIABLE = "TRAINER_LAUNCHED_AT"
+"""When `python -m trainer` started (epoch seconds): the training program reports the time
+from there to its first optimizer step."""
+
 
 @dataclass
 class LauncherArguments:
@@ -259,6 +263,7 @@ def print_help(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    launched_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if "-h" in argv or "--help" in argv:
@@ -275,11 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
         f"{topology.nproc_per_node} process(es) per node, world size {topology.world_size}, "
-        f"rendezvous {topology.master_addr}:{topology.master_port}",
+        f"rendezvous {topology.master_addr}:{topology.master_port} "
+        f"(launcher checks took {time.time() - launched_at:.1f} s)",
         flush=True,
     )
     if "TORCH_EXTENSIONS_DIR" in plan.env:
         for lock in clear_stale_build_locks(Path(plan.env["TORCH_EXTENSIONS_DIR"]), time.time()):
             print(f"removed a stale build lock left by a killed run: {lock}", flush=True)
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env} | plan.env
+    env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
     os.execve(plan.argv[0], plan.argv, env)

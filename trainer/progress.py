@@ -111,3 +111,31 @@ class FirstBatchReport:
                 flush=True,
             )
         return batch
+
+
+class StartupTimer(TrainerCallback):
+    """Time from `python -m trainer` to the first optimizer step, phase by phase.
+
+    A slow start costs every GPU of every node; one line at the first step says where the
+    time went (launch, imports, rendezvous, model, data, engine start and first step).
+    """
+
+    def __init__(self, launched_at: float | None) -> None:
+        self._start = self._last = launched_at or time.time()
+        self._phases: list[tuple[str, float]] = []
+        self._reported = False
+
+    def mark(self, phase: str) -> None:
+        """Record that `phase` ended now."""
+        now = time.time()
+        self._phases.append((phase, now - self._last))
+        self._last = now
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._reported:
+            return
+        self._reported = True
+        self.mark("engine start and first step")
+        if state.is_world_process_zero:
+            phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self._phases)
+            print(f"time to first step: {self._last - self._start:.1f} s ({phases})", flush=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from trainer.arguments import ParsedFlags, parse_flags
 from trainer.config_file import expand_config_file
 from trainer.errors import UserError
+from trainer.launch import LAUNCHED_AT_VARIABLE
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -49,10 +50,11 @@ class ProcessPlace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    launched_at = os.environ.get(LAUNCHED_AT_VARIABLE)
     argv = expand_config_file_or_exit(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        train(argv)
+        train(argv, float(launched_at) if launched_at else None)
     except UserError as error:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {error}", file=sys.stderr, flush=True)
@@ -67,7 +69,11 @@ def expand_config_file_or_exit(argv: list[str]) -> list[str]:
         sys.exit(2)
 
 
-def train(argv: list[str]) -> None:
+def train(argv: list[str], launched_at: float | None = None) -> None:
+    from trainer.progress import StartupTimer
+
+    startup = StartupTimer(launched_at)
+    startup.mark("launcher, torchrun and imports")
     from transformers import PrinterCallback, set_seed
 
     from trainer.callbacks import CheckpointSyncCallback
@@ -79,14 +85,17 @@ def train(argv: list[str]) -> None:
     task = flags.task
     task.adjust_training_arguments(flags.training)
     infer_metric_direction(flags)
+    startup.mark("flags")
     use_gloo_on_cpu(flags.training)
     set_seed(flags.training.seed)
+    startup.mark("rendezvous")
     # The model is loaded before TrainingArguments exists on purpose: with a ZeRO-3 config,
     # TrainingArguments makes from_pretrained run under deepspeed.zero.Init, where Whisper's
     # weight init fails on already-partitioned tensors (transformers 5.23: sinusoids() gets
     # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
     model, processor = task.build_model_and_processor()
     args = build_training_arguments(flags)
+    startup.mark("model")
     place = ProcessPlace.from_env()
     locations = resolve_output_locations(flags.outputs, os.environ, args.output_dir)
     output_dir = Path(args.output_dir)
@@ -94,6 +103,7 @@ def train(argv: list[str]) -> None:
     with args.main_process_first(desc="loading datasets"):
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
+    startup.mark("data and resume point")
 
     trainer = task.trainer_class(
         model=model,
@@ -106,6 +116,7 @@ def train(argv: list[str]) -> None:
     )
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ProgressLogCallback())
+    trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
     for callback in reporting_callbacks(flags, locations, output_dir, place):
