@@ -161,3 +161,13 @@ def gcs(gcs_emulator, monkeypatch):
     storage._client.cache_clear()
     yield gcs_emulator
     storage._client.cache_clear()
+
+
+def assert_manifest_matches_store(checkpoint) -> None:
+    """A complete checkpoint's manifest lists exactly the files stored beside it."""
+    from trainer.checkpoints import MANIFEST, NODE_MARKERS, read_manifest
+
+    listed = {entry.path for entry in read_manifest(checkpoint)}
+    stored = {path for path in checkpoint.list_files()
+              if path != MANIFEST and not path.startswith(f"{NODE_MARKERS}/")}  # fmt: skip
+    assert listed == stored, f"{checkpoint.uri}: manifest and store disagree"

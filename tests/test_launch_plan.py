@@ -1,5 +1,6 @@
 """The accelerate command built from a topology, the hardware and the flags (pure)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -100,10 +101,21 @@ def test_none_preset_is_plain_ddp():
     assert flag_value(plan.argv, "--mixed_precision") == "fp16"
 
 
-@pytest.mark.parametrize("preset", ["zero2", "zero3", "zero3-offload"])
-def test_presets_are_shipped(preset):
-    path = resolve_deepspeed_config(preset)
-    assert path.is_file() and path.parent.name == "presets"
+@pytest.mark.parametrize(
+    ("preset", "stage", "offloaded"),
+    [("zero2", 2, False), ("zero3", 3, False), ("zero3-offload", 3, True)],
+)
+def test_presets_leave_the_numbers_to_the_trainer(preset, stage, offloaded):
+    config = json.loads(resolve_deepspeed_config(preset).read_text())
+    zero = config["zero_optimization"]
+    assert zero["stage"] == stage
+    assert ("offload_optimizer" in zero) == offloaded
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps", "gradient_clipping"):  # fmt: skip
+        assert config[key] == "auto", key
+    assert config["bf16"]["enabled"] == config["fp16"]["enabled"] == "auto"
+    if stage == 3:  # the final model must be gathered into one file when saved
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True
 
 
 def test_user_deepspeed_json(tmp_path):

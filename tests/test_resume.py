@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_trainer, start_nodes, trainer_env
+from tests.conftest import assert_manifest_matches_store, run_trainer, start_nodes, trainer_env
 from tests.gcs_emulator import BUCKET, FlakyProxy
-from trainer.checkpoints import MANIFEST, complete_checkpoints, read_manifest
+from trainer.checkpoints import complete_checkpoints
 from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
@@ -117,16 +117,11 @@ def test_killed_node_restart_resumes_and_matches_an_uninterrupted_run(tmp_path, 
     )
     assert worst < 1e-5, f"resumed weights differ from the uninterrupted run by {worst}"
 
-    # Retention in GCS: only complete checkpoints, at most save_total_limit of them.
-    names = [n for n in checkpoints.list_dirs() if n.startswith("checkpoint-")]
+    # Retention in GCS: at most save_total_limit complete checkpoints, plus the best one.
     complete = complete_checkpoints(checkpoints)
-    assert len(complete) <= 2 + 1, complete  # + the best one, which is never deleted
+    assert len(complete) <= 2 + 1, complete
     for name in complete:
-        listed = {e.path for e in read_manifest(checkpoints.child(name))}
-        present = {p for p in checkpoints.child(name).list_files()
-                   if p != MANIFEST and not p.startswith(".nodes/")}  # fmt: skip
-        assert listed == present, f"{name}: manifest and store disagree"
-    assert set(complete) <= set(names)
+        assert_manifest_matches_store(checkpoints.child(name))
 
     # TensorBoard logs reached their store; hypertune saw one report per evaluation.
     assert any("tfevents" in p for p in open_store(f"{base}/logs").list_files())
@@ -156,10 +151,7 @@ def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, g
     assert complete_checkpoints(checkpoints) == ["checkpoint-4", "checkpoint-6"]
     assert "checkpoint-2" not in checkpoints.list_dirs()
     for name in complete_checkpoints(checkpoints):
-        listed = {e.path for e in read_manifest(checkpoints.child(name))}
-        present = {p for p in checkpoints.child(name).list_files()
-                   if p != MANIFEST and not p.startswith(".nodes/")}  # fmt: skip
-        assert listed == present
-        assert any(p.endswith("optim_states.pt") for p in listed)
+        assert_manifest_matches_store(checkpoints.child(name))
+        assert any(p.endswith("optim_states.pt") for p in checkpoints.child(name).list_files())
     assert "model.safetensors" in open_store(f"{base}/model").list_files()
     print(f"storage proxy failed {proxy.failures} of {proxy.requests} requests")

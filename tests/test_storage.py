@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_manifest_matches_store
 from tests.gcs_emulator import BUCKET, FlakyProxy
 from trainer import storage
 from trainer.checkpoints import (
@@ -52,7 +53,7 @@ def test_upload_download_round_trip_is_verified(gcs, tmp_path, kind):
         assert (tmp_path / "dst" / name).read_bytes() == content
 
 
-def test_uploads_survive_an_unreliable_service(gcs, tmp_path, monkeypatch, caplog):
+def test_uploads_survive_an_unreliable_service(gcs, tmp_path, monkeypatch):
     proxy = FlakyProxy(gcs, failure_rate=0.3, seed=7)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     storage._client.cache_clear()
@@ -103,11 +104,10 @@ def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path):
     worker.submit(node_checkpoint(tmp_path, 1, 4, shard_rank=1))
     worker.close()
     chief.close()
-    entries = read_manifest(store.child("checkpoint-4"))
-    present = {path for path in store.child("checkpoint-4").list_files()
-               if path != MANIFEST and not path.startswith(".nodes/")}  # fmt: skip
-    assert {e.path for e in entries} == present
-    assert "global_step4/zero_pp_rank_1_optim_states.pt" in present
+    assert_manifest_matches_store(store.child("checkpoint-4"))
+    listed = {entry.path for entry in read_manifest(store.child("checkpoint-4"))}
+    assert "global_step4/zero_pp_rank_1_optim_states.pt" in listed, "the worker's shard"
+    assert "model.safetensors" in listed, "the chief's files"
     assert chief.failures == worker.failures == []
 
 

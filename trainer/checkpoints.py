@@ -55,21 +55,20 @@ def read_manifest(checkpoint: Store) -> list[FileEntry] | None:
         return None
 
 
+def checkpoint_names(store: Store) -> list[str]:
+    """Names of the checkpoint directories in a store, complete or not, oldest first."""
+    names = [name for name in store.list_dirs() if checkpoint_step(name) is not None]
+    return sorted(names, key=checkpoint_step)
+
+
 def complete_checkpoints(store: Store) -> list[str]:
     """Names of checkpoints with a manifest, oldest first."""
-    names = [name for name in store.list_dirs() if checkpoint_step(name) is not None]
-    names.sort(key=checkpoint_step)
-    return [name for name in names if store.child(name).read_text(MANIFEST) is not None]
+    return [n for n in checkpoint_names(store) if store.child(n).read_text(MANIFEST) is not None]
 
 
 def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
     """The newest complete checkpoint, present and verified under `local_root`."""
-    names = sorted(
-        (name for name in store.list_dirs() if checkpoint_step(name) is not None),
-        key=checkpoint_step,
-        reverse=True,
-    )
-    for name in names:
+    for name in reversed(checkpoint_names(store)):
         entries = read_manifest(store.child(name))
         if entries is None:
             logger.warning("skipping %s/%s: no manifest (incomplete checkpoint)", store.uri, name)
