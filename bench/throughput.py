@@ -46,7 +46,6 @@ import numpy as np
 import psutil
 import torch
 from transformers import (
-    WhisperConfig,
     WhisperFeatureExtractor,
     WhisperForConditionalGeneration,
     WhisperProcessor,
@@ -58,21 +57,12 @@ from trainer.demo_assets import (
     _generation_config,
     build_whisper_tokenizer,
 )
+from trainer.whisper_sizes import WHISPER_SIZES, whisper_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 2
 STEP_LINE = re.compile(r"^step \d+/\d+ ")
 SAMPLING_RATE = 16_000
-
-# name: (d_model, layers (encoder = decoder), heads, ffn, mel bins, vocab), from the released
-# checkpoints' config.json files (openai/whisper-*).
-WHISPER_SIZES = {
-    "tiny": (384, 4, 6, 1536, 80, 51865),
-    "base": (512, 6, 8, 2048, 80, 51865),
-    "small": (768, 12, 12, 3072, 80, 51865),
-    "medium": (1024, 24, 16, 4096, 80, 51865),
-    "large-v3": (1280, 32, 20, 5120, 128, 51866),
-}
 
 WORDS = (  # noqa: SIM905 (a word list reads better as text)
     "the a of and to in is was that for on with as his he it at by from they we say her she "
@@ -151,21 +141,10 @@ def configurations(batch: int) -> list[Config]:
 
 def build_model(model_dir: Path, size: str) -> Path:
     """A randomly initialised Whisper of a released size, saved with its processor."""
-    d_model, layers, heads, ffn, mels, vocab = WHISPER_SIZES[size]
     tokenizer = build_whisper_tokenizer()
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    config = WhisperConfig(
-        vocab_size=vocab,
-        num_mel_bins=mels,
-        d_model=d_model,
-        encoder_layers=layers,
-        decoder_layers=layers,
-        encoder_attention_heads=heads,
-        decoder_attention_heads=heads,
-        encoder_ffn_dim=ffn,
-        decoder_ffn_dim=ffn,
-        max_source_positions=1500,
-        max_target_positions=448,
+    config = whisper_config(
+        size,
         decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
         pad_token_id=eot,
         bos_token_id=eot,
@@ -175,7 +154,9 @@ def build_model(model_dir: Path, size: str) -> Path:
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config)
     model.generation_config = _generation_config(tokenizer)
-    processor = WhisperProcessor(WhisperFeatureExtractor(feature_size=mels), tokenizer)
+    processor = WhisperProcessor(
+        WhisperFeatureExtractor(feature_size=config.num_mel_bins), tokenizer
+    )
     model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
     return model_dir

@@ -78,6 +78,7 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     assert all(world == 2 for world, _, _ in reports.values())
     assert reports[0][2] != reports[1][2], "both ranks trained on the same batch"
     assert re.search(r"step 4/4 \(100%\) \| epoch [\d.]+ \| loss [\d.]+", output)
+    assert re.search(r"samples/s \| data wait \d+% \|", output)
     startup = re.search(r"time to first step: ([\d.]+) s \((.*)\)", output)
     assert startup, "no time-to-first-step line"
     phases = dict(re.findall(r"([a-z ,]+?) ([\d.]+) s(?:, |$)", startup.group(2)))
@@ -102,8 +103,12 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
 
 
 def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
-    """Two launchers with Vertex-style CLUSTER_SPECs, sharing no directory, meet and train."""
+    """Two launchers with Vertex-style CLUSTER_SPECs, sharing no directory, meet and train.
+
+    Log-mel features are computed by the training processes (as on GPU nodes), so that path
+    runs under DeepSpeed too."""
     nodes = start_nodes(tmp_path, demo_assets, ["--deepspeed", "zero3", *SHORT_RUN,
+                                                "--log_mel_on", "device",
                                                 "--output_dir", "out"])  # fmt: skip
     outputs = []
     for rank, node in enumerate(nodes):

@@ -8,7 +8,12 @@ from trainer.cluster import Topology
 from trainer.deepspeed_config import resolve_deepspeed_config
 from trainer.hardware import Hardware
 from trainer.launch import LauncherArguments, build_launch_plan, prepare_launch
-from trainer.performance import fast_defaults, flag_names
+from trainer.performance import (
+    TrainingFootprint,
+    fast_defaults,
+    flag_names,
+    gradient_checkpointing_needed,
+)
 
 A100 = Hardware(gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0),
                 cpu_count=96)  # fmt: skip
@@ -19,6 +24,7 @@ ONE_CPU_PER_GPU = Hardware(gpu_count=2, gpu_name="Tesla T4", compute_capability=
                            cpu_count=2)  # fmt: skip
 CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
 
+KERNELS = ["--optim", "adamw_torch_fused"]
 LOADER = ["--dataloader_num_workers", "4", "--dataloader_persistent_workers", "true"]
 
 
@@ -29,10 +35,10 @@ def as_dict(flags: list[str]) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("hardware", "precision", "expected"),
     [
-        (A100, "bf16", ["--tf32", "true", *LOADER]),
-        (H100, "bf16", ["--tf32", "true", *LOADER]),
-        (T4, "fp16", LOADER),
-        (CPU, "no", []),
+        (A100, "bf16", [*KERNELS, "--tf32", "true", *LOADER]),
+        (H100, "bf16", [*KERNELS, "--tf32", "true", *LOADER]),
+        (T4, "fp16", [*KERNELS, *LOADER]),
+        (CPU, "no", [*KERNELS, "--dataloader_pin_memory", "false"]),
     ],
 )
 def test_defaults_follow_the_hardware_and_its_precision(hardware, precision, expected):
@@ -55,18 +61,22 @@ def test_defaults_follow_the_hardware_and_its_precision(hardware, precision, exp
 
 
 def test_few_cpus_per_gpu_give_fewer_loader_workers():
-    assert fast_defaults(ONE_CPU_PER_GPU, set()) == []
+    assert fast_defaults(ONE_CPU_PER_GPU, set()) == KERNELS
     four_cpus = Hardware(gpu_count=1, gpu_name="Tesla T4", compute_capability=(7, 5), cpu_count=4)
     assert as_dict(fast_defaults(four_cpus, set()))["--dataloader_num_workers"] == "2"
 
 
 def test_a_user_flag_wins_over_each_default():
-    assert fast_defaults(A100, {"--tf32"}) == LOADER
+    assert fast_defaults(A100, {"--tf32"}) == [*KERNELS, *LOADER]
+    assert fast_defaults(A100, {"--optim"}) == [
+        "--tf32", "true", *LOADER
+    ]  # fmt: skip
     # the user's own worker count: neither it nor the persistent-workers default is touched
     # (persistent workers with --dataloader_num_workers 0 would be an error)
-    assert fast_defaults(A100, {"--dataloader_num_workers"}) == ["--tf32", "true"]
+    assert fast_defaults(A100, {"--dataloader_num_workers"}) == [*KERNELS, "--tf32", "true"]
     assert as_dict(fast_defaults(T4, {"--dataloader_persistent_workers"})) == {
-        "--dataloader_num_workers": "4"
+        **as_dict(KERNELS),
+        "--dataloader_num_workers": "4",
     }
 
 
@@ -87,3 +97,71 @@ def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
     assert training.count("--tf32") == 1
     assert as_dict(training[training.index("--bf16") :][:2]) == {"--bf16": "true"}
     assert training[training.index("--dataloader_num_workers") + 1] == "4"
+
+
+GIB = 2**30
+A100_40GB, H100_80GB, T4_16GB = 39.4 * GIB, 79.1 * GIB, 14.6 * GIB  # what CUDA reports
+
+
+def whisper_footprint(size: str, precision: str, batch: int = 16, world: int = 1, stage=2):
+    """The speech task's estimate for a released Whisper size, built on the meta device."""
+    from argparse import Namespace
+
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from trainer.tasks.speech import SpeechArguments, SpeechRecognitionTask
+    from trainer.whisper_sizes import whisper_config
+
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(whisper_config(size))
+    task = SpeechRecognitionTask(None, None, SpeechArguments())
+    full, checkpointed = task.activation_values_per_sample(
+        model, Namespace(generation_max_length=225)
+    )
+    parameters = model.num_parameters()
+    return TrainingFootprint(
+        parameters=parameters, trainable_parameters=parameters, activation_values=full,
+        checkpointed_activation_values=checkpointed, batch_size=batch,
+        mixed_precision=precision != "fp32", zero_stage=stage, optimizer_offloaded=False,
+        world_size=world,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("size", "precision", "gpu_bytes", "world", "needed"),
+    [
+        ("small", "bf16", A100_40GB, 1, False),
+        ("small", "bf16", H100_80GB, 1, False),
+        ("small", "fp16", T4_16GB, 1, True),
+        ("small", "fp32", T4_16GB, 1, True),
+        ("large-v3", "bf16", A100_40GB, 1, True),
+        ("large-v3", "bf16", A100_40GB, 16, True),  # config.yaml: 2 nodes x 8 A100
+        ("large-v3", "bf16", H100_80GB, 1, False),
+    ],
+)
+def test_gradient_checkpointing_only_where_memory_needs_it(
+    size, precision, gpu_bytes, world, needed
+):
+    footprint = whisper_footprint(size, precision, world=world)
+    assert gradient_checkpointing_needed(footprint, gpu_bytes) is needed
+    with_checkpointing = footprint.step_bytes(checkpointing=True)
+    assert with_checkpointing < 0.5 * footprint.step_bytes(checkpointing=False)
+    if needed:  # and it is enough: the step then fits
+        assert with_checkpointing < 0.9 * gpu_bytes - 2 * GIB
+
+
+def test_memory_estimate_scales_as_the_zero_stages_say():
+    """Per parameter (mixed precision, 16 GPUs): plain DDP 16 bytes; ZeRO-2 2 + (2 + 12) / 16;
+    ZeRO-3 (2 + 2 + 12) / 16; and whisper-small's model states under ZeRO-2 on one GPU are
+    16 bytes per parameter: 242 M parameters, 3.6 GiB."""
+    small = whisper_footprint("small", "bf16", world=16)
+    per_parameter = {
+        stage: whisper_footprint("small", "bf16", world=16, stage=stage).model_state_bytes()
+        / small.parameters
+        for stage in (None, 2, 3)
+    }
+    assert per_parameter == pytest.approx({None: 16, 2: 2 + 14 / 16, 3: 16 / 16})
+    one_gpu = whisper_footprint("small", "bf16")
+    assert one_gpu.parameters == pytest.approx(241.7e6, rel=0.01)
+    assert one_gpu.model_state_bytes() / GIB == pytest.approx(3.6, abs=0.05)

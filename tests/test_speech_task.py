@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 from transformers import EvalPrediction
 
 from trainer.arguments import parse_flags
@@ -142,3 +143,67 @@ def test_word_error_rate(demo_assets):
     assert metrics["wer"] == pytest.approx(100 * 1 / 9)
     perfect = task.compute_metrics(processor)(EvalPrediction(label_ids, label_ids))
     assert perfect["wer"] == 0
+
+
+def test_log_mel_on_device_gives_the_loaders_features(demo_assets, tmp_path):
+    """`--log_mel_on device`: the loader sends padded audio; the Trainer computes the same
+    features on the training device (the CPU here) before the batch reaches the model."""
+    from transformers import Seq2SeqTrainingArguments
+
+    flags = ("--text_column_name", "transcription")
+    task, model, processor = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, *flags, "--log_mel_on", "device"
+    )
+    train, _ = task.load_datasets(processor)
+    # fresh decoders for each collator: decoding one decoder twice may resample differently
+    audio_batch = task.data_collator(processor)([train[i] for i in range(3)])
+    assert set(audio_batch) == {"input_audio", "labels"}
+    assert tuple(audio_batch["input_audio"].shape) == (3, processor.feature_extractor.n_samples)
+
+    loader_task, _, _ = speech_task(
+        demo_assets.model_dir, demo_assets.dataset_dir, *flags, "--log_mel_on", "loader"
+    )
+    loader_batch = loader_task.data_collator(processor)([train[i] for i in range(3)])
+    assert set(loader_batch) == {"input_features", "labels"}
+
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = task.trainer_class(model=model, args=args, processing_class=processor)
+    prepared = trainer._prepare_inputs(audio_batch)
+    assert "input_audio" not in prepared
+    torch.testing.assert_close(prepared["input_features"], loader_batch["input_features"])
+    assert torch.equal(prepared["labels"], loader_batch["labels"])
+    assert np.isfinite(model(**prepared).loss.item())
+
+
+def test_attention_is_sdpa_unless_a_flag_says_otherwise(demo_assets):
+    flags = (demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription")
+    _, model, _ = speech_task(*flags)
+    assert model.config._attn_implementation == "sdpa"
+    _, eager, _ = speech_task(*flags, "--attn_implementation", "eager")
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tmp_path):
+    flags = (demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription")
+    task, model, processor = speech_task(*flags, "--train_sampling_strategy", "group_by_length")
+    training = parse_flags(["--train_sampling_strategy", "group_by_length"]).training
+    task.adjust_training_arguments(training)
+    train, evaluation = task.load_datasets(processor)
+    for split in (train, evaluation):
+        expected = [len(processor.tokenizer(text).input_ids) for text in split["text"]]
+        assert split["length"] == expected
+    assert len(set(train["length"])) > 1, "lengths should differ, or grouping means nothing"
+
+    from transformers import Seq2SeqTrainingArguments
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), train_sampling_strategy="group_by_length", use_cpu=True,
+        per_device_train_batch_size=4, report_to=[], remove_unused_columns=False,
+    )  # fmt: skip
+    trainer = task.trainer_class(
+        model=model, args=args, train_dataset=train, processing_class=processor
+    )
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler)
+    assert sampler.lengths == train["length"]

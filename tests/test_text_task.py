@@ -26,7 +26,8 @@ from trainer.config_file import RECIPES_DIR, config_file_flags
 from trainer.errors import UserError
 from trainer.storage import open_store
 from trainer.tasks import load_task
-from trainer.tasks.classification import ClassWeightedTrainer, LabelSet, classification_metrics
+from trainer.tasks.classification import LabelSet, classification_metrics
+from trainer.tasks.trainers import ClassWeightedTrainer
 from trainer.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 
 SENTIMENTS = ["negative", "neutral", "positive"]
@@ -258,3 +259,11 @@ def test_bert_zero3_run_writes_to_gcs_reports_f1_and_resumes(text_assets, tmp_pa
     assert code == 0, output[-3000:]
     assert "resuming from out/checkpoint-8" in output
     assert re.findall(r"step (\d+)/12", output) == ["12"], "training restarted from scratch"
+
+
+def test_attention_is_sdpa_unless_a_flag_says_otherwise(text_assets):
+    model, _ = text_task(*text_assets, *COLUMNS).build_model_and_processor()
+    assert model.config._attn_implementation == "sdpa"
+    flag = ("--attn_implementation", "eager")
+    eager, _ = text_task(*text_assets, *COLUMNS, *flag).build_model_and_processor()
+    assert eager.config._attn_implementation == "eager"

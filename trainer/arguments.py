@@ -52,6 +52,13 @@ class ModelArguments:
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where downloaded models and datasets are cached."}
     )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention kernels: sdpa (PyTorch's fused attention; the default for every "
+            "model that supports it), eager, or flash_attention_2 (needs the flash-attn package)."
+        },
+    )
 
 
 @dataclass

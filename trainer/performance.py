@@ -1,25 +1,21 @@
-"""Training flags that make a run fast on the hardware it found, without changing its result.
+"""Training settings that make a run fast on the hardware it found, without changing its result.
 
 `fast_defaults` is pure: the launcher passes the detected hardware and the flags the user
-gave, and appends what it returns to the training flags (so `--dry-run` shows them). A flag
-the user gave (on the command line or in a recipe) is never overridden.
+gave, and appends what it returns to the training flags (so `--dry-run` shows them). A flag the
+user gave (on the command line or in a recipe) is never overridden.
 
-Only flags that change behaviour are added. Checked against the pinned versions (torch 2.13,
-transformers 5.23) and left to the libraries:
+Gradient checkpointing is the one setting that depends on the model and the batch, so the
+training program decides it once the model is loaded (`gradient_checkpointing_needed`): on only
+when the estimated memory of a step does not fit the GPU without it.
 
-- optimizer: `TrainingArguments.optim` already defaults to `adamw_torch_fused` on torch >= 2.8
-  (transformers/training_args.py), and the fused kernel also runs on CPU (torch >= 2.4).
-- attention: Whisper declares `_supports_sdpa` and `from_pretrained` already picks `sdpa`
-  (`model.config._attn_implementation == "sdpa"`); the project has no attention flag.
-- gradient checkpointing: off unless asked for (`--gradient_checkpointing true`); it
-  recomputes every activation in the backward pass (about a third more compute) and is only
-  worth it when a batch does not fit otherwise.
-- `--train_sampling_strategy group_by_length` is not used: Whisper pads every clip to its
-  30 s window, so only label padding would shrink, and the Trainer cannot infer lengths from
-  our raw audio+text rows (no `length` column, no `input_features` key).
+Checked and deliberately not a default: `--train_sampling_strategy group_by_length` (it changes
+which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--torch_compile`
+(minutes of compilation on every start, and every new batch shape recompiles).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from trainer.hardware import Hardware
 
@@ -30,6 +26,13 @@ MAX_DATALOADER_WORKERS = 4
 def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
     """Extra training flags for `hardware`, each only if its name is not in `user_flags`.
 
+    - `--optim adamw_torch_fused` (everywhere): what transformers 5.23 already picks on torch
+      2.13, made explicit so the plan shows it and a library upgrade cannot silently fall
+      back to the for-each AdamW (a few kernel launches per parameter tensor). Attention is
+      not set here: with no `--attn_implementation`, `from_pretrained` picks SDPA for every
+      model that supports it (Whisper, ViT and BERT do; on Ampere+ GPUs it runs
+      FlashAttention-2 kernels) and eager attention for the others, which an explicit
+      `sdpa` would turn into a load error.
     - `--tf32 true` (compute capability 8.0+): PyTorch leaves TF32 off for CUDA matmuls and
       transformers only turns it on for torch.compile; the fp32 matmuls left under bf16 run
       on tensor cores (up to 8x an A100's fp32 rate) with bf16-level mantissa.
@@ -38,11 +41,15 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
       leaves half of each GPU's CPUs to its training process.
     - `--dataloader_persistent_workers true` (with workers): keeps them alive across epochs
       and evaluations instead of forking them again.
-    - CPU: nothing. Precision stays fp32 (the launcher adds no --bf16/--fp16), and extra
-      loader processes compete with the training process for the same few cores.
+    - CPU: `--dataloader_pin_memory false` (pinned memory only speeds copies to a GPU, and
+      the Trainer warns about it on every rank). Precision stays fp32 (the launcher adds no
+      --bf16/--fp16), and there are no loader workers: they would compete with the training
+      process for the same few cores.
     """
-    defaults: list[tuple[str, str]] = []
-    if hardware.gpu_count > 0:
+    defaults = [("--optim", "adamw_torch_fused")]
+    if hardware.gpu_count == 0:
+        defaults.append(("--dataloader_pin_memory", "false"))
+    else:
         if hardware.supports_bf16:
             defaults.append(("--tf32", "true"))
         cpus_per_gpu = hardware.cpu_count // hardware.gpu_count
@@ -56,3 +63,60 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
 def flag_names(argv: list[str]) -> set[str]:
     """The flag names in a command line: `--name` and `--name=value` both give `--name`."""
     return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+
+
+GIB = 2**30
+USABLE_GPU_FRACTION = 0.9
+RESERVED_GPU_BYTES = 2 * GIB
+"""Left out of a GPU's memory for the CUDA context, NCCL and DeepSpeed buffers and the
+allocator's fragmentation; the estimate below counts none of them."""
+
+
+@dataclass(frozen=True)
+class TrainingFootprint:
+    """What decides a training step's GPU memory, per GPU."""
+
+    parameters: int
+    trainable_parameters: int
+    activation_values: int
+    """Activation values one sample keeps for the backward pass, without checkpointing."""
+    checkpointed_activation_values: int
+    """The same with gradient checkpointing (layer inputs, plus one layer being recomputed)."""
+    batch_size: int
+    mixed_precision: bool
+    zero_stage: int | None
+    """DeepSpeed ZeRO stage, or None for plain data parallelism."""
+    optimizer_offloaded: bool
+    world_size: int
+
+    def model_state_bytes(self) -> float:
+        """Weights, gradients and AdamW state (ZeRO paper, Rajbhandari et al. 2020, sec. 3).
+
+        Mixed precision keeps 16-bit weights and gradients plus fp32 master weights and two
+        moments (2 + 2 + 12 bytes per parameter); fp32 keeps 4 + 4 + 8. ZeRO-1/2 partition
+        the optimizer state (and from stage 2 the gradients) over the world, ZeRO-3 the
+        weights too. Without DeepSpeed, autocast keeps fp32 weights: 4 + 4 + 8 bytes.
+        """
+        params, trainable, world = self.parameters, self.trainable_parameters, self.world_size
+        if self.zero_stage is None:
+            return 16.0 * trainable + 4.0 * (params - trainable)
+        weight_bytes = 2 if self.mixed_precision else 4
+        optimizer_bytes = 0 if self.optimizer_offloaded else (12 if self.mixed_precision else 8)
+        weights = weight_bytes * params / (world if self.zero_stage >= 3 else 1)
+        gradients = weight_bytes * trainable / (world if self.zero_stage >= 2 else 1)
+        return weights + gradients + optimizer_bytes * trainable / world
+
+    def step_bytes(self, checkpointing: bool) -> float:
+        values = self.checkpointed_activation_values if checkpointing else self.activation_values
+        value_bytes = 2 if self.mixed_precision else 4
+        return self.model_state_bytes() + self.batch_size * values * value_bytes
+
+
+def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
+    """True when a step does not fit in the GPU's usable memory without checkpointing.
+
+    Checkpointing costs about a third more compute (every layer's forward runs again during
+    backward), so it is only worth turning on when memory forces it.
+    """
+    usable = USABLE_GPU_FRACTION * gpu_bytes - RESERVED_GPU_BYTES
+    return footprint.step_bytes(checkpointing=False) > usable

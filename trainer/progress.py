@@ -25,12 +25,50 @@ def _format_number(value: object) -> str:
     return str(value)
 
 
+class DataWaitClock:
+    """Counts the seconds the training loop spends waiting for batches from the data loader.
+
+    If that share of step time is large, the GPU idles on input: more loader workers or
+    features on the device (`--log_mel_on device`) are the fix. It is measured where the
+    Trainer pulls batches (`get_batch_samples`), around each `next()` on the loader only,
+    so the token count's all-reduce that follows (time spent on slower ranks) is not in it.
+    On a GPU the kernels queued for the previous step may still run during the wait, so it
+    is an upper bound of the GPU's idle time.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def attach(self, trainer) -> None:
+        fetch = trainer.get_batch_samples
+
+        def timed_fetch(epoch_iterator, num_batches, device):
+            return fetch(self._timed(epoch_iterator), num_batches, device)
+
+        trainer.get_batch_samples = timed_fetch
+
+    def _timed(self, iterator):
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - start
+            yield batch
+
+
 class ProgressLogCallback(TrainerCallback):
     """Prints training progress, evaluation results and the final summary as single lines."""
+
+    def __init__(self, data_wait: DataWaitClock) -> None:
+        self._data_wait = data_wait
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = time.monotonic()
         self._last_time, self._last_step = self._start, state.global_step
+        self._last_wait = self._data_wait.seconds
         self._samples_per_step = (
             args.train_batch_size * args.gradient_accumulation_steps * (args.world_size)
         )
@@ -48,8 +86,11 @@ class ProgressLogCallback(TrainerCallback):
     def _step_line(self, state, logs: dict) -> str:
         now = time.monotonic()
         steps = state.global_step - self._last_step
-        rate = steps * self._samples_per_step / max(now - self._last_time, 1e-9)
+        interval = max(now - self._last_time, 1e-9)
+        rate = steps * self._samples_per_step / interval
+        wait = (self._data_wait.seconds - self._last_wait) / interval
         self._last_time, self._last_step = now, state.global_step
+        self._last_wait = self._data_wait.seconds
         elapsed = now - self._start
         remaining = state.max_steps - state.global_step
         eta = elapsed / max(state.global_step, 1) * remaining
@@ -61,7 +102,12 @@ class ProgressLogCallback(TrainerCallback):
         ]
         if "learning_rate" in logs:
             parts.append(f"lr {logs['learning_rate']:.2e}")
-        parts += [f"{rate:.2f} samples/s", f"elapsed {_duration(elapsed)}", f"eta {_duration(eta)}"]
+        parts += [
+            f"{rate:.2f} samples/s",
+            f"data wait {wait:.0%}",
+            f"elapsed {_duration(elapsed)}",
+            f"eta {_duration(eta)}",
+        ]
         return " | ".join(parts)
 
     @staticmethod

@@ -78,7 +78,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
 
     from trainer.callbacks import CheckpointSyncCallback
     from trainer.outputs import resolve_output_locations
-    from trainer.progress import FirstBatchReport, ProgressLogCallback
+    from trainer.progress import DataWaitClock, FirstBatchReport, ProgressLogCallback
     from trainer.storage import open_store
 
     flags = parse_flags(argv)
@@ -94,6 +94,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     # weight init fails on already-partitioned tensors (transformers 5.23: sinusoids() gets
     # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
     model, processor = task.build_model_and_processor()
+    choose_gradient_checkpointing(flags, model, argv)
     args = build_training_arguments(flags)
     startup.mark("model")
     place = ProcessPlace.from_env()
@@ -115,7 +116,9 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
         compute_metrics=task.compute_metrics(processor) if eval_dataset is not None else None,
     )
     trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(ProgressLogCallback())
+    data_wait = DataWaitClock()
+    data_wait.attach(trainer)
+    trainer.add_callback(ProgressLogCallback(data_wait))
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
@@ -261,6 +264,64 @@ def use_gloo_on_cpu(training: argparse.Namespace) -> None:
     if isinstance(config, str):
         config = json.loads(config)
     training.accelerator_config = {**config, "use_configured_state": True}
+
+
+def choose_gradient_checkpointing(flags: ParsedFlags, model, argv: list[str]) -> None:
+    """On a GPU, turn gradient checkpointing on only if a step would not fit without it.
+
+    A `--gradient_checkpointing` flag (or recipe line) always wins. The estimate and the
+    decision are printed once, so an out-of-memory error can be checked against them.
+    """
+    import torch
+
+    from trainer.performance import (
+        GIB,
+        TrainingFootprint,
+        flag_names,
+        gradient_checkpointing_needed,
+    )
+
+    training = flags.training
+    if "--gradient_checkpointing" in flag_names(argv) or not torch.cuda.is_available():
+        return
+    full, checkpointed = flags.task.activation_values_per_sample(model, training)
+    if full == 0:
+        return
+    zero_stage, offloaded = deepspeed_zero_settings(training.deepspeed)
+    footprint = TrainingFootprint(
+        parameters=model.num_parameters(),
+        trainable_parameters=model.num_parameters(only_trainable=True),
+        activation_values=full,
+        checkpointed_activation_values=checkpointed,
+        batch_size=training.per_device_train_batch_size,
+        mixed_precision=bool(training.bf16 or training.fp16),
+        zero_stage=zero_stage,
+        optimizer_offloaded=offloaded,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+    )
+    gpu_bytes = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
+    gpu_bytes = gpu_bytes.total_memory
+    training.gradient_checkpointing = gradient_checkpointing_needed(footprint, gpu_bytes)
+    if os.environ.get("RANK", "0") == "0":
+        state = "on" if training.gradient_checkpointing else "off"
+        print(
+            f"gradient checkpointing {state}: a training step needs about "
+            f"{footprint.step_bytes(checkpointing=False) / GIB:.1f} GiB per GPU without it, "
+            f"{footprint.step_bytes(checkpointing=True) / GIB:.1f} GiB with it; the GPU has "
+            f"{gpu_bytes / GIB:.1f} GiB (--gradient_checkpointing true|false decides instead)",
+            flush=True,
+        )
+
+
+def deepspeed_zero_settings(config: str | dict | None) -> tuple[int | None, bool]:
+    """(ZeRO stage or None without DeepSpeed, whether the optimizer state is offloaded)."""
+    if not config:
+        return None, False
+    if isinstance(config, str):
+        config = json.loads(Path(config).read_text())
+    zero = config.get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device", "none")
+    return int(zero.get("stage", 0)), offload in ("cpu", "nvme")
 
 
 def build_training_arguments(flags: ParsedFlags):

@@ -11,11 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from transformers import Trainer, TrainingArguments
+from transformers import TrainingArguments
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import EvalPrediction, PreTrainedModel
+    from transformers import EvalPrediction, PreTrainedModel, Trainer
 
     from trainer.arguments import DataArguments, ModelArguments
 
@@ -24,7 +24,6 @@ class Task(ABC):
     arguments_class: ClassVar[type]
     """Dataclass of the task's own flags (parsed with the common ones)."""
     training_arguments_class: ClassVar[type[TrainingArguments]] = TrainingArguments
-    trainer_class: ClassVar[type[Trainer]] = Trainer
     default_metric: ClassVar[str]
     """The metric used for `metric_for_best_model` and hyperparameter tuning by default."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
@@ -34,6 +33,14 @@ class Task(ABC):
         self.model_args = model
         self.data_args = data
         self.options = options
+
+    @property
+    def trainer_class(self) -> Callable[..., Trainer]:
+        """The Trainer to build. Imported only here: `transformers.Trainer` takes seconds to
+        import, and the launcher, which parses the same flags, never trains."""
+        from transformers import Trainer
+
+        return Trainer
 
     def check_inputs(self) -> None:
         """Cheap checks of paths, columns and options, run by the launcher before any launch."""
@@ -56,6 +63,14 @@ class Task(ABC):
     @abstractmethod
     def data_collator(self, processor: Any) -> Callable[[list[dict]], dict]:
         """Turns a list of raw examples into a model batch (feature extraction happens here)."""
+
+    def activation_values_per_sample(
+        self, model: PreTrainedModel, training: Any
+    ) -> tuple[int, int]:
+        """Activation values one training sample keeps for the backward pass, without and
+        with gradient checkpointing; (0, 0) when the task does not estimate them, so the
+        training program never turns checkpointing on by itself."""
+        return 0, 0
 
     @abstractmethod
     def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
-from transformers import Trainer
 
 from trainer.data_sources import (
     LocalLayout,
@@ -41,7 +40,7 @@ from trainer.tasks.base import Task
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import EvalPrediction, PreTrainedModel
+    from transformers import EvalPrediction, PreTrainedModel, Trainer
 
 LABEL = "label"
 """The label column's name once loaded, whatever `--label_column_name` called it."""
@@ -170,34 +169,6 @@ class LabelSet:
         return torch.tensor(weights, dtype=torch.float32)
 
 
-class ClassWeightedTrainer(Trainer):
-    """Trainer whose loss is cross-entropy weighted per class.
-
-    Overriding `compute_loss` keeps the model and its saved config unchanged, and works the
-    same under DeepSpeed (the engine only sees the loss). The loss is a per-batch mean, so
-    the Trainer divides it by the gradient accumulation steps like a model's own loss.
-    """
-
-    loss_is_scaled_for_ga = False
-
-    def __init__(self, *args, class_weights: torch.Tensor, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.class_weights = class_weights
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        inputs = dict(inputs)
-        labels = inputs.pop("labels")
-        outputs = model(**inputs)
-        logits = outputs.logits.float()
-        loss = torch.nn.functional.cross_entropy(
-            logits,
-            labels.to(logits.device),
-            weight=self.class_weights.to(logits.device),
-            label_smoothing=self.args.label_smoothing_factor,
-        )
-        return (loss, outputs) if return_outputs else loss
-
-
 def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
     """Accuracy, and macro F1 over the classes that occur in labels or predictions (those
     scikit-learn's `f1_score(average="macro")` averages over)."""
@@ -267,6 +238,7 @@ class ClassificationTask(Task):
         """`from_pretrained` arguments that give the model a fresh head for our labels."""
         return {
             "cache_dir": self.model_args.cache_dir,
+            "attn_implementation": self.model_args.attn_implementation,
             "num_labels": len(labels.names),
             "id2label": labels.id2label,
             "label2id": labels.label2id,
@@ -325,7 +297,9 @@ class ClassificationTask(Task):
         """With `--class_weights`, a Trainer bound to the weights (known once the training
         split is loaded: `balanced` counts it); otherwise the plain Trainer."""
         if self._class_weights is None:
-            return Trainer
+            return super().trainer_class
+        from trainer.tasks.trainers import ClassWeightedTrainer
+
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)
 
     def _column_flags(self) -> dict[str, str]:

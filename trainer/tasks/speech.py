@@ -2,8 +2,10 @@
 
 Unlike the classic recipe, no `datasets.map` pass computes log-mel features over the whole
 corpus on every node before training: audio is decoded (and resampled to 16 kHz) when an
-example is read, and the collator turns a batch of waveforms into features in one
-vectorised call. Training starts as soon as the first batch is ready.
+example is read, and log-mel features are computed a batch at a time, in one vectorised
+call. Training starts as soon as the first batch is ready. Where that call runs is
+`--log_mel_on`: on a GPU node the training process computes them on its GPU, and the data
+loader only decodes audio; on CPU the loader computes them.
 
 Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory
 (`metadata.csv` or `metadata.jsonl` with a `file_name` column, at the top or in one folder
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import Seq2SeqTrainingArguments
 from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
 
 from trainer.data_sources import (
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 
 SAMPLING_RATE = 16_000
 """Whisper's feature extractor expects 16 kHz audio; every source is resampled to it."""
+
+LENGTH_SAMPLING_STRATEGIES = ("group_by_length", "batch_rebalance")
+"""Trainer sampling strategies that read per-example lengths (the label token counts here)."""
 
 COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
 """Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
@@ -78,6 +83,14 @@ class SpeechArguments:
     )
     freeze_encoder: bool = field(
         default=False, metadata={"help": "Train the decoder only (keeps the audio encoder fixed)."}
+    )
+    log_mel_on: Literal["auto", "loader", "device"] = field(
+        default="auto",
+        metadata={
+            "help": "Where log-mel features are computed: 'loader' (the data loader, on CPU), "
+            "'device' (the training process, on its GPU, a batch at a time; the loader then "
+            "only decodes audio) or 'auto' (device when CUDA is present)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -148,10 +161,11 @@ def _audiofolder_metadata(directory: Path) -> dict[str, Path]:
 class SpeechRecognitionTask(Task):
     arguments_class = SpeechArguments
     training_arguments_class = Seq2SeqTrainingArguments
-    trainer_class = Seq2SeqTrainer
     default_metric = "wer"
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
+    _length_column: str | None = None
+    """Set when the sampling strategy groups by length: where label lengths go."""
 
     def check_inputs(self) -> None:
         name = self.data_args.dataset_name
@@ -169,13 +183,17 @@ class SpeechRecognitionTask(Task):
         training.remove_unused_columns = False
         if training.generation_max_length is None:
             training.generation_max_length = 225
+        if training.train_sampling_strategy in LENGTH_SAMPLING_STRATEGIES:
+            self._length_column = training.length_column_name
 
     def build_model_and_processor(self):
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
         path, cache_dir = self.model_args.model_name_or_path, self.model_args.cache_dir
         processor = WhisperProcessor.from_pretrained(path, cache_dir=cache_dir)
-        model = WhisperForConditionalGeneration.from_pretrained(path, cache_dir=cache_dir)
+        model = WhisperForConditionalGeneration.from_pretrained(
+            path, cache_dir=cache_dir, attn_implementation=self.model_args.attn_implementation
+        )
         processor.tokenizer.set_prefix_tokens(
             language=self.options.language, task=self.options.whisper_task
         )
@@ -205,14 +223,70 @@ class SpeechRecognitionTask(Task):
             evaluation = self._load_split(
                 self.data_args.eval_split_name, self.data_args.max_eval_samples
             )
+        if self._length_column:
+            train = self._with_label_lengths(train, processor.tokenizer)
+            if evaluation is not None:
+                evaluation = self._with_label_lengths(evaluation, processor.tokenizer)
         return train, evaluation
+
+    def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
+        """Each example's label token count, in the column the Trainer's length-grouped
+        samplers read (they would otherwise look for `input_features`, which raw rows lack).
+
+        Every clip is padded to the model's 30 s window, so only decoder lengths vary; this
+        reads the transcripts only, never the audio.
+        """
+        normalize = self._target_normalizer()
+
+        def label_lengths(texts: list[str]) -> dict[str, list[int]]:
+            encoded = tokenizer([normalize(text) for text in texts]).input_ids
+            return {self._length_column: [len(ids) for ids in encoded]}
+
+        return dataset.map(
+            label_lengths, batched=True, input_columns=["text"], desc="Counting label tokens"
+        )
+
+    @property
+    def trainer_class(self):
+        from trainer.tasks.trainers import LogMelOnDeviceTrainer
+
+        return LogMelOnDeviceTrainer
 
     def data_collator(self, processor) -> SpeechCollator:
         return SpeechCollator(
             processor=processor,
             normalize_target=self._target_normalizer(),
             max_label_length=self._max_label_length,
+            extract_features=not self._log_mel_on_device(),
         )
+
+    def _log_mel_on_device(self) -> bool:
+        if self.options.log_mel_on == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return self.options.log_mel_on == "device"
+
+    def activation_values_per_sample(self, model, training) -> tuple[int, int]:
+        """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+        Models", sec. 4.1): a layer keeps 34 s h bytes in 16-bit, i.e. 17 s h values, for s
+        positions of width h once fused attention (SDPA) keeps no score matrices. Encoder
+        layers see the 1500 audio positions; decoder layers see the labels (at most
+        `generation_max_length` tokens) and keep cross-attention K/V over the audio; the
+        logits are kept in two copies. Checkpointing keeps each layer's input plus one
+        layer being recomputed."""
+        config = model.config
+        frames, width = config.max_source_positions, config.d_model
+        tokens = min(config.max_target_positions, training.generation_max_length or 225)
+        encoder_layer = 17 * frames * width
+        decoder_layer = 21 * tokens * width + 2 * frames * width
+        logits = 2 * tokens * config.vocab_size
+        full = (
+            config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer + logits
+        )
+        layer_inputs = (config.encoder_layers * frames + config.decoder_layers * tokens) * width
+        checkpointed = layer_inputs + max(encoder_layer, decoder_layer) + logits
+        return full, checkpointed
 
     def compute_metrics(self, processor) -> Callable:
         tokenizer = processor.tokenizer
@@ -331,23 +405,35 @@ def _identity(text: str) -> str:
     return text
 
 
+AUDIO_BATCH_KEY = "input_audio"
+"""Batch key of padded waveforms whose log-mel features the training process computes."""
+
+
 @dataclass
 class SpeechCollator:
     """Decoded waveforms + transcripts -> Whisper's log-mel features and padded label ids.
 
-    Feature extraction runs here, batched, inside the data loader's workers: no corpus-wide
-    preprocessing pass, and the work is spread over the loader processes of every rank.
+    With `extract_features`, feature extraction runs here, batched, inside the data loader's
+    workers: no corpus-wide preprocessing pass, and the work is spread over the loader
+    processes of every rank. Without it, the batch carries the waveforms padded to the
+    model's window under `AUDIO_BATCH_KEY`, for `log_mel_features` on the training device.
     """
 
     processor: Any
     normalize_target: Callable[[str], str]
     max_label_length: int
+    extract_features: bool = True
 
     def __call__(self, examples: list[dict]) -> dict:
         waveforms = [_mono_waveform(example["audio"]) for example in examples]
-        features = self.processor.feature_extractor(
-            waveforms, sampling_rate=SAMPLING_RATE, return_tensors="pt"
-        )
+        if self.extract_features:
+            inputs = {
+                "input_features": log_mel_features(self.processor.feature_extractor, waveforms)
+            }
+        else:
+            inputs = {
+                AUDIO_BATCH_KEY: _padded(waveforms, self.processor.feature_extractor.n_samples)
+            }
         tokenizer = self.processor.tokenizer
         encoded = tokenizer(
             [self.normalize_target(example["text"]) for example in examples],
@@ -361,7 +447,29 @@ class SpeechCollator:
         start = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
         if bool((labels[:, 0] == start).all()):
             labels = labels[:, 1:]
-        return {"input_features": features.input_features, "labels": labels}
+        return {**inputs, "labels": labels}
+
+
+def log_mel_features(feature_extractor, waveforms, device: str = "cpu"):
+    """Whisper's log-mel features of a batch of 16 kHz waveforms, computed on `device`.
+
+    The extractor's torch path takes a device: the STFT and mel projection run there, in
+    one batch (it hands the result back on the CPU, in float32).
+    """
+    return feature_extractor(
+        waveforms, sampling_rate=SAMPLING_RATE, device=device, return_tensors="pt"
+    ).input_features
+
+
+def _padded(waveforms: list[np.ndarray], length: int):
+    """Zero-padded (or cut) to `length` samples, as the feature extractor pads them."""
+    import torch
+
+    batch = torch.zeros(len(waveforms), length)
+    for row, waveform in zip(batch, waveforms, strict=True):
+        clip = torch.from_numpy(waveform[:length])
+        row[: len(clip)] = clip
+    return batch
 
 
 def _mono_waveform(audio) -> np.ndarray:

@@ -1,0 +1,58 @@
+"""Trainer subclasses that tasks hand to the training program.
+
+They live apart from the task modules because importing `transformers.Trainer` takes
+seconds, and the launcher imports the task modules (for their flags) without ever training.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Seq2SeqTrainer, Trainer
+
+from trainer.tasks.speech import AUDIO_BATCH_KEY, log_mel_features
+
+
+class ClassWeightedTrainer(Trainer):
+    """Trainer whose loss is cross-entropy weighted per class.
+
+    Overriding `compute_loss` keeps the model and its saved config unchanged, and works the
+    same under DeepSpeed (the engine only sees the loss). The loss is a per-batch mean, so
+    the Trainer divides it by the gradient accumulation steps like a model's own loss.
+    """
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args, class_weights: torch.Tensor, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.class_weights = class_weights
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits,
+            labels.to(logits.device),
+            weight=self.class_weights.to(logits.device),
+            label_smoothing=self.args.label_smoothing_factor,
+        )
+        return (loss, outputs) if return_outputs else loss
+
+
+class LogMelOnDeviceTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer that computes Whisper's log-mel features on the training device.
+
+    With `--log_mel_on device` the collator hands over padded waveforms; they become
+    features here, on this process's GPU, a batch at a time, before the batch is moved
+    and cast like any other (so features are computed in float32, then cast to bf16/fp16).
+    Batches that already hold features pass through unchanged.
+    """
+
+    def _prepare_inputs(self, inputs):
+        if AUDIO_BATCH_KEY in inputs:
+            inputs = dict(inputs)
+            audio = inputs.pop(AUDIO_BATCH_KEY).numpy()
+            extractor = self.processing_class.feature_extractor
+            inputs["input_features"] = log_mel_features(extractor, audio, str(self.args.device))
+        return super()._prepare_inputs(inputs)
