@@ -95,7 +95,8 @@ def main() -> None:
           f"all {[round(t, 1) for t in without]}")  # fmt: skip
     print(f"  background upload to GCS        median {statistics.median(with_upload):6.1f}  "
           f"all {[round(t, 1) for t in with_upload]}")  # fmt: skip
-    print(f"  slowdown (upload / no upload)   {statistics.median(with_upload) / statistics.median(without):.2f}x")  # noqa: E501
+    slowdown = statistics.median(with_upload) / statistics.median(without)
+    print(f"  slowdown (upload / no upload)   {slowdown:.2f}x")
     print(f"\nupload of {options.total_mb} MiB to the emulator:")
     print(f"  one file                  {large:6.2f} s  {options.total_mb / large:7.1f} MiB/s")
     print(f"  {options.small_files} files               {small:6.2f} s  "

@@ -3,22 +3,26 @@
 Each configuration is a separate `python -m trainer` run (the real launcher, DeepSpeed preset,
 Trainer and SpeechCollator) on the same synthetic audiofolder and the same randomly
 initialised Whisper of a real size (`--model tiny|base|small|medium|large-v3`, built from its
-published dimensions, no download). The first row is the seed recipe (fp32 on CPU, gradient
-checkpointing on, ZeRO-2); the others change one thing each. Rows run one after the other in
-one invocation, so their ratios to the first row are comparable; absolute numbers are not
-(the machine may be shared).
+published dimensions, no download). The first row is the seed recipe (fp32, gradient
+checkpointing on, features computed on the CPU, ZeRO-2); the second the project's defaults;
+the others change one thing each against the defaults. Rows run one after the other in one
+invocation, so their ratios to the first row are comparable; absolute numbers are not (the
+machine may be shared).
 
 Per configuration:
-- step time: with `--logging_steps 1` the launcher prints one `step N/M` line per step; the
+- step time: with `--logging_steps 1` the trainer prints one `step N/M` line per step; the
   time between consecutive lines' arrival is one step (the first WARMUP_STEPS are dropped).
   samples/s = batch size / median step time.
-- peak memory: the largest summed RSS of the launcher's process tree, sampled every 0.2 s.
-- data wait: the collator (decode + log-mel + tokenize) timed in this process on the same
-  data, over the median step time; with 0 loader workers that work is on the step's path.
-- FLOP/s: analytic model FLOPs per sample (docs/PERFORMANCE.md) x samples/s.
+- data wait: the share of step time the training loop waited for the data loader, as the
+  product measures and prints it on each step line (trainer/progress.py, DataWaitClock).
+- peak memory: on a GPU, rank 0's peak allocated CUDA memory (printed by the trainer at the
+  end); on CPU, the largest summed RSS of the launcher's process tree, sampled every 0.2 s.
+- FLOP/s and MFU: analytic model FLOPs per sample (docs/PERFORMANCE.md) x samples/s, over the
+  device's dense bf16/fp16 peak (known GPUs, or `--peak-tflops`).
+- time to first step (`--startup`): the built-in demo on this machine, phase by phase.
 
     python bench/throughput.py [--model tiny] [--steps 8] [--batch-size 2] [--clips 32]
-                               [--peak-tflops T]
+                               [--configs a,b,...] [--peak-tflops T] [--startup]
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from trainer.whisper_sizes import WHISPER_SIZES, whisper_config
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 2
 STEP_LINE = re.compile(r"^step \d+/\d+ ")
+DATA_WAIT = re.compile(r"\| data wait (\d+)% \|")
+GPU_PEAK = re.compile(r"peak GPU memory ([\d.]+) GiB")
 SAMPLING_RATE = 16_000
 
 WORDS = (  # noqa: SIM905 (a word list reads better as text)
@@ -78,16 +84,56 @@ WORDS = (  # noqa: SIM905 (a word list reads better as text)
 class Config:
     name: str
     flags: list[str]
-    batch_size: int
+    batch_multiplier: int = 1
 
 
 @dataclass
 class Result:
     config: Config
+    batch_size: int
     step_seconds: list[float]
-    peak_rss_bytes: int
+    data_wait_shares: list[float]
+    peak_memory_bytes: int
     wall_seconds: float
     returncode: int
+
+
+SEED = Config(
+    "seed recipe (fp32, grad ckpt, CPU features, ZeRO-2)",
+    ["--bf16", "false", "--tf32", "false", "--gradient_checkpointing", "true",
+     "--log_mel_on", "loader", "--deepspeed", "zero2"],
+)  # fmt: skip
+DEFAULTS = ["--deepspeed", "zero2"]  # + what trainer.performance adds for this node
+CONFIGS = {
+    "seed": SEED,
+    "defaults": Config("project defaults", DEFAULTS),
+    "eager": Config("eager attention", [*DEFAULTS, "--attn_implementation", "eager"]),
+    "foreach-adamw": Config("for-each AdamW", [*DEFAULTS, "--optim", "adamw_torch"]),
+    "grad-ckpt": Config("grad ckpt on", [*DEFAULTS, "--gradient_checkpointing", "true"]),
+    "loader-features": Config("log-mel in the loader", [*DEFAULTS, "--log_mel_on", "loader"]),
+    "device-features": Config("log-mel on the device", [*DEFAULTS, "--log_mel_on", "device"]),
+    "no-workers": Config("no loader workers", [*DEFAULTS, "--dataloader_num_workers", "0"]),
+    "one-worker": Config("1 loader worker", [*DEFAULTS, "--dataloader_num_workers", "1"]),
+    "fp32": Config("fp32 (bf16 off)", [*DEFAULTS, "--bf16", "false"]),
+    "no-tf32": Config("TF32 off", [*DEFAULTS, "--tf32", "false"]),
+    "compile": Config("torch.compile", [*DEFAULTS, "--torch_compile", "true"]),
+    "group-by-length": Config(
+        "decoder batches grouped by label length",
+        [*DEFAULTS, "--train_sampling_strategy", "group_by_length"],
+    ),
+    "ddp": Config("no DeepSpeed (DDP)", ["--deepspeed", "none"]),
+    "2x-batch": Config("2x batch", DEFAULTS, batch_multiplier=2),
+    "4x-batch": Config("4x batch", DEFAULTS, batch_multiplier=4),
+}  # fmt: skip
+CPU_CONFIGS = "seed,defaults,eager,foreach-adamw,device-features,group-by-length,2x-batch"
+GPU_CONFIGS = ("seed,defaults,fp32,no-tf32,eager,foreach-adamw,grad-ckpt,loader-features,"
+               "no-workers,group-by-length,compile,ddp,2x-batch,4x-batch")  # fmt: skip
+"""On CPU: no bf16 or TF32 (the launcher refuses --bf16 there), and the seed already runs fp32
+with its features in the (only) process; torch.compile takes longer than the whole run."""
+
+PEAK_TFLOPS = {"A100": 312, "H100": 989, "H200": 989, "L4": 121, "T4": 65}
+"""Dense bf16 (T4: fp16) tensor-core peaks from NVIDIA's data sheets (SXM parts; an H100
+PCIe is 756: pass --peak-tflops)."""
 
 
 def main() -> None:
@@ -97,21 +143,17 @@ def main() -> None:
     print(f"building whisper-{args.model} (random init) and {args.clips} clips in {work}")
     model_dir = build_model(work / "model", args.model)
     data_dir = build_audiofolder(work / "data", args.clips)
-
-    configs = configurations(args.batch_size)
-    task, model, processor, train = product_task(model_dir, data_dir)
-    flops_per_sample = model_flops_per_sample(model, processor, train)
-    collate_seconds = {
-        size: collate_time(task, processor, train, size) for size in {c.batch_size for c in configs}
-    }
-    del model
+    flops_per_sample = model_flops_per_sample(model_dir, data_dir)
 
     results = []
-    for config in configs:
+    for name in args.configs.split(","):
+        config = CONFIGS[name]
         print(f"--- {config.name}: {' '.join(config.flags)}", flush=True)
-        results.append(run_configuration(config, model_dir, data_dir, work, args.steps))
+        batch = args.batch_size * config.batch_multiplier
+        results.append(run_configuration(config, batch, model_dir, data_dir, work, args.steps))
+    startup = demo_startup() if args.startup else None
 
-    print_report(args, results, flops_per_sample, collate_seconds, time.monotonic() - started)
+    print_report(args, results, flops_per_sample, startup, time.monotonic() - started)
 
 
 def parse_args() -> argparse.Namespace:
@@ -120,23 +162,26 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8, help="training steps per configuration")
     parser.add_argument("--batch-size", type=int, default=2, help="the seed row's batch size")
     parser.add_argument(
-        "--peak-tflops", type=float, help="the device's dense peak, e.g. 312 (A100 bf16): adds MFU"
+        "--configs",
+        default=GPU_CONFIGS if torch.cuda.is_available() else CPU_CONFIGS,
+        help=f"rows, in order, from: {', '.join(CONFIGS)} (default: {CPU_CONFIGS} on CPU, "
+        f"{GPU_CONFIGS} on a GPU)",
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, help="the device's dense peak (default: known GPUs' peak)"
     )
     parser.add_argument("--clips", type=int, default=32, help="synthetic training clips")
-    return parser.parse_args()
-
-
-def configurations(batch: int) -> list[Config]:
-    """The seed recipe first; then the project's defaults; then one change each."""
-    # --tf32 false keeps the new GPU default out of the seed row (no effect on CPU)
-    seed = ["--gradient_checkpointing", "true", "--deepspeed", "zero2", "--tf32", "false"]
-    defaults = ["--deepspeed", "zero2"]  # + whatever trainer.performance adds for this node
-    return [
-        Config("seed recipe (fp32, grad ckpt, ZeRO-2)", seed, batch),
-        Config("project defaults (no grad ckpt)", defaults, batch),
-        Config("defaults, 2x batch", defaults, 2 * batch),
-        Config("defaults, 1 loader worker", [*defaults, "--dataloader_num_workers", "1"], batch),
-    ]
+    parser.add_argument(
+        "--startup", action="store_true", help="also time the demo from launch to first step"
+    )
+    args = parser.parse_args()
+    unknown = set(args.configs.split(",")) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown configurations {sorted(unknown)}: choose from {list(CONFIGS)}")
+    if args.peak_tflops is None and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        args.peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return args
 
 
 def build_model(model_dir: Path, size: str) -> Path:
@@ -185,19 +230,7 @@ def build_audiofolder(root: Path, clips: int) -> Path:
     return root
 
 
-def product_task(model_dir: Path, data_dir: Path):
-    """The speech task as the training program builds it, with its model and processor."""
-    from trainer.arguments import parse_flags
-
-    argv = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
-            "--language", "en", "--eval_split_name", ""]  # fmt: skip
-    flags = parse_flags(argv)
-    model, processor = flags.task.build_model_and_processor()
-    train, _ = flags.task.load_datasets(processor)
-    return flags.task, model, processor, train
-
-
-def model_flops_per_sample(model, processor, train) -> float:
+def model_flops_per_sample(model_dir: Path, data_dir: Path) -> float:
     """Training FLOPs of one sample (forward + backward) = 3 x forward (docs/PERFORMANCE.md).
 
     Weights: 6 x weights x positions they apply to (Kaplan et al. 2020, "C = 6N" per token):
@@ -205,8 +238,16 @@ def model_flops_per_sample(model, processor, train) -> float:
     label tokens, and the cross-attention K/V projections over the 1500 encoder states.
     Attention scores and their weighted sum: 12 x layers x d_model x (keys) per query
     (Chowdhery et al. 2022, PaLM, appendix B), for encoder self-attention, decoder
-    self-attention and cross-attention.
+    self-attention and cross-attention. Label tokens: the mean over the synthetic set, as the
+    product's tokenizer counts them (without the start token the model prepends).
     """
+    from trainer.arguments import parse_flags
+
+    argv = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
+            "--language", "en", "--eval_split_name", ""]  # fmt: skip
+    task = parse_flags(argv).task
+    model, processor = task.build_model_and_processor()
+    train, _ = task.load_datasets(processor)
     config = model.config
     positions, d_model = config.max_source_positions, config.d_model
     encoder = sum(p.numel() for n, p in model.model.encoder.named_parameters() if "embed_" not in n)
@@ -220,7 +261,8 @@ def model_flops_per_sample(model, processor, train) -> float:
     tokens = [len(processor.tokenizer(text).input_ids) - 1 for text in train["text"]]
     label_tokens = float(np.mean(tokens))
     print(f"params: encoder {encoder / 1e6:.1f}M, decoder+head {decoder / 1e6:.1f}M, "
-          f"cross K/V {cross_kv / 1e6:.1f}M; mean label tokens {label_tokens:.1f}")  # fmt: skip
+          f"cross K/V {cross_kv / 1e6:.1f}M; label tokens mean {label_tokens:.1f}, "
+          f"range {min(tokens)}-{max(tokens)}")  # fmt: skip
     encoder_flops = 6 * encoder * positions
     encoder_flops += 12 * config.encoder_layers * d_model * positions * positions
     decoder_flops = 6 * decoder * label_tokens + 6 * cross_kv * positions
@@ -229,19 +271,9 @@ def model_flops_per_sample(model, processor, train) -> float:
     return encoder_flops + decoder_flops
 
 
-def collate_time(task, processor, train, batch_size: int, batches: int = 4) -> float:
-    """Median seconds to read and collate one batch, with the product's dataset and collator."""
-    collator = task.data_collator(processor)
-    times = []
-    for index in range(batches):
-        start = time.perf_counter()
-        examples = [train[(index * batch_size + i) % len(train)] for i in range(batch_size)]
-        collator(examples)
-        times.append(time.perf_counter() - start)
-    return median(times)
-
-
-def run_configuration(config: Config, model_dir: Path, data_dir: Path, work: Path, steps: int):
+def run_configuration(
+    config: Config, batch: int, model_dir: Path, data_dir: Path, work: Path, steps: int
+) -> Result:
     output_dir = work / "runs" / re.sub(r"\W+", "-", config.name).strip("-")
     argv = [
         sys.executable, "-m", "trainer", "--nproc_per_node", "1",
@@ -250,32 +282,58 @@ def run_configuration(config: Config, model_dir: Path, data_dir: Path, work: Pat
         "--max_steps", str(steps), "--logging_steps", "1", "--learning_rate", "1e-4",
         "--warmup_steps", "0", "--eval_strategy", "no", "--save_strategy", "no",
         "--report_to", "none", "--resume", "never",
-        "--per_device_train_batch_size", str(config.batch_size), *config.flags,
+        "--per_device_train_batch_size", str(batch), *config.flags,
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "CLUSTER_SPEC"}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
     log = output_dir.with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    step_ends = []  # when each `step N/M` line arrived: the launcher prints one per step
+    step_ends, waits = [], []  # when each `step N/M` line arrived, and its data-wait share
+    gpu_peak = 0
     start = time.monotonic()
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=bench_env(), text=True
     )
-    peak = PeakMemory(process.pid)
+    rss = PeakMemory(process.pid)
     with log.open("w") as handle:
         for line in process.stdout:
             if STEP_LINE.match(line):
                 step_ends.append(time.monotonic())
+                waits.append(int(DATA_WAIT.search(line).group(1)) / 100)
+            if match := GPU_PEAK.search(line):
+                gpu_peak = int(float(match.group(1)) * 2**30)
             handle.write(line)
     returncode = process.wait()
-    peak.stop()
+    rss.stop()
     wall = time.monotonic() - start
     if returncode != 0 or len(step_ends) < steps:
         print(log.read_text()[-3000:])
         print(f"FAILED (exit {returncode}): {shlex.join(argv)}")
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)]
     step_seconds = step_seconds[WARMUP_STEPS - 1 :]  # the first WARMUP_STEPS steps dropped
-    return Result(config, step_seconds, peak.bytes, wall, returncode)
+    waits = waits[WARMUP_STEPS:]
+    return Result(config, batch, step_seconds, waits, gpu_peak or rss.bytes, wall, returncode)
+
+
+def bench_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CLUSTER_SPEC"}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    return env
+
+
+def demo_startup() -> str:
+    """The demo's own start-up lines (2 processes, ZeRO-2, 4 steps, nothing saved)."""
+    output_dir = tempfile.mkdtemp(prefix="demo-startup-")
+    argv = [sys.executable, "-m", "trainer", "--nproc_per_node", "2", "--max_steps", "4",
+            "--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none",
+            "--resume", "never", "--output_dir", output_dir]  # fmt: skip
+    print(f"--- time to first step: {shlex.join(argv[1:])}", flush=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=bench_env(), check=False)
+    if done.returncode != 0:
+        return f"demo failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
+    return "\n".join(
+        line
+        for line in done.stdout.splitlines()
+        if "launcher checks" in line or line.startswith("time to first step")
+    )
 
 
 class PeakMemory:
@@ -303,35 +361,41 @@ class PeakMemory:
         self._thread.join()
 
 
-def print_report(args, results: list[Result], flops_per_sample, collate_seconds, total) -> None:
+def print_report(args, results: list[Result], flops_per_sample, startup, total) -> None:
+    on_gpu = torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if on_gpu else f"{os.cpu_count()}-core CPU"
     print()
     print(f"# whisper-{args.model}, {args.steps} steps per row (first {WARMUP_STEPS} dropped), "
-          f"{datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()}-core {platform.machine()} CPU, "
+          f"{datetime.now():%Y-%m-%d %H:%M}, {device} ({platform.machine()}), "
           f"torch {torch.__version__}")  # fmt: skip
     print(f"# command: python bench/throughput.py {shlex.join(sys.argv[1:])}")
     print(f"# model FLOPs per training sample: {flops_per_sample / 1e9:.1f} GFLOP")
     print()
-    print("| configuration | batch | samples/s | vs seed | step s (median) | step s (p10-p90) "
-          "| peak RSS GiB | data wait | GFLOP/s | MFU |")  # fmt: skip
+    memory = "peak GPU mem GiB" if on_gpu else "peak RSS GiB"
+    unit = "TFLOP/s" if on_gpu else "GFLOP/s"
+    print(f"| configuration | batch | samples/s | vs seed | step s (median) | step s (p10-p90) "
+          f"| {memory} | data wait | {unit} | MFU |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     base_rate = None
     for result in results:
         config = result.config
         if result.returncode != 0 or len(result.step_seconds) < 2:
-            print(f"| {config.name} | {config.batch_size} | failed (exit {result.returncode}) "
+            print(f"| {config.name} | {result.batch_size} | failed (exit {result.returncode}) "
                   "| | | | | | | |")  # fmt: skip
             continue
         step = median(result.step_seconds)
         low, *_, high = quantiles(result.step_seconds, n=10)
-        rate = config.batch_size / step
+        rate = result.batch_size / step
         base_rate = base_rate or rate
-        workers = "--dataloader_num_workers" in config.flags
-        wait = "in worker" if workers else f"{collate_seconds[config.batch_size] / step:.0%}"
+        wait = sum(result.data_wait_shares) / max(len(result.data_wait_shares), 1)
         flops = rate * flops_per_sample
+        achieved = flops / (1e12 if on_gpu else 1e9)
         mfu = f"{flops / (args.peak_tflops * 1e12):.1%}" if args.peak_tflops else "-"
-        print(f"| {config.name} | {config.batch_size} | {rate:.2f} | {rate / base_rate:.2f}x "
-              f"| {step:.2f} | {low:.2f}-{high:.2f} | {result.peak_rss_bytes / 2**30:.2f} "
-              f"| {wait} | {flops / 1e9:.1f} | {mfu} |")  # fmt: skip
+        print(f"| {config.name} | {result.batch_size} | {rate:.2f} | {rate / base_rate:.2f}x "
+              f"| {step:.3f} | {low:.3f}-{high:.3f} | {result.peak_memory_bytes / 2**30:.2f} "
+              f"| {wait:.0%} | {achieved:.1f} | {mfu} |")  # fmt: skip
+    if startup:
+        print(f"\n# the demo's start-up on this machine:\n{startup}")
     print()
     print(f"benchmark wall time: {total / 60:.1f} min")
 

@@ -121,11 +121,18 @@ class ProgressLogCallback(TrainerCallback):
 
     @staticmethod
     def _summary_line(logs: dict) -> str:
-        return (
+        """With CUDA, also this rank's peak of allocated GPU memory: how close the run came
+        to running out, e.g. before raising the batch size."""
+        import torch
+
+        line = (
             f"training done in {_duration(logs['train_runtime'])} | "
             f"{logs.get('train_samples_per_second', 0):.2f} samples/s | "
             f"mean loss {_format_number(logs.get('train_loss', float('nan')))}"
         )
+        if torch.cuda.is_available():
+            line += f" | peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+        return line
 
 
 class FirstBatchReport:

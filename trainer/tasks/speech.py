@@ -416,7 +416,7 @@ class SpeechCollator:
     With `extract_features`, feature extraction runs here, batched, inside the data loader's
     workers: no corpus-wide preprocessing pass, and the work is spread over the loader
     processes of every rank. Without it, the batch carries the waveforms padded to the
-    model's window under `AUDIO_BATCH_KEY`, for `log_mel_features` on the training device.
+    model's window under `AUDIO_BATCH_KEY`, for `log_mel_features_on_device`.
     """
 
     processor: Any
@@ -450,15 +450,35 @@ class SpeechCollator:
         return {**inputs, "labels": labels}
 
 
-def log_mel_features(feature_extractor, waveforms, device: str = "cpu"):
-    """Whisper's log-mel features of a batch of 16 kHz waveforms, computed on `device`.
-
-    The extractor's torch path takes a device: the STFT and mel projection run there, in
-    one batch (it hands the result back on the CPU, in float32).
-    """
+def log_mel_features(feature_extractor, waveforms: list[np.ndarray]):
+    """Whisper's log-mel features of a batch of 16 kHz waveforms, on the CPU, in one call."""
     return feature_extractor(
-        waveforms, sampling_rate=SAMPLING_RATE, device=device, return_tensors="pt"
+        waveforms, sampling_rate=SAMPLING_RATE, return_tensors="pt"
     ).input_features
+
+
+def log_mel_features_on_device(feature_extractor, audio):
+    """Log-mel features of padded waveforms (a float32 tensor), computed where they are.
+
+    The same computation as the feature extractor's own torch path
+    (`WhisperFeatureExtractor._torch_extract_fbank_features`; a test checks that both agree),
+    but tensor in, tensor out: that path takes NumPy arrays and hands its result back on the
+    CPU, and that copy would make the training process wait for the GPU at every step.
+    """
+    import torch
+
+    if feature_extractor.dither:
+        audio = audio + feature_extractor.dither * torch.randn_like(audio)
+    n_fft, device = feature_extractor.n_fft, audio.device
+    window = torch.hann_window(n_fft, device=device)
+    stft = torch.stft(
+        audio, n_fft, feature_extractor.hop_length, window=window, return_complex=True
+    )
+    power = stft[..., :-1].abs() ** 2
+    mel_filters = torch.as_tensor(feature_extractor.mel_filters, dtype=torch.float32, device=device)
+    log_spec = torch.clamp(mel_filters.T @ power, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.amax(dim=(1, 2), keepdim=True) - 8.0)
+    return (log_spec + 4.0) / 4.0
 
 
 def _padded(waveforms: list[np.ndarray], length: int):

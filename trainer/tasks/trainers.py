@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import Seq2SeqTrainer, Trainer
 
-from trainer.tasks.speech import AUDIO_BATCH_KEY, log_mel_features
+from trainer.tasks.speech import AUDIO_BATCH_KEY, log_mel_features_on_device
 
 
 class ClassWeightedTrainer(Trainer):
@@ -43,16 +43,17 @@ class ClassWeightedTrainer(Trainer):
 class LogMelOnDeviceTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer that computes Whisper's log-mel features on the training device.
 
-    With `--log_mel_on device` the collator hands over padded waveforms; they become
-    features here, on this process's GPU, a batch at a time, before the batch is moved
-    and cast like any other (so features are computed in float32, then cast to bf16/fp16).
-    Batches that already hold features pass through unchanged.
+    With `--log_mel_on device` the collator hands over padded waveforms; they are copied to
+    this process's GPU and become features there, a batch at a time, before the batch is
+    cast like any other (features are computed in float32, then cast to bf16/fp16 for
+    DeepSpeed). Nothing comes back to the host, so the GPU never waits for it. Batches that
+    already hold features pass through unchanged.
     """
 
     def _prepare_inputs(self, inputs):
         if AUDIO_BATCH_KEY in inputs:
             inputs = dict(inputs)
-            audio = inputs.pop(AUDIO_BATCH_KEY).numpy()
+            audio = inputs.pop(AUDIO_BATCH_KEY).to(self.args.device, non_blocking=True)
             extractor = self.processing_class.feature_extractor
-            inputs["input_features"] = log_mel_features(extractor, audio, str(self.args.device))
+            inputs["input_features"] = log_mel_features_on_device(extractor, audio)
         return super()._prepare_inputs(inputs)
