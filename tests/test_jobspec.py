@@ -256,3 +256,22 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert command[command.index("--deepspeed_config_file") + 1].endswith("zero2.json")
     assert command[command.index("--model_name_or_path") + 1] == "openai/whisper-small"
     assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "metric"),
+    [
+        (["--recipe", "vit-beans.yaml"], ("accuracy", "MAXIMIZE")),
+        (["--recipe", "bert-sentiment.yaml"], ("macro_f1", "MAXIMIZE")),
+        (["--recipe", "bert-sentiment.yaml", "--metric_for_best_model", "eval_loss"],
+         ("loss", "MINIMIZE")),
+        # a recipe in the bucket is read on the nodes: the command line's task decides
+        (["--recipe", "/gcs/bucket/recipe.yaml", "--task", "image-classification"],
+         ("accuracy", "MAXIMIZE")),
+        (["--recipe", "/gcs/bucket/recipe.yaml"], ("wer", "MINIMIZE")),
+    ],
+)  # fmt: skip
+def test_tuning_metric_is_the_one_the_trainer_reports(argv, metric):
+    """The metric HypertuneCallback reports (metric_for_best_model) and its direction."""
+    tuning = parse_strictly(rendered(*argv)["hptuning.yaml"], HyperparameterTuningJob)
+    assert [(m.metric_id, m.goal.name) for m in tuning.study_spec.metrics] == [metric]

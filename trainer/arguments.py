@@ -151,6 +151,22 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
     )
 
 
+def greater_is_better(flags: ParsedFlags) -> bool:
+    """Whether a larger `metric_for_best_model` is better: `--greater_is_better` if given,
+    else from the metric. The Trainer assumes bigger is better unless the name ends in
+    "loss", which is wrong for WER; the task names its lower-is-better metrics."""
+    training = flags.training
+    if training.greater_is_better is not None:
+        return training.greater_is_better
+    metric = tuning_metric(flags)
+    return not (metric in flags.task.lower_is_better or metric.endswith("loss"))
+
+
+def tuning_metric(flags: ParsedFlags) -> str:
+    """The metric name reported to hyperparameter tuning (`metric_for_best_model`)."""
+    return (flags.training.metric_for_best_model or flags.task.default_metric).removeprefix("eval_")
+
+
 def _pop_dataclass(namespace: argparse.Namespace, dtype: type):
     names = [f.name for f in dataclasses.fields(dtype) if f.init]
     try:

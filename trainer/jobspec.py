@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from trainer.arguments import greater_is_better, tuning_metric
 from trainer.errors import UserError
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:latest"
@@ -160,11 +161,12 @@ def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None
             )
 
 
-def check_training_flags(options: JobSpecArguments, training_flags: list[str]) -> None:
-    """Parse the node command line the way the launcher will, so typos fail here.
+def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
+    """Parse the node command line the way the launcher will, so typos fail here; return it.
 
     Files must exist on the nodes: the recipe and a DeepSpeed JSON are either shipped in
-    the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there.
+    the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there. A
+    recipe in the bucket cannot be read here, so only the command line's flags are parsed.
     """
     from trainer.arguments import FlagParser, parse_flags
     from trainer.config_file import RECIPES_DIR, expand_config_file
@@ -181,13 +183,13 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]) -
         raise UserError("--dry-run in a job spec would make every node exit without training.")
     recipe = options.recipe
     if recipe.startswith("/gcs/"):
-        return  # read on the nodes; its flags cannot be checked here
+        return parse_flags(rest)  # the recipe is read on the nodes
     if Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file():
         raise UserError(
             f"--recipe {recipe} is not shipped in the image: put it in trainer/recipes/ and "
             "rebuild the image, or upload it and give its /gcs/BUCKET/... path."
         )
-    parse_flags(expand_config_file([recipe, *rest]))
+    return parse_flags(expand_config_file([recipe, *rest]))
 
 
 def container_args(options: JobSpecArguments, training_flags: list[str]) -> list[str]:
@@ -231,16 +233,18 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
     }
 
 
-def tuning_job(options: JobSpecArguments, training_flags: list[str]) -> dict:
+def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> dict:
     """A HyperparameterTuningJob without displayName (gcloud takes it as a flag).
 
     Vertex AI appends `--learning_rate=...` and `--warmup_steps=...` to every trial's
     container args, after the recipe, so they override it. The metric is the one
-    trainer.callbacks.HypertuneCallback reports: `metric_for_best_model` (wer).
+    trainer.callbacks.HypertuneCallback reports, `metric_for_best_model` of the parsed
+    flags (wer for speech, accuracy or macro_f1 for classification), with its direction.
     """
+    goal = "MAXIMIZE" if greater_is_better(flags) else "MINIMIZE"
     return {
         "studySpec": {
-            "metrics": [{"metricId": "wer", "goal": "MINIMIZE"}],
+            "metrics": [{"metricId": tuning_metric(flags), "goal": goal}],
             "parameters": [
                 {
                     "parameterId": "learning_rate",
@@ -267,7 +271,7 @@ def render(argv: list[str]) -> dict[str, str]:
     check_options(options)
     refuse_secrets(options, training_flags)
     resolve_accelerator(options)
-    check_training_flags(options, training_flags)
+    flags = check_training_flags(options, training_flags)
     command = _command(argv)
     submit = {
         "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "
@@ -277,7 +281,7 @@ def render(argv: list[str]) -> dict[str, str]:
     }
     specs = {
         "config.yaml": custom_job_spec(options, training_flags),
-        "hptuning.yaml": tuning_job(options, training_flags),
+        "hptuning.yaml": tuning_job(options, training_flags, flags),
     }
     return {
         name: f"# {submit[name]}\n# Written by: {command}\n"

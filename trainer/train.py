@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from trainer.arguments import ParsedFlags, parse_flags
+from trainer.arguments import ParsedFlags, greater_is_better, parse_flags
 from trainer.config_file import expand_config_file
 from trainer.errors import UserError
 from trainer.launch import LAUNCHED_AT_VARIABLE
@@ -239,12 +239,9 @@ def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: 
 
 
 def infer_metric_direction(flags: ParsedFlags) -> None:
-    """The Trainer assumes bigger is better unless a metric ends in "loss"; WER is not."""
-    training = flags.training
-    if training.greater_is_better is None and training.metric_for_best_model:
-        metric = training.metric_for_best_model.removeprefix("eval_")
-        lower_is_better = metric in flags.task.lower_is_better or metric.endswith("loss")
-        training.greater_is_better = not lower_is_better
+    """Set `greater_is_better` for the Trainer, which would treat WER as bigger-is-better."""
+    if flags.training.metric_for_best_model:
+        flags.training.greater_is_better = greater_is_better(flags)
 
 
 def use_gloo_on_cpu(training: argparse.Namespace) -> None:
