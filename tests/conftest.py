@@ -103,14 +103,18 @@ def start_trainer(args: list[str], cwd: Path, env: dict[str, str]) -> TrainerPro
     return TrainerProcess(process, log)
 
 
+DEMO_SPEECH_FLAGS = ["--text_column_name", "transcription", "--language", "en"]
+"""What the demo's speech set needs when it is given as --dataset_name."""
+
+
 def start_nodes(
-    root: Path, assets: DemoAssets, args: list[str], num_nodes: int = 2, **env: str
+    root: Path, model_dir: Path, dataset_dir: Path, args: list[str], num_nodes: int = 2, **env
 ) -> list[TrainerProcess]:
     """Start one launcher per simulated Vertex AI node, as each replica would run it.
 
     Each node gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1 on a free
     port), Vertex's node-level RANK/WORLD_SIZE, and its own directory with its own copy of
-    the model and data: nodes share no disk.
+    the model and data: nodes share no disk. One training process per node.
     """
     port = free_port()
     cluster = {"workerpool0": [f"127.0.0.1:{port}"],
@@ -120,14 +124,13 @@ def start_nodes(
         pool, index = ("workerpool0", 0) if rank == 0 else ("workerpool1", rank - 1)
         node_dir = root / f"node{rank}"
         node_dir.mkdir(parents=True)
-        model_dir = shutil.copytree(assets.model_dir, node_dir / "model-in")
-        data_dir = shutil.copytree(assets.dataset_dir, node_dir / "data")
+        node_model = shutil.copytree(model_dir, node_dir / "model-in")
+        node_data = shutil.copytree(dataset_dir, node_dir / "data")
         spec = {"cluster": cluster, "environment": "cloud",
                 "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
         node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
                                RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
-        node_args = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
-                     "--text_column_name", "transcription", "--language", "en",
+        node_args = ["--model_name_or_path", str(node_model), "--dataset_name", str(node_data),
                      "--nproc_per_node", "1", *args]  # fmt: skip
         nodes.append(start_trainer(node_args, cwd=node_dir, env=node_env))
     return nodes

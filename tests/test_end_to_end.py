@@ -15,7 +15,7 @@ import torch
 from datasets import Audio, load_dataset
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-from tests.conftest import run_trainer, start_nodes, trainer_env
+from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer, start_nodes, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -107,9 +107,9 @@ def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
 
     Log-mel features are computed by the training processes (as on GPU nodes), so that path
     runs under DeepSpeed too."""
-    nodes = start_nodes(tmp_path, demo_assets, ["--deepspeed", "zero3", *SHORT_RUN,
-                                                "--log_mel_on", "device",
-                                                "--output_dir", "out"])  # fmt: skip
+    nodes = start_nodes(tmp_path, demo_assets.model_dir, demo_assets.dataset_dir,
+                        [*DEMO_SPEECH_FLAGS, "--deepspeed", "zero3", *SHORT_RUN,
+                         "--log_mel_on", "device", "--output_dir", "out"])  # fmt: skip
     outputs = []
     for rank, node in enumerate(nodes):
         code, output = node.finish(timeout=600)

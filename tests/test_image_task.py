@@ -17,7 +17,7 @@ from datasets import Image as HFImage
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from tests.conftest import run_trainer, trainer_env
+from tests.conftest import start_nodes
 from trainer.arguments import parse_flags
 from trainer.config_file import RECIPES_DIR, config_file_flags
 from trainer.errors import UserError
@@ -176,27 +176,31 @@ def test_seed_recipe_is_valid_flags():
 
 
 @pytest.mark.slow
-def test_vit_learns_colours_with_two_processes_and_zero2(image_assets, tmp_path, demo_cache):
+def test_vit_learns_colours_on_two_nodes_with_zero2(image_assets, tmp_path):
+    """Two simulated Vertex AI nodes, each with its own copy of the images: each builds the
+    label set from its own folders, and they must agree for the run to learn."""
     model_dir, dataset_dir = image_assets
-    code, output = run_trainer(
-        ["--task", "image-classification", "--nproc_per_node", "2", "--deepspeed", "zero2",
-         "--model_name_or_path", str(model_dir), "--dataset_name", str(dataset_dir),
+    nodes = start_nodes(
+        tmp_path, model_dir, dataset_dir,
+        ["--task", "image-classification", "--deepspeed", "zero2",
          "--augment", "true", "--max_steps", "16", "--learning_rate", "3e-3",
          "--warmup_steps", "4", "--per_device_train_batch_size", "8",
          "--per_device_eval_batch_size", "18", "--eval_strategy", "steps", "--eval_steps", "16",
          "--save_steps", "16", "--logging_steps", "4", "--output_dir", "out"],
-        cwd=tmp_path,
-        env=trainer_env(demo_cache),
     )  # fmt: skip
+    (code, output), (worker_code, worker_output) = (node.finish(timeout=600) for node in nodes)
     assert code == 0, output[-3000:]
+    assert worker_code == 0, worker_output[-3000:]
+    assert "node 1 of 2 (worker)" in worker_output
     assert f"skipped 2 of {TRAIN_IMAGES + 2} images in split train" in output
     assert re.search(r"eval at step 16 \| loss [\d.]+ \| accuracy [\d.]+ \| macro_f1", output)
-    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    out = tmp_path / "node0" / "out"
+    results = json.loads((out / "eval_results.json").read_text())
     # Chance is 1/3; the run reached 1.0 on every seed tried (see docs/tasks.md).
     assert results["eval_accuracy"] > 0.8, results
 
-    model = AutoModelForImageClassification.from_pretrained(tmp_path / "out" / "model")
-    processor = AutoImageProcessor.from_pretrained(tmp_path / "out" / "model")
+    model = AutoModelForImageClassification.from_pretrained(out / "model")
+    processor = AutoImageProcessor.from_pretrained(out / "model")
     assert model.config.id2label == dict(enumerate(CLASSES))
     test = load_dataset("imagefolder", data_dir=str(dataset_dir / "test"), split="train")
     images = [example["image"].convert("RGB") for example in test]

@@ -17,7 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import assert_manifest_matches_store, run_trainer, start_nodes, trainer_env
+from tests.conftest import (
+    DEMO_SPEECH_FLAGS,
+    assert_manifest_matches_store,
+    run_trainer,
+    start_nodes,
+    trainer_env,
+)
 from tests.gcs_emulator import BUCKET, FlakyProxy
 from trainer.checkpoints import complete_checkpoints
 from trainer.storage import open_store
@@ -26,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 MAX_STEPS = 40
 RUN = [
+    *DEMO_SPEECH_FLAGS,
     "--deepspeed", "zero2",
     "--max_steps", str(MAX_STEPS),
     "--save_steps", "5",
@@ -77,16 +84,17 @@ def wait_until(condition, timeout: float, what: str) -> None:
 def test_killed_node_restart_resumes_and_matches_an_uninterrupted_run(tmp_path, demo_assets, gcs):
     job = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs}
+    inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
 
     # 1. The reference: the same job, never interrupted.
     uninterrupted = f"{job}/uninterrupted"
-    finish_all(start_nodes(tmp_path / "a", demo_assets, RUN, **env,
+    finish_all(start_nodes(tmp_path / "a", *inputs, RUN, **env,
                            **vertex_outputs(uninterrupted)))  # fmt: skip
 
     # 2. The same job; the worker node is killed once checkpoint-10 is complete.
     base = f"{job}/interrupted"
     checkpoints = open_store(f"{base}/checkpoints")
-    nodes = start_nodes(tmp_path / "b", demo_assets, RUN, **env, **vertex_outputs(base))
+    nodes = start_nodes(tmp_path / "b", *inputs, RUN, **env, **vertex_outputs(base))
     wait_until(lambda: "checkpoint-10" in complete_checkpoints(checkpoints), 400,
                "checkpoint-10 in the store")  # fmt: skip
     nodes[1].kill_node()
@@ -100,7 +108,7 @@ def test_killed_node_restart_resumes_and_matches_an_uninterrupted_run(tmp_path, 
     newest_complete = complete_checkpoints(checkpoints)[-1]
 
     # 3. Vertex restarts the job: fresh machines (no local files), same outputs.
-    restart = start_nodes(tmp_path / "c", demo_assets, RUN, **env, **vertex_outputs(base),
+    restart = start_nodes(tmp_path / "c", *inputs, RUN, **env, **vertex_outputs(base),
                           CLOUD_ML_HP_METRIC_FILE=str(tmp_path / "hypertune.jsonl"))  # fmt: skip
     chief_log, _ = finish_all(restart)
     assert f"resuming from out/{newest_complete}" in chief_log
