@@ -208,3 +208,12 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
     assert estimate.activation_bytes_per_sample(checkpointing=False) == pytest.approx(
         measured, rel=0.2
     )
+
+
+def test_zero_settings_are_read_from_the_deepspeed_config():
+    from trainer.train import deepspeed_zero_settings
+
+    assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero2"))) == (2, False)
+    assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3"))) == (3, False)
+    assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3-offload"))) == (3, True)
+    assert deepspeed_zero_settings(None) == (None, False)

@@ -296,8 +296,8 @@ def choose_gradient_checkpointing(flags: ParsedFlags, model, argv: list[str]) ->
         optimizer_offloaded=offloaded,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
     )
-    gpu_bytes = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
-    gpu_bytes = gpu_bytes.total_memory
+    gpu = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
+    gpu_bytes = gpu.total_memory
     training.gradient_checkpointing = gradient_checkpointing_needed(footprint, gpu_bytes)
     if os.environ.get("RANK", "0") == "0":
         state = "on" if training.gradient_checkpointing else "off"
