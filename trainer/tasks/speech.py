@@ -416,7 +416,7 @@ class SpeechCollator:
     With `extract_features`, feature extraction runs here, batched, inside the data loader's
     workers: no corpus-wide preprocessing pass, and the work is spread over the loader
     processes of every rank. Without it, the batch carries the waveforms padded to the
-    model's window under `AUDIO_BATCH_KEY`, for `log_mel_features_on_device`.
+    model's window under `AUDIO_BATCH_KEY`, for `LogMelOnDevice`.
     """
 
     processor: Any
@@ -457,28 +457,36 @@ def log_mel_features(feature_extractor, waveforms: list[np.ndarray]):
     ).input_features
 
 
-def log_mel_features_on_device(feature_extractor, audio):
-    """Log-mel features of padded waveforms (a float32 tensor), computed where they are.
+class LogMelOnDevice:
+    """Log-mel features of padded waveforms (a float32 tensor), computed on `device`.
 
     The same computation as the feature extractor's own torch path
     (`WhisperFeatureExtractor._torch_extract_fbank_features`; a test checks that both agree),
     but tensor in, tensor out: that path takes NumPy arrays and hands its result back on the
-    CPU, and that copy would make the training process wait for the GPU at every step.
+    CPU, and that copy would make the training process wait for the GPU at every step. The
+    STFT window and mel filters are put on the device once, not copied there every batch.
     """
-    import torch
 
-    if feature_extractor.dither:
-        audio = audio + feature_extractor.dither * torch.randn_like(audio)
-    n_fft, device = feature_extractor.n_fft, audio.device
-    window = torch.hann_window(n_fft, device=device)
-    stft = torch.stft(
-        audio, n_fft, feature_extractor.hop_length, window=window, return_complex=True
-    )
-    power = stft[..., :-1].abs() ** 2
-    mel_filters = torch.as_tensor(feature_extractor.mel_filters, dtype=torch.float32, device=device)
-    log_spec = torch.clamp(mel_filters.T @ power, min=1e-10).log10()
-    log_spec = torch.maximum(log_spec, log_spec.amax(dim=(1, 2), keepdim=True) - 8.0)
-    return (log_spec + 4.0) / 4.0
+    def __init__(self, feature_extractor, device) -> None:
+        import torch
+
+        self.n_fft, self.hop_length = feature_extractor.n_fft, feature_extractor.hop_length
+        self.dither = feature_extractor.dither
+        self.window = torch.hann_window(self.n_fft, device=device)
+        filters = torch.as_tensor(feature_extractor.mel_filters, dtype=torch.float32)
+        self.mel_filters_t = filters.T.contiguous().to(device)
+
+    def __call__(self, audio):
+        import torch
+
+        if self.dither:
+            audio = audio + self.dither * torch.randn_like(audio)
+        stft = torch.stft(
+            audio, self.n_fft, self.hop_length, window=self.window, return_complex=True
+        )
+        log_spec = torch.clamp(self.mel_filters_t @ stft[..., :-1].abs() ** 2, min=1e-10).log10()
+        log_spec = torch.maximum(log_spec, log_spec.amax(dim=(1, 2), keepdim=True) - 8.0)
+        return (log_spec + 4.0) / 4.0
 
 
 def _padded(waveforms: list[np.ndarray], length: int):

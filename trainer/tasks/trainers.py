@@ -6,10 +6,12 @@ seconds, and the launcher imports the task modules (for their flags) without eve
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from transformers import Seq2SeqTrainer, Trainer
 
-from trainer.tasks.speech import AUDIO_BATCH_KEY, log_mel_features_on_device
+from trainer.tasks.speech import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
 class ClassWeightedTrainer(Trainer):
@@ -50,10 +52,13 @@ class LogMelOnDeviceTrainer(Seq2SeqTrainer):
     already hold features pass through unchanged.
     """
 
+    @cached_property
+    def _log_mel(self) -> LogMelOnDevice:
+        return LogMelOnDevice(self.processing_class.feature_extractor, self.args.device)
+
     def _prepare_inputs(self, inputs):
         if AUDIO_BATCH_KEY in inputs:
             inputs = dict(inputs)
             audio = inputs.pop(AUDIO_BATCH_KEY).to(self.args.device, non_blocking=True)
-            extractor = self.processing_class.feature_extractor
-            inputs["input_features"] = log_mel_features_on_device(extractor, audio)
+            inputs["input_features"] = self._log_mel(audio)
         return super()._prepare_inputs(inputs)
