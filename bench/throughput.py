@@ -94,7 +94,6 @@ class Result:
     step_seconds: list[float]
     data_wait_shares: list[float]
     peak_memory_bytes: int
-    wall_seconds: float
     returncode: int
 
 
@@ -288,7 +287,6 @@ def run_configuration(
     log.parent.mkdir(parents=True, exist_ok=True)
     step_ends, waits = [], []  # when each `step N/M` line arrived, and its data-wait share
     gpu_peak = 0
-    start = time.monotonic()
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=bench_env(), text=True
     )
@@ -303,14 +301,13 @@ def run_configuration(
             handle.write(line)
     returncode = process.wait()
     rss.stop()
-    wall = time.monotonic() - start
     if returncode != 0 or len(step_ends) < steps:
         print(log.read_text()[-3000:])
         print(f"FAILED (exit {returncode}): {shlex.join(argv)}")
     step_seconds = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)]
     step_seconds = step_seconds[WARMUP_STEPS - 1 :]  # the first WARMUP_STEPS steps dropped
     waits = waits[WARMUP_STEPS:]
-    return Result(config, batch, step_seconds, waits, gpu_peak or rss.bytes, wall, returncode)
+    return Result(config, batch, step_seconds, waits, gpu_peak or rss.bytes, returncode)
 
 
 def bench_env() -> dict[str, str]:
