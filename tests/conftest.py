@@ -36,6 +36,18 @@ def demo_assets(demo_cache) -> DemoAssets:
     return prepare_demo_assets(demo_cache / "demo")
 
 
+def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
+    """The task object as the launcher builds it from flags, its input checks passed."""
+    from trainer.arguments import parse_flags
+
+    flags = parse_flags(
+        ["--task", task, "--model_name_or_path", str(model_dir),
+         "--dataset_name", str(dataset_dir), *extra]
+    )  # fmt: skip
+    flags.task.check_inputs()
+    return flags.task
+
+
 def trainer_env(cache_dir: Path, **extra: str) -> dict[str, str]:
     env = {
         key: value

@@ -17,7 +17,7 @@ from datasets import Image as HFImage
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from tests.conftest import start_nodes
+from tests.conftest import checked_task, start_nodes
 from trainer.arguments import parse_flags
 from trainer.config_file import RECIPES_DIR, config_file_flags
 from trainer.errors import UserError
@@ -41,12 +41,7 @@ def image_assets(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def image_task(model_dir: Path, dataset_dir: Path, *extra: str):
-    flags = parse_flags(
-        ["--task", "image-classification", "--model_name_or_path", str(model_dir),
-         "--dataset_name", str(dataset_dir), *extra]
-    )  # fmt: skip
-    flags.task.check_inputs()
-    return flags.task
+    return checked_task("image-classification", model_dir, dataset_dir, *extra)
 
 
 def test_class_folders_become_the_label_set_of_the_model(image_assets):

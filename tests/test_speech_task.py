@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
+from tests.conftest import checked_task
 from trainer.arguments import parse_flags
 from trainer.errors import UserError
 
@@ -54,19 +55,7 @@ def common_voice_dir(demo_assets, tmp_path_factory):
 
 
 def speech_task(model_dir, dataset_dir, *extra):
-    flags = parse_flags(
-        [
-            "--model_name_or_path",
-            str(model_dir),
-            "--dataset_name",
-            str(dataset_dir),
-            "--language",
-            "en",
-            *extra,
-        ]
-    )
-    task = flags.task
-    task.check_inputs()
+    task = checked_task("speech-recognition", model_dir, dataset_dir, "--language", "en", *extra)
     model, processor = task.build_model_and_processor()
     return task, model, processor
 

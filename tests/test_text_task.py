@@ -19,7 +19,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from tests.conftest import run_trainer, trainer_env
+from tests.conftest import checked_task, run_trainer, trainer_env
 from tests.gcs_emulator import BUCKET
 from trainer.arguments import parse_flags
 from trainer.config_file import RECIPES_DIR, config_file_flags
@@ -45,12 +45,7 @@ def text_assets(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def text_task(model_dir: Path, dataset_dir: Path, *extra: str):
-    flags = parse_flags(
-        ["--task", "text-classification", "--model_name_or_path", str(model_dir),
-         "--dataset_name", str(dataset_dir), *extra]
-    )  # fmt: skip
-    flags.task.check_inputs()
-    return flags.task
+    return checked_task("text-classification", model_dir, dataset_dir, *extra)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
