@@ -13,6 +13,7 @@ import tiktoken
 import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
+from trainer import demo_assets as demo_assets_module
 from trainer.demo_assets import (
     DEMO_SENTENCES,
     build_whisper_tokenizer,
@@ -217,7 +218,16 @@ def test_interrupted_build_is_not_mistaken_for_a_complete_one(tmp_path, monkeypa
     assert not [path for path in cache.iterdir() if path.name.endswith(".partial")]
 
 
-def test_concurrent_callers_share_one_build(tmp_path):
+def test_concurrent_callers_share_one_build(tmp_path, monkeypatch):
+    builds = []
+    for name in ("build_tiny_whisper", "synthesize_speech_dataset"):
+        real = getattr(demo_assets_module, name)
+
+        def counted(target, real=real, name=name):
+            builds.append(name)
+            real(target)
+
+        monkeypatch.setattr(demo_assets_module, name, counted)
     results, errors = [], []
 
     def call():
@@ -233,6 +243,7 @@ def test_concurrent_callers_share_one_build(tmp_path):
         thread.join()
     assert errors == []
     assert results[0] == results[1]
+    assert sorted(builds) == ["build_tiny_whisper", "synthesize_speech_dataset"], "built twice"
     assert (results[0].model_dir / "model.safetensors").exists()
 
 
