@@ -49,17 +49,13 @@ from statistics import median, quantiles
 import numpy as np
 import psutil
 import torch
-from transformers import (
-    WhisperFeatureExtractor,
-    WhisperForConditionalGeneration,
-    WhisperProcessor,
-)
 
 from trainer.demo_assets import (
     ENDOFTEXT,
-    _begin_suppress_tokens,
-    _generation_config,
+    begin_suppress_tokens,
     build_whisper_tokenizer,
+    save_random_whisper,
+    whisper_generation_config,
 )
 from trainer.whisper_sizes import WHISPER_SIZES, whisper_config
 
@@ -185,7 +181,7 @@ def parse_args() -> argparse.Namespace:
 
 def build_model(model_dir: Path, size: str) -> Path:
     """A randomly initialised Whisper of a released size, saved with its processor."""
-    tokenizer = build_whisper_tokenizer()
+    tokenizer = build_whisper_tokenizer(num_languages=100 if size == "large-v3" else 99)
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = whisper_config(
         size,
@@ -193,16 +189,10 @@ def build_model(model_dir: Path, size: str) -> Path:
         pad_token_id=eot,
         bos_token_id=eot,
         eos_token_id=eot,
-        begin_suppress_tokens=_begin_suppress_tokens(tokenizer),
+        begin_suppress_tokens=begin_suppress_tokens(tokenizer),
     )
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(config)
-    model.generation_config = _generation_config(tokenizer)
-    processor = WhisperProcessor(
-        WhisperFeatureExtractor(feature_size=config.num_mel_bins), tokenizer
-    )
-    model.save_pretrained(model_dir)
-    processor.save_pretrained(model_dir)
+    generation = whisper_generation_config(tokenizer)
+    save_random_whisper(model_dir, config, generation, tokenizer, chunk_length=30)
     return model_dir
 
 

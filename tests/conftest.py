@@ -36,6 +36,22 @@ def demo_assets(demo_cache) -> DemoAssets:
     return prepare_demo_assets(demo_cache / "demo")
 
 
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory):
+    """Whisper family name -> its tiny checkpoint (tests/whisper_families.py), built once."""
+    from tests.whisper_families import FAMILIES, build_family_checkpoint
+
+    built = {}
+
+    def checkpoint(name: str) -> Path:
+        if name not in built:
+            folder = tmp_path_factory.mktemp("whisper") / name
+            built[name] = build_family_checkpoint(FAMILIES[name], folder)
+        return built[name]
+
+    return checkpoint
+
+
 def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
     """The task object as the launcher builds it from flags, its input checks passed."""
     from trainer.arguments import parse_flags
@@ -150,6 +166,21 @@ def start_nodes(
 
 def run_trainer(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600):
     return start_trainer(args, cwd, env).finish(timeout)
+
+
+def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
+    """Use a saved model in a fresh interpreter with plain transformers, as its users will
+    (tests/delivered_model.py); what came out, as a dict."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.delivered_model", task, str(model_dir), str(item)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ from datasets import Image as HFImage
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from tests.conftest import checked_task, start_nodes
+from tests.conftest import checked_task, start_nodes, use_delivered_model
 from trainer.arguments import parse_flags
 from trainer.config_file import RECIPES_DIR, config_file_flags
 from trainer.errors import UserError
@@ -206,3 +206,7 @@ def test_vit_learns_colours_on_two_nodes_with_zero2(image_assets, tmp_path):
     expected = [names[example["label"]] for example in test]
     hits = sum(p == e for p, e in zip(predicted, expected, strict=True))
     assert hits / len(expected) > 0.8, "the saved model is not the trained one"
+
+    image = next((dataset_dir / "test" / CLASSES[0]).iterdir())
+    used = use_delivered_model("image-classification", out / "model", image)
+    assert sorted(used["labels"]) == sorted(CLASSES), "pipeline() must name the classes"

@@ -87,12 +87,12 @@ def test_audiofolder_duration_filter_reads_headers(demo_assets):
 
 
 def test_max_duration_beyond_the_model_window_is_refused(demo_assets):
-    task, _, processor = speech_task(
-        demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription",
-        "--max_duration_in_seconds", "20",
-    )  # fmt: skip
-    with pytest.raises(UserError, match="exceeds the model's 6 s input window"):
-        task.load_datasets(processor)
+    """Before any launch: the launcher reads the window from preprocessor_config.json."""
+    with pytest.raises(UserError, match="exceeds .*tiny-whisper's 6 s input window"):
+        checked_task(
+            "speech-recognition", demo_assets.model_dir, demo_assets.dataset_dir,
+            "--text_column_name", "transcription", "--max_duration_in_seconds", "20",
+        )  # fmt: skip
 
 
 def test_collator_makes_whisper_batches_from_raw_audio(demo_assets):

@@ -19,7 +19,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from tests.conftest import checked_task, run_trainer, trainer_env
+from tests.conftest import checked_task, run_trainer, trainer_env, use_delivered_model
 from tests.gcs_emulator import BUCKET
 from trainer.arguments import parse_flags
 from trainer.config_file import RECIPES_DIR, config_file_flags
@@ -248,6 +248,8 @@ def test_bert_zero3_run_writes_to_gcs_reports_f1_and_resumes(text_assets, tmp_pa
     with torch.no_grad():
         logits = model(**tokenizer(["Net sales rose last year ."], return_tensors="pt")).logits
     assert logits.shape == (1, 3)
+    used = use_delivered_model("text-classification", local, "Net sales rose last year .")
+    assert sorted(used["labels"]) == sorted(SENTIMENTS), "pipeline() must name the classes"
 
     code, output = run_trainer([*args, "--max_steps", "12"], cwd=restart,
                                env=trainer_env(tmp_path / "cache", **env))  # fmt: skip

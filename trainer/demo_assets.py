@@ -33,24 +33,20 @@ from transformers import (
     WhisperTokenizer,
 )
 from transformers.convert_slow_tokenizer import TikTokenConverter
+from transformers.models.whisper.configuration_whisper import (
+    NON_SPEECH_TOKENS,
+    NON_SPEECH_TOKENS_MULTI,
+)
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from trainer.errors import UserError
 
 WHISPER_INSTALL_HINT = "install with: pip install --no-deps openai-whisper==20250625"
 ENDOFTEXT = "<|endoftext|>"
-# Multilingual Whisper models before large-v3 know 99 languages: LANGUAGES minus "yue".
-LANGUAGE_TOKENS = tuple(f"<|{code}|>" for code in list(LANGUAGES)[:99])
 TASK_TOKENS = {"translate": "<|translate|>", "transcribe": "<|transcribe|>"}
-SPECIAL_TOKENS = (
-    "<|startoftranscript|>",
-    *LANGUAGE_TOKENS,
-    *TASK_TOKENS.values(),
-    "<|startoflm|>",
-    "<|startofprev|>",
-    "<|nospeech|>",
-    "<|notimestamps|>",
-)
+MULTILINGUAL_LANGUAGES = 99
+"""Multilingual Whisper models before large-v3 know 99 languages (LANGUAGES minus "yue");
+large-v3 and its derivatives know all 100."""
 TIMESTAMP_TOKENS = tuple(f"<|{i * 0.02:.2f}|>" for i in range(1501))
 
 DEMO_SENTENCES = (
@@ -112,14 +108,34 @@ class _LocalTikTokenConverter(TikTokenConverter):
         }
 
 
-def build_whisper_tokenizer() -> WhisperTokenizer:
-    """The exact multilingual Whisper tokenizer (51,865 ids), rebuilt from tiktoken ranks.
+def language_tokens(num_languages: int = len(LANGUAGES)) -> tuple[str, ...]:
+    """`<|en|>`, `<|zh|>`, ...: the first `num_languages` in Whisper's own order."""
+    return tuple(f"<|{code}|>" for code in list(LANGUAGES)[:num_languages])
 
-    The converter derives a merge for every split of a token into two known tokens, which
-    makes the BPE pick the same pieces as tiktoken does.
+
+def build_whisper_tokenizer(
+    multilingual: bool = True, num_languages: int = MULTILINGUAL_LANGUAGES
+) -> WhisperTokenizer:
+    """The exact Whisper tokenizer, rebuilt from openai-whisper's tiktoken ranks.
+
+    Multilingual models use `multilingual.tiktoken` (51,865 ids with 99 languages, 51,866
+    with large-v3's 100); English-only `*.en` models use `gpt2.tiktoken` (51,864 ids: GPT-2's
+    vocabulary, then the same special tokens, language tokens included, as openai-whisper
+    registers them). The converter derives a merge for every split of a token into two
+    known tokens, which makes the BPE pick the same pieces as tiktoken does.
     """
-    ranks_file = str(_whisper_package_dir() / "assets" / "multilingual.tiktoken")
+    encoding = "multilingual" if multilingual else "gpt2"
+    ranks_file = str(_whisper_package_dir() / "assets" / f"{encoding}.tiktoken")
     vocab, merges = _LocalTikTokenConverter(ranks_file).extract_vocab_merges_from_model(ranks_file)
+    special_tokens = (
+        "<|startoftranscript|>",
+        *language_tokens(num_languages),
+        *TASK_TOKENS.values(),
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nospeech|>",
+        "<|notimestamps|>",
+    )
     tokenizer = WhisperTokenizer(
         vocab=vocab,
         merges=merges,
@@ -128,13 +144,13 @@ def build_whisper_tokenizer() -> WhisperTokenizer:
         bos_token=ENDOFTEXT,
         eos_token=ENDOFTEXT,
         pad_token=ENDOFTEXT,
-        extra_special_tokens=list(SPECIAL_TOKENS),
+        extra_special_tokens=list(special_tokens),
     )
     tokenizer.add_tokens(list(TIMESTAMP_TOKENS))
     return tokenizer
 
 
-def _begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
+def begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
     """As in the released models: a transcript starts with neither a bare space nor its end."""
     return [
         *tokenizer.encode(" ", add_special_tokens=False),
@@ -142,28 +158,66 @@ def _begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
     ]
 
 
-def _generation_config(tokenizer: WhisperTokenizer) -> GenerationConfig:
-    """What `WhisperForConditionalGeneration.generate(language=..., task=...)` looks up;
-    `max_length` counts generated tokens only (Whisper adds the prefix length itself)."""
+def suppress_tokens(tokenizer: WhisperTokenizer, multilingual: bool) -> list[int]:
+    """The released generation configs' `suppress_tokens`: non-speech symbols of the
+    vocabulary (transformers keeps openai-whisper's lists of them), then the start and
+    task tokens, which a transcript never contains."""
     ids = tokenizer.convert_tokens_to_ids
-    eot = ids(ENDOFTEXT)
-    return GenerationConfig(
-        decoder_start_token_id=ids("<|startoftranscript|>"),
-        bos_token_id=eot,
-        eos_token_id=eot,
-        pad_token_id=eot,
-        max_length=64,
-        is_multilingual=True,
-        lang_to_id={token: ids(token) for token in LANGUAGE_TOKENS},
-        task_to_id={task: ids(token) for task, token in TASK_TOKENS.items()},
-        no_timestamps_token_id=ids("<|notimestamps|>"),
-        prev_sot_token_id=ids("<|startofprev|>"),
-        max_initial_timestamp_index=50,
-        return_timestamps=False,
-        suppress_tokens=[],
-        begin_suppress_tokens=_begin_suppress_tokens(tokenizer),
-        forced_decoder_ids=None,
-    )
+    symbols = NON_SPEECH_TOKENS_MULTI if multilingual else NON_SPEECH_TOKENS
+    specials = ("<|startoftranscript|>", *TASK_TOKENS.values(), "<|startoflm|>", "<|startofprev|>",
+                "<|nospeech|>")  # fmt: skip
+    return [*(token for token in symbols if token < ids(ENDOFTEXT)), *map(ids, specials)]
+
+
+def whisper_generation_config(
+    tokenizer: WhisperTokenizer, multilingual: bool = True, **overrides
+) -> GenerationConfig:
+    """The generation config a released checkpoint ships, for this tokenizer's ids.
+
+    English-only checkpoints carry no `lang_to_id`/`task_to_id` (so `generate()` refuses a
+    language or task for them) and force `<|notimestamps|>` right after the start token;
+    multilingual ones leave position 1 (the language) to detection and force transcribe.
+    `max_length` counts generated tokens only (Whisper adds the prompt length itself).
+    """
+    ids = tokenizer.convert_tokens_to_ids
+    eot, start = ids(ENDOFTEXT), ids("<|startoftranscript|>")
+    values = {
+        "decoder_start_token_id": start,
+        "bos_token_id": eot if multilingual else start,  # as published (50257 in both)
+        "eos_token_id": eot,
+        "pad_token_id": eot,
+        "max_length": 448,
+        "is_multilingual": multilingual,
+        "no_timestamps_token_id": ids("<|notimestamps|>"),
+        "prev_sot_token_id": ids("<|startofprev|>"),
+        "max_initial_timestamp_index": 50,
+        "return_timestamps": False,
+        "suppress_tokens": suppress_tokens(tokenizer, multilingual),
+        "begin_suppress_tokens": begin_suppress_tokens(tokenizer),
+    }
+    if multilingual:
+        vocabulary = tokenizer.get_vocab()
+        languages = [token for token in language_tokens() if token in vocabulary]
+        values |= {
+            "lang_to_id": {token: ids(token) for token in languages},
+            "task_to_id": {task: ids(token) for task, token in TASK_TOKENS.items()},
+            "forced_decoder_ids": [[1, None], [2, ids("<|transcribe|>")]],
+        }
+    else:
+        values["forced_decoder_ids"] = [[1, ids("<|notimestamps|>")]]
+    return GenerationConfig(**(values | overrides))
+
+
+TINY_DIMENSIONS = {
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+"""A ~3.6 M parameter Whisper: small enough to train in seconds on a CPU."""
 
 
 def build_tiny_whisper(model_dir: Path, chunk_length: int = 6) -> None:
@@ -171,19 +225,15 @@ def build_tiny_whisper(model_dir: Path, chunk_length: int = 6) -> None:
 
     `chunk_length` seconds of audio give `chunk_length * 100` mel frames, which the encoder's
     two convolutions halve to `max_source_positions`; a short window keeps the demo fast.
+    The demo generates at most 64 tokens and suppresses none: a random model's first
+    evaluations would otherwise run to 448 tokens per clip.
     """
     tokenizer = build_whisper_tokenizer()
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = WhisperConfig(
         vocab_size=len(tokenizer),
         num_mel_bins=80,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **TINY_DIMENSIONS,
         max_source_positions=chunk_length * 50,
         max_target_positions=448,
         decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
@@ -191,13 +241,29 @@ def build_tiny_whisper(model_dir: Path, chunk_length: int = 6) -> None:
         bos_token_id=eot,
         eos_token_id=eot,
         suppress_tokens=[],
-        begin_suppress_tokens=_begin_suppress_tokens(tokenizer),
+        begin_suppress_tokens=begin_suppress_tokens(tokenizer),
     )
+    generation = whisper_generation_config(
+        tokenizer, max_length=64, suppress_tokens=[], forced_decoder_ids=None
+    )
+    save_random_whisper(model_dir, config, generation, tokenizer, chunk_length)
+
+
+def save_random_whisper(
+    model_dir: Path,
+    config: WhisperConfig,
+    generation: GenerationConfig,
+    tokenizer: WhisperTokenizer,
+    chunk_length: int,
+) -> None:
+    """Save a Whisper with random weights (seed 0) and its processor, as a hub folder is."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = WhisperForConditionalGeneration(config)
-    model.generation_config = _generation_config(tokenizer)
-    feature_extractor = WhisperFeatureExtractor(feature_size=80, chunk_length=chunk_length)
+    model.generation_config = generation
+    feature_extractor = WhisperFeatureExtractor(
+        feature_size=config.num_mel_bins, chunk_length=chunk_length
+    )
     processor = WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer)
     model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)

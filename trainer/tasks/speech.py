@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from transformers import Seq2SeqTrainingArguments
-from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
 
 from trainer.data_sources import (
     LocalLayout,
@@ -37,6 +36,12 @@ from trainer.data_sources import (
 )
 from trainer.errors import UserError
 from trainer.tasks.base import Task
+from trainer.tasks.whisper_checkpoint import (
+    Prompt,
+    WhisperCheckpoint,
+    language_name,
+    read_checkpoint,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -61,10 +66,18 @@ class SpeechArguments:
     )
     language: str | None = field(
         default=None,
-        metadata={"help": "Spoken language, by name or code (english, en, serbian, sr, ...)."},
+        metadata={
+            "help": "Spoken language, by name or code (english, en, serbian, sr, ...). "
+            "Without it, a multilingual checkpoint trains with no language token and "
+            "generate() detects each clip's language; English-only checkpoints need none."
+        },
     )
     whisper_task: Literal["transcribe", "translate"] = field(
-        default="transcribe", metadata={"help": "Whisper's own task: transcribe or translate."}
+        default="transcribe",
+        metadata={
+            "help": "Whisper's own task: transcribe or translate (multilingual checkpoints; "
+            "English-only *.en checkpoints only transcribe, with no task token)."
+        },
     )
     max_duration_in_seconds: float | None = field(
         default=None,
@@ -95,7 +108,7 @@ class SpeechArguments:
 
     def __post_init__(self) -> None:
         if self.language is not None:
-            self.language = _language_name(self.language)
+            self.language = language_name(self.language)
         if self.max_duration_in_seconds is not None and self.max_duration_in_seconds <= 0:
             raise ValueError("--max_duration_in_seconds must be positive.")
         if (
@@ -105,18 +118,6 @@ class SpeechArguments:
             raise ValueError(
                 "--min_duration_in_seconds must be smaller than --max_duration_in_seconds."
             )
-
-
-def _language_name(language: str) -> str:
-    """Accept a language by name or code, case-insensitively; return Whisper's name."""
-    key = language.lower().strip("<|>")
-    if key in TO_LANGUAGE_CODE:
-        return LANGUAGES[TO_LANGUAGE_CODE[key]]
-    if key in LANGUAGES:
-        return LANGUAGES[key]
-    raise ValueError(
-        f'Unknown language "{language}": use a Whisper language name or code (e.g. english, en).'
-    )
 
 
 def detect_local_layout(directory: Path) -> LocalLayout:
@@ -166,8 +167,11 @@ class SpeechRecognitionTask(Task):
     options: SpeechArguments
     _length_column: str | None = None
     """Set when the sampling strategy groups by length: where label lengths go."""
+    _prompt: Prompt | None = None
+    """The language and task tokens, once the model is loaded."""
 
     def check_inputs(self) -> None:
+        self._check_checkpoint()
         name = self.data_args.dataset_name
         if name is None or not looks_like_path(name):
             return  # a hub dataset: checked when it is loaded
@@ -176,6 +180,14 @@ class SpeechRecognitionTask(Task):
         check_splits(layout, self.data_args.train_split_name, directory)
         check_splits(layout, self.data_args.eval_split_name, directory)
         check_columns(layout.columns, self._column_flags(), str(directory))
+
+    def _check_checkpoint(self) -> None:
+        """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
+        name = self.model_args.model_name_or_path
+        checkpoint = read_checkpoint(name, self.model_args.cache_dir) if name else None
+        if checkpoint is not None:
+            checkpoint.prompt(self.options.language, self.options.whisper_task)
+            checkpoint.check_processor(self.options.max_duration_in_seconds)
 
     def adjust_training_arguments(self, training: Any) -> None:
         # WER needs generated text, and the collator needs the raw audio and text columns.
@@ -194,26 +206,19 @@ class SpeechRecognitionTask(Task):
         model = WhisperForConditionalGeneration.from_pretrained(
             path, cache_dir=cache_dir, attn_implementation=self.model_args.attn_implementation
         )
-        processor.tokenizer.set_prefix_tokens(
-            language=self.options.language, task=self.options.whisper_task
-        )
-        model.generation_config.language = self.options.language
-        model.generation_config.task = self.options.whisper_task
-        model.generation_config.forced_decoder_ids = None
-        model.config.forced_decoder_ids = None
+        checkpoint = WhisperCheckpoint.from_loaded(path, model, processor)
+        checkpoint.check_processor(self.options.max_duration_in_seconds)
+        self._prompt = checkpoint.prompt(self.options.language, self.options.whisper_task)
+        use_prompt(self._prompt, model, processor.tokenizer)
         if self.options.freeze_encoder:
             model.freeze_encoder()
         self._max_label_length = model.config.max_target_positions
         return model, processor
 
     def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
-        window = processor.feature_extractor.chunk_length
-        max_duration = self.options.max_duration_in_seconds or window
-        if max_duration > window:
-            raise UserError(
-                f"--max_duration_in_seconds {max_duration} exceeds the model's {window} s input "
-                "window; longer clips would be cut while their transcripts are not."
-            )
+        max_duration = (
+            self.options.max_duration_in_seconds or processor.feature_extractor.chunk_length
+        )
         train = self._load_split(self.data_args.train_split_name, self.data_args.max_train_samples)
         train = _filter_by_duration(
             train, self.options.min_duration_in_seconds, max_duration, self.data_args
@@ -292,11 +297,8 @@ class SpeechRecognitionTask(Task):
         tokenizer = processor.tokenizer
         normalize = _identity
         if self.options.do_normalize_eval:
-            normalize = (
-                tokenizer.normalize
-                if self.options.language == "english"
-                else (tokenizer.basic_normalize)
-            )
+            english = self._prompt is not None and self._prompt.english
+            normalize = tokenizer.normalize if english else tokenizer.basic_normalize
 
         def word_error_rate(prediction) -> dict[str, float]:
             import jiwer
@@ -375,6 +377,25 @@ class SpeechRecognitionTask(Task):
             remove_columns=["path"],
         )
         return dataset.cast_column("audio", Audio())
+
+
+def use_prompt(prompt: Prompt, model, tokenizer) -> None:
+    """Make labels and generation start with the same tokens, and save them with the model.
+
+    The tokenizer's attributes are set directly because `set_prefix_tokens` keeps its old
+    value for a None argument, and a checkpoint may have been saved with a language. The
+    generation config gets `language`/`task` (None on English-only checkpoints, where
+    `generate()` refuses them), and the deprecated `forced_decoder_ids` that released
+    checkpoints carry are dropped: they would otherwise override the prompt in older
+    transformers and warn in newer ones. The saved model then transcribes with a plain
+    `generate()` or `pipeline()`.
+    """
+    tokenizer.language, tokenizer.task = prompt.language, prompt.task
+    tokenizer.set_prefix_tokens(predict_timestamps=False)
+    model.generation_config.language = prompt.language
+    model.generation_config.task = prompt.task
+    model.generation_config.forced_decoder_ids = None
+    model.config.forced_decoder_ids = None
 
 
 def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) -> Dataset:

@@ -1,0 +1,63 @@
+"""Use a delivered model the way its users will: a fresh process, plain transformers.
+
+`python -m tests.delivered_model TASK MODEL_DIR INPUT` loads the saved folder with
+`from_pretrained` / `pipeline()` only (nothing from this project is imported) and prints
+one JSON object with what came out, for the calling test to check.
+
+- speech-recognition: `generate()` with no arguments; the prompt it chose (the same call
+  with `return_dict_in_generate`, which returns the prompt too); and
+  `pipeline("automatic-speech-recognition")` on the audio file INPUT.
+- image-classification: `pipeline("image-classification")` on the image file INPUT.
+- text-classification: `pipeline("text-classification")` on the sentence INPUT.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def speech(model_dir: str, audio_file: str) -> dict:
+    import torch
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor, pipeline
+    from transformers.pipelines.audio_utils import ffmpeg_read
+
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir)
+    processor = WhisperProcessor.from_pretrained(model_dir)
+    with open(audio_file, "rb") as handle:
+        waveform = ffmpeg_read(handle.read(), sampling_rate=16_000)
+    features = processor(waveform, sampling_rate=16_000, return_tensors="pt").input_features
+    recognizer = pipeline("automatic-speech-recognition", model=model_dir)
+    with torch.no_grad():
+        generated = model.generate(features)
+        prompted = model.generate(features, return_dict_in_generate=True).sequences
+    prompt_length = prompted.shape[1] - generated.shape[1]
+    return {
+        "generated_tokens": generated.shape[1],
+        "largest_id": int(generated.max()),
+        "vocab_size": model.config.vocab_size,
+        "prompt": processor.tokenizer.convert_ids_to_tokens(prompted[0, :prompt_length]),
+        "label_prefix": processor.tokenizer.convert_ids_to_tokens(
+            processor.tokenizer("x").input_ids[:-2]
+        ),
+        "pipeline_text": recognizer(audio_file)["text"],
+    }
+
+
+def classify(task: str, model_dir: str, item: str) -> dict:
+    from transformers import pipeline
+
+    predictions = pipeline(task, model=model_dir, top_k=None)(item)
+    if predictions and isinstance(predictions[0], list):  # text-classification nests them
+        predictions = predictions[0]
+    return {"labels": [prediction["label"] for prediction in predictions]}
+
+
+def main() -> None:
+    task, model_dir, item = sys.argv[1:4]
+    result = speech(model_dir, item) if task == "speech-recognition" else classify(*sys.argv[1:4])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

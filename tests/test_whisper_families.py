@@ -1,0 +1,108 @@
+"""Every Whisper family users fine-tune trains, evaluates, saves and transcribes.
+
+Each case builds a tiny checkpoint of a real family (tests/whisper_families.py), trains it
+2 steps through `python -m trainer` with 2 processes and DeepSpeed ZeRO-2, evaluates with
+`generate()`, saves, and then uses the saved folder in a fresh process with plain
+transformers: `generate()` with no arguments and `pipeline("automatic-speech-recognition")`.
+The prompt that generation chose and the saved tokenizer's label prefix must be the
+family's own: no language or task token for English-only checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import run_trainer, trainer_env, use_delivered_model
+
+pytestmark = pytest.mark.slow
+
+TWO_STEPS = [
+    "--nproc_per_node", "2",
+    "--deepspeed", "zero2",
+    "--text_column_name", "transcription",
+    "--max_steps", "2",
+    "--per_device_train_batch_size", "2",
+    "--per_device_eval_batch_size", "2",
+    "--max_eval_samples", "4",
+    "--generation_max_length", "8",
+    "--eval_strategy", "no",
+    "--save_strategy", "no",
+    "--logging_steps", "1",
+    "--output_dir", "out",
+]  # fmt: skip
+
+DETECTED = "<|detected language|>"
+"""Stands for whichever language token generate() detected (a random model's guess)."""
+
+CASES = {
+    # name: (family, flags, prompt generate() must start with, label prefix)
+    "english-only": (
+        "tiny.en", [],
+        ["<|startoftranscript|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|notimestamps|>"],
+    ),
+    "multilingual-transcribe": (
+        "small", ["--language", "en"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+    ),
+    "multilingual-translate": (
+        "small", ["--language", "fr", "--whisper_task", "translate"],
+        ["<|startoftranscript|>", "<|fr|>", "<|translate|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|fr|>", "<|translate|>", "<|notimestamps|>"],
+    ),
+    "multilingual-no-language": (
+        "small", [],
+        ["<|startoftranscript|>", DETECTED, "<|transcribe|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|transcribe|>", "<|notimestamps|>"],
+    ),
+    "large-v3-log-mel-on-device": (
+        "large-v3", ["--language", "yue", "--log_mel_on", "device"],
+        ["<|startoftranscript|>", "<|yue|>", "<|transcribe|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|yue|>", "<|transcribe|>", "<|notimestamps|>"],
+    ),
+    "large-v3-turbo": (
+        "large-v3-turbo", ["--language", "en"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+    ),
+    "distil-large-v3": (
+        "distil-large-v3", ["--language", "english"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_family_trains_evaluates_saves_and_transcribes(
+    case, family_checkpoints, demo_assets, demo_cache, tmp_path
+):
+    family, flags, prompt, label_prefix = CASES[case]
+    model_in = family_checkpoints(family)
+    code, output = run_trainer(
+        ["--model_name_or_path", str(model_in), "--dataset_name", str(demo_assets.dataset_dir),
+         *TWO_STEPS, *flags],
+        cwd=tmp_path,
+        env=trainer_env(demo_cache),
+    )  # fmt: skip
+    assert code == 0, output[-4000:]
+    assert re.search(r"step 2/2 \(100%\)", output), output[-3000:]
+    evaluation = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert evaluation["eval_wer"] >= 0, "the final evaluation generated and scored text"
+
+    model_dir = tmp_path / "out" / "model"
+    clip = next((demo_assets.dataset_dir / "test").glob("*.wav"))
+    used = use_delivered_model("speech-recognition", model_dir, clip)
+
+    assert used["label_prefix"] == label_prefix
+    if DETECTED in prompt:
+        detected = used["prompt"][prompt.index(DETECTED)]
+        assert re.fullmatch(r"<\|[a-z]{2,3}\|>", detected), used["prompt"]
+        prompt = [detected if token == DETECTED else token for token in prompt]
+    assert used["prompt"] == prompt
+    assert 0 < used["generated_tokens"] <= 448 and used["largest_id"] < used["vocab_size"]
+    assert isinstance(used["pipeline_text"], str)
