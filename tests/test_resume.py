@@ -9,6 +9,7 @@ google-cloud-storage client, with the output locations Vertex AI derives from
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import uuid
@@ -16,6 +17,7 @@ import uuid
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
 from tests.conftest import (
     DEMO_SPEECH_FLAGS,
@@ -163,3 +165,58 @@ def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, g
         assert any(p.endswith("optim_states.pt") for p in checkpoints.child(name).list_files())
     assert "model.safetensors" in open_store(f"{base}/model").list_files()
     print(f"storage proxy failed {proxy.failures} of {proxy.requests} requests")
+
+
+FAILING_METRICS = """
+# sitecustomize: every Python process of the run loads it at start-up. It makes the speech
+# task's metric raise, as a broken metric library or a bad reference text would.
+import trainer.tasks.speech as speech
+
+
+def _failing_metrics(self, processor):
+    def compute(prediction):
+        raise ValueError("metric backend exploded")
+
+    return compute
+
+
+speech.SpeechRecognitionTask.compute_metrics = _failing_metrics
+"""
+
+
+def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_assets, gcs):
+    """Training ends, then the final evaluation fails: the model is already in the bucket,
+    the run exits non-zero, and one error line says what failed and where the model is."""
+    hooks, run_dir = tmp_path / "hooks", tmp_path / "run"
+    hooks.mkdir(), run_dir.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAILING_METRICS)
+    base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
+    env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs, **vertex_outputs(base))
+    env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
+    code, output = run_trainer(
+        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+         "--max_steps", "2", "--per_device_train_batch_size", "2", "--eval_strategy", "no",
+         "--save_strategy", "no", "--max_eval_samples", "2", "--generation_max_length", "4",
+         "--output_dir", "out"],
+        cwd=run_dir,
+        env=env,
+    )  # fmt: skip
+
+    assert code == 1, output[-3000:]
+    assert "training done in" in output, output[-5000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: the final evaluation failed after training (ValueError: metric backend "
+        f"exploded); the trained model is saved at {base}/model/ (load it with from_pretrained)"
+    ], output[-3000:]
+    assert "Traceback" in output and "metric backend exploded" in output
+
+    local = tmp_path / "model-from-gcs"
+    open_store(f"{base}/model").download(local)
+    model = WhisperForConditionalGeneration.from_pretrained(local)
+    WhisperProcessor.from_pretrained(local)
+    initial = WhisperForConditionalGeneration.from_pretrained(demo_assets.model_dir).state_dict()
+    trained = model.state_dict()
+    changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
+    assert len(changed) > len(initial) // 2, "the delivered weights are not the trained ones"

@@ -55,11 +55,12 @@ class TensorBoardSyncCallback(TrainerCallback):
             self._thread.start()
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Stops the periodic sync. The last one is the training program's to call, after
+        the final evaluation (whose metrics it should carry) and after the model is safe."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
-            self.sync()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -14,6 +14,9 @@ import json
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +62,13 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except FailedAfterTraining as error:
+        # One report per node: the traceback of the cause, then one line that says what
+        # failed and where the model is (the last line a reader of the log sees).
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            traceback.print_exception(error.__cause__, file=sys.stderr)
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def expand_config_file_or_exit(argv: list[str]) -> list[str]:
@@ -76,10 +86,9 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     startup.mark("launcher, torchrun and imports")
     from transformers import PrinterCallback, set_seed
 
-    from trainer.callbacks import CheckpointSyncCallback
+    from trainer.callbacks import CheckpointSyncCallback, TensorBoardSyncCallback
     from trainer.outputs import resolve_output_locations
     from trainer.progress import DataWaitClock, FirstBatchReport, ProgressLogCallback
-    from trainer.storage import open_store
 
     flags = parse_flags(argv)
     task = flags.task
@@ -122,7 +131,8 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
-    for callback in reporting_callbacks(flags, locations, output_dir, place):
+    reporting = reporting_callbacks(flags, locations, output_dir, place)
+    for callback in reporting:
         trainer.add_callback(callback)
 
     # If training fails (a peer died, say), the uploads in flight are not waited for: the
@@ -130,19 +140,67 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     # no manifest, and the upload thread ends with the process.
     result = trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_metrics("train", result.metrics)
+    model_location = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
+    # Everything after this point may fail without losing the run: the model is delivered.
     if eval_dataset is not None:
-        trainer.save_metrics("eval", trainer.evaluate())
-    final_dir = output_dir / FINAL_MODEL_DIRNAME
-    trainer.save_model(str(final_dir))
+        with model_kept_if_failing("the final evaluation", model_location):
+            trainer.save_metrics("eval", trainer.evaluate())
+    with model_kept_if_failing("syncing the TensorBoard logs", model_location):
+        for callback in reporting:
+            if isinstance(callback, TensorBoardSyncCallback):
+                callback.sync()
     if uploader is not None:
-        uploader.close()
+        with model_kept_if_failing("uploading checkpoints", model_location):
+            uploader.close()
+            if uploader.failures:
+                raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
     if place.is_global_main:
-        if locations.model != str(final_dir):
-            open_store(locations.model).upload(final_dir)
-        print(f"final model and processor saved to {locations.model} (load with from_pretrained)")
         print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
-    if uploader is not None and uploader.failures:
-        raise RuntimeError(f"checkpoints not saved to {locations.checkpoints}: {uploader.failures}")
+
+
+class FailedAfterTraining(Exception):
+    """Training finished and its model was delivered, but a later step failed: the run
+    exits non-zero (a tuning trial or pipeline must not count it as a success), and the
+    message says where the model is."""
+
+
+@contextmanager
+def model_kept_if_failing(step: str, model_location: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        raise FailedAfterTraining(
+            f"{step} failed after training ({type(error).__name__}: {error}); the trained "
+            f"model is saved at {model_location} (load it with from_pretrained)"
+        ) from error
+
+
+def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
+    """Save the final model and processor, and upload them to their destination, before
+    anything else can fail: the final evaluation, metrics or uploads come after this.
+
+    Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective);
+    the global main process writes and uploads. Returns where the model is.
+    """
+    from trainer.storage import open_store
+
+    trainer.save_model(str(final_dir))
+    if not place.is_global_main:
+        return locations.model
+    if locations.model != str(final_dir):
+        try:
+            open_store(locations.model).upload(final_dir)
+        except Exception as error:
+            raise FailedAfterTraining(
+                f"uploading the final model to {locations.model} failed "
+                f"({type(error).__name__}: {error}); it is saved on this node at {final_dir}, "
+                f"and complete checkpoints are at {locations.checkpoints}"
+            ) from error
+    print(
+        f"final model and processor saved to {locations.model} (load with from_pretrained)",
+        flush=True,
+    )
+    return locations.model
 
 
 def checkpoint_to_resume(flags: ParsedFlags, locations, args, place: ProcessPlace) -> str | None:
