@@ -164,3 +164,17 @@ def test_english_only_checkpoints_score_with_the_english_normaliser(
     metrics = task.compute_metrics(processor)(EvalPrediction(predictions, labels))
     assert metrics["wer"] == 0
     assert np.isfinite(metrics["wer"])
+
+
+def test_log_mel_on_the_device_uses_the_processors_128_mel_bins(family_checkpoints):
+    """large-v3's processor makes 128 bins; the device path must compute the same."""
+    from transformers import WhisperFeatureExtractor
+
+    from trainer.tasks.speech import LogMelOnDevice, _padded
+
+    extractor = WhisperFeatureExtractor.from_pretrained(family_checkpoints("large-v3"))
+    waveforms = [np.sin(np.linspace(0, 400 * np.pi, n)).astype(np.float32) for n in (8000, 24000)]
+    expected = extractor(waveforms, sampling_rate=16_000, return_tensors="pt").input_features
+    on_device = LogMelOnDevice(extractor, "cpu")(_padded(waveforms, extractor.n_samples))
+    assert on_device.shape == expected.shape == (2, 128, extractor.nb_max_frames)
+    torch.testing.assert_close(on_device, expected, rtol=1e-4, atol=1e-4)
