@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from trainer import config_file
+from trainer.data_sources import looks_like_path
 from trainer.demo_assets import DemoAssets, prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +26,35 @@ PERSISTENT_EXTENSIONS_DIR = Path(
     or Path.home() / ".cache" / "vertex-trainer" / "torch_extensions"
 )
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_hub_cache(tmp_path_factory) -> Path:
+    """Tests never reach the Hugging Face Hub: HF_HUB_OFFLINE=1 for this process and every
+    process it starts, and a hub cache holding a snapshot of each Hub id the shipped recipes
+    name, as on a machine that downloaded them, so the launcher's hub check passes offline.
+    """
+    cache = tmp_path_factory.mktemp("hf-hub-cache")
+    for recipe in config_file.RECIPES_DIR.glob("*.yaml"):
+        content = yaml.safe_load(recipe.read_text()) or {}
+        for kind, flag in (("model", "model_name_or_path"), ("dataset", "dataset_name")):
+            if content.get(flag) and not looks_like_path(content[flag]):
+                warm_hub_cache(cache, kind, content[flag])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_HUB_CACHE", str(cache))
+        yield cache
+
+
+def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
+    """Lay out one cached snapshot the way huggingface_hub stores it."""
+    revision = "0" * 40
+    repo = cache / f"{kind}s--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / ("config.json" if kind == "model" else "README.md")).write_text("{}")
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,6 @@ command line that every node of the job turns into the right launch plan."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -14,6 +12,7 @@ from google.protobuf import json_format
 
 from tests.conftest import REPO_ROOT, trainer_env
 from trainer import jobspec
+from trainer.hardware import Hardware
 
 CONFIG = REPO_ROOT / "config.yaml"
 HPTUNING = REPO_ROOT / "hptuning.yaml"
@@ -180,40 +179,55 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
     } | ({"CLOUD_ML_TRIAL_ID": trial} if trial else {})
 
 
-def test_every_node_of_the_checked_in_job_plans_the_same_cluster(tmp_path, demo_cache):
-    """Start the launcher on each node exactly as Vertex AI would run config.yaml.
+def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
+    tmp_path, demo_cache, monkeypatch
+):
+    """Run the launcher on each node exactly as Vertex AI would run config.yaml.
 
-    Vertex runs the image with the pool's args and nothing else; on the real machines the
-    launcher counts the 8 GPUs itself, here `--nproc_per_node` stands in for them (on a
-    node without GPUs it is not capped).
+    Vertex runs the image with the pool's args and nothing else, and CLUSTER_SPEC carries
+    the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
+    faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
+    from trainer.launch import prepare_launch
+
     job = yaml.safe_load(CONFIG.read_text())
     gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
+    a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
+    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
     nodes = [(pool, index) for pool, spec in enumerate(job["workerPoolSpecs"])
              for index in range(spec["replicaCount"])]  # fmt: skip
-    processes = []
+    plans = []
     for pool, index in nodes:
         cwd = tmp_path / f"workerpool{pool}-{index}"
         cwd.mkdir()
+        monkeypatch.chdir(cwd)
         args = [*job["workerPoolSpecs"][pool]["containerSpec"]["args"], "--dry-run"]
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args, "--nproc_per_node", str(gpus)],
-                cwd=cwd, env=trainer_env(demo_cache, **vertex_env(job, pool, index)),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )
-        )  # fmt: skip
-    plans = []
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-        plans.append(json.loads(out))
+        env = trainer_env(demo_cache, **vertex_env(job, pool, index))
+        monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
+        plans.append(prepare_launch(args, env)[1].describe())
 
     assert sorted(plan["topology"]["node_rank"] for plan in plans) == list(range(len(nodes)))
     for plan, (pool, index) in zip(plans, nodes, strict=True):
         assert_vertex_plan(plan, pool, index, num_nodes=len(nodes), gpus=gpus)
     written = [path for node in tmp_path.iterdir() for path in node.iterdir()]
     assert not written, "a dry run writes nothing"
+
+
+def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
+    demo_cache, monkeypatch, capsys
+):
+    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line."""
+    from trainer import launch
+
+    job = yaml.safe_load(CONFIG.read_text())
+    for name, value in trainer_env(demo_cache, **vertex_env(job, 1, 0)).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main([*job["workerPoolSpecs"][1]["containerSpec"]["args"], "--dry-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: This node's worker pool asked for 8 GPU(s) but torch sees 0")
 
 
 def test_a_tuning_trial_gets_its_parameters_after_the_recipe(demo_cache, monkeypatch):
@@ -223,12 +237,14 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(demo_cache, monkeyp
     tuning = yaml.safe_load(HPTUNING.read_text())
     job = tuning["trialJobSpec"]
     gpus = job["workerPoolSpecs"][1]["machineSpec"]["acceleratorCount"]
+    a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
+    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
     params = [f"--{p['parameterId']}=3e-05" if "doubleValueSpec" in p else
               f"--{p['parameterId']}=250" for p in tuning["studySpec"]["parameters"]]  # fmt: skip
     args = job["workerPoolSpecs"][1]["containerSpec"]["args"]
     env = trainer_env(demo_cache, **vertex_env(job, 1, 0, trial="7"))
     monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
-    _, plan = prepare_launch([*args, *params, "--nproc_per_node", str(gpus), "--dry-run"], env)
+    _, plan = prepare_launch([*args, *params, "--dry-run"], env)
     described = plan.describe()
     assert_vertex_plan(described, 1, 0, num_nodes=len(job["workerPoolSpecs"]), gpus=gpus)
     training = described["command"][described["command"].index("trainer.train") + 1 :]
@@ -241,7 +257,8 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert topology == {
         "num_nodes": num_nodes,
         "node_rank": 0 if pool == 0 else index + 1,
-        "master_addr": "cmle-training-workerpool0-3f1c9e2a-0",
+        # the chief rendezvouses locally; workers through the chief's Service name
+        "master_addr": "127.0.0.1" if pool == 0 else "cmle-training-workerpool0-3f1c9e2a-0",
         "master_port": 2222,
         "nproc_per_node": gpus,
         "role": "chief" if pool == 0 else "worker",
