@@ -179,8 +179,23 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
     } | ({"CLOUD_ML_TRIAL_ID": trial} if trial else {})
 
 
+@pytest.fixture
+def recipe_data_in_bucket(gcs, common_voice_dir) -> str:
+    """The seed recipe's gs:// dataset, put there as docs/storage.md says (in the emulator):
+    every node's launcher fetches it and checks its layout, splits and columns."""
+    from trainer.config_file import RECIPES_DIR
+    from trainer.storage import _client, open_store
+
+    uri = yaml.safe_load((RECIPES_DIR / "whisper-small.yaml").read_text())["dataset_name"]
+    bucket = uri.removeprefix("gs://").split("/")[0]
+    if _client().lookup_bucket(bucket) is None:
+        _client().create_bucket(bucket)
+    open_store(uri).upload(common_voice_dir)
+    return uri
+
+
 def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
-    tmp_path, demo_cache, monkeypatch
+    tmp_path, demo_cache, monkeypatch, recipe_data_in_bucket
 ):
     """Run the launcher on each node exactly as Vertex AI would run config.yaml.
 
@@ -230,7 +245,9 @@ def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
     assert err.startswith("error: This node's worker pool asked for 8 GPU(s) but torch sees 0")
 
 
-def test_a_tuning_trial_gets_its_parameters_after_the_recipe(demo_cache, monkeypatch):
+def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
+    demo_cache, monkeypatch, recipe_data_in_bucket
+):
     """Vertex AI appends `--name=value` per parameter to each trial's container args."""
     from trainer.launch import prepare_launch
 
@@ -272,6 +289,7 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert command[command.index("--deepspeed_multinode_launcher") + 1] == "standard"
     assert command[command.index("--deepspeed_config_file") + 1].endswith("zero2.json")
     assert command[command.index("--model_name_or_path") + 1] == "openai/whisper-small"
+    assert command[command.index("--dataset_name") + 1].startswith("gs://")
     assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"]
 
 

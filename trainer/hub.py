@@ -57,9 +57,10 @@ def is_cached(kind: str, repo_id: str, cache_dirs: Iterable[Path]) -> bool:
     return False
 
 
-def is_offline(kind: str, env: Mapping[str, str]) -> bool:
+def offline_variable(kind: str, env: Mapping[str, str]) -> str | None:
+    """The variable that puts the library loading `kind` offline, if one is set."""
     names = ["HF_HUB_OFFLINE"] + (["HF_DATASETS_OFFLINE"] if kind == "dataset" else [])
-    return any(env.get(name, "").strip().lower() in TRUE_VALUES for name in names)
+    return next((n for n in names if env.get(n, "").strip().lower() in TRUE_VALUES), None)
 
 
 def check_hub_ids(
@@ -71,10 +72,11 @@ def check_hub_ids(
     for kind, repo_id in ids:
         if is_cached(kind, repo_id, caches):
             continue
-        if is_offline(kind, env):
+        offline = offline_variable(kind, env)
+        if offline:
             raise UserError(
                 f"Hub {kind} {repo_id} is not in the local Hugging Face cache ({caches[0]}) "
-                "and offline mode (HF_HUB_OFFLINE=1) forbids fetching it: download it first, "
+                f"and offline mode ({offline}=1) forbids fetching it: download it first, "
                 "give a local path, or pass --skip_hub_check."
             )
         ask_hub(kind, repo_id, env)

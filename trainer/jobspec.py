@@ -13,9 +13,11 @@ The checked-in config.yaml and hptuning.yaml are its output for the defaults bel
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import yaml
 
 from trainer.arguments import greater_is_better, tuning_metric
 from trainer.errors import UserError
+from trainer.hub import check_hub_ids, hub_ids
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:latest"
 """cloudbuild.yaml's push target with its default substitutions (PROJECT_ID: yours)."""
@@ -88,6 +91,10 @@ class JobSpecArguments:
     deepspeed: str = field(default="zero2", metadata={"help": "DeepSpeed preset or JSON path."})
     env: list[str] = field(
         default_factory=list, metadata={"help": "Extra NAME=VALUE variables for every node."}
+    )
+    skip_hub_check: bool = field(
+        default=False,
+        metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
     )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
     parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
@@ -265,13 +272,21 @@ def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> d
     }
 
 
-def render(argv: list[str]) -> dict[str, str]:
-    """File name -> content, for this command line (pure apart from the flag checks)."""
+def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """File name -> content, for this command line (pure apart from the flag checks).
+
+    The Hub ids the nodes would load are looked up like the launcher does (trainer.hub):
+    a job whose model or dataset the Hub no longer serves is refused here, not after every
+    node has started.
+    """
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
     resolve_accelerator(options)
     flags = check_training_flags(options, training_flags)
+    if not options.skip_hub_check:
+        ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
+        check_hub_ids(ids, os.environ if env is None else env, flags.model.cache_dir)
     command = _command(argv)
     submit = {
         "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "
