@@ -96,6 +96,9 @@ def test_a_misspelled_field_is_caught():
         ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
         ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
         ["--deepspeed", "zero3", "--max_steps", "100", "--learning_rate", "3e-5"],
+        ["--flex_start", "--max_wait_hours", "6", "--timeout_hours", "168"],
+        ["--flex_start", "--machine_type", "g2-standard-96"],
+        ["--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32],
     ],
 )
 def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
@@ -115,7 +118,14 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
         assert env == expected_env
-    assert job.scheduling.strategy.name == ("SPOT" if options.spot else "STRATEGY_UNSPECIFIED")
+        assert pool.container_spec.image_uri == options.image
+    strategy = "SPOT" if options.spot else "FLEX_START" if options.flex_start else None
+    assert job.scheduling.strategy.name == (strategy or "STRATEGY_UNSPECIFIED")
+    if options.flex_start:  # Vertex AI's default wait is a day; 0 would mean no limit
+        wait_hours = options.max_wait_hours if options.max_wait_hours is not None else 24
+        assert job.scheduling.max_wait_duration.total_seconds() == wait_hours * 3600
+    else:
+        assert not job.scheduling.max_wait_duration
 
 
 @pytest.mark.parametrize(
@@ -133,6 +143,15 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--deepspeed", "local.json"], "nor a /gcs/BUCKET/... path"),
         (["--env", "HF_TOKEN=hf_abc"], "HF_TOKEN looks like a secret"),
         (["--push_to_hub", "--hub_token", "hf_abc"], "--hub_token looks like a secret"),
+        (["--image", "us-docker.pkg.dev/p/r/trainer:latest"], "is not pinned"),
+        (["--image", "us-docker.pkg.dev/p/r/trainer"], "is not pinned"),
+        (["--image", "localhost:5000/trainer"], "is not pinned"),
+        (["--flex_start", "--spot"], "--flex_start and --spot are two scheduling strategies"),
+        (["--flex_start", "--machine_type", "n1-standard-8"],
+         "--flex_start needs L4, A100, H100 or H200 GPUs; n1-standard-8 has NVIDIA_TESLA_T4"),
+        (["--flex_start", "--timeout_hours", "169"], "may run at most 168 hours"),
+        (["--max_wait_hours", "6"], "--max_wait_hours only applies with --flex_start"),
+        (["--flex_start", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
