@@ -29,6 +29,8 @@ def test_help_shows_launcher_and_training_flags(tmp_path, demo_cache):
         "--nproc_per_node",
         "--deepspeed",
         "--rdzv_timeout",
+        "--chief_resolve_timeout",
+        "--skip_hub_check",
         "--dry-run",  # launcher
         "--task",
         "--model_name_or_path",
