@@ -190,7 +190,8 @@ def redact_secrets(argv: list[str]) -> list[str]:
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArguments, LaunchPlan]:
-    """Everything before the exec: parse, validate, resolve (the only I/O is local checks)."""
+    """Everything before the exec: parse, validate, resolve (the I/O: local checks, the
+    GCS dataset fetch and probes, and one Hub metadata call per uncached Hub id)."""
     from trainer.arguments import FlagParser, parse_flags
     from trainer.deepspeed_config import resolve_deepspeed_config
     from trainer.hardware import check_gpus_usable, detect_hardware, gpu_evidence
@@ -202,6 +203,8 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         expand_config_file(argv)
     )
     options = LauncherArguments(**vars(options))
+    if options.chief_resolve_timeout < 0:
+        raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     hardware = detect_hardware()
     check_gpus_usable(hardware.gpu_count, requested_accelerators(env), gpu_evidence(), env)
     topology = resolve_topology(
@@ -260,7 +263,7 @@ def fit_loader_workers(
     if warning is None:
         return training_argv, notices
     lowered = ["--dataloader_num_workers", str(allowed)]
-    if allowed == 0:  # persistent workers need workers; prefetching too
+    if allowed == 0:  # persistent workers need workers
         lowered += ["--dataloader_persistent_workers", "false"]
     return [*training_argv, *lowered], [*notices, f"warning: {warning}"]
 
