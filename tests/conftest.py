@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from trainer import config_file
+from trainer.data_sources import looks_like_path
 from trainer.demo_assets import DemoAssets, prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +28,35 @@ PERSISTENT_EXTENSIONS_DIR = Path(
     or Path.home() / ".cache" / "vertex-trainer" / "torch_extensions"
 )
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def offline_hub_cache(tmp_path_factory) -> Path:
+    """Tests never reach the Hugging Face Hub: HF_HUB_OFFLINE=1 for this process and every
+    process it starts, and a hub cache holding a snapshot of each Hub id the shipped recipes
+    name, as on a machine that downloaded them, so the launcher's hub check passes offline.
+    """
+    cache = tmp_path_factory.mktemp("hf-hub-cache")
+    for recipe in config_file.RECIPES_DIR.glob("*.yaml"):
+        content = yaml.safe_load(recipe.read_text()) or {}
+        for kind, flag in (("model", "model_name_or_path"), ("dataset", "dataset_name")):
+            if content.get(flag) and not looks_like_path(content[flag]):
+                warm_hub_cache(cache, kind, content[flag])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_HUB_CACHE", str(cache))
+        yield cache
+
+
+def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
+    """Lay out one cached snapshot the way huggingface_hub stores it."""
+    revision = "0" * 40
+    repo = cache / f"{kind}s--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / ("config.json" if kind == "model" else "README.md")).write_text("{}")
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +84,45 @@ def family_checkpoints(tmp_path_factory):
         return built[name]
 
     return checkpoint
+
+
+COMMON_VOICE_COLUMNS = ["client_id", "path", "sentence", "up_votes", "down_votes", "age",
+                        "gender", "accents", "locale", "segment"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def common_voice_dir(demo_assets, tmp_path_factory):
+    """A Common Voice-style copy of the demo speech: 48 kHz MP3 clips and TSV splits.
+
+    Sentences get quotes and an apostrophe, which Common Voice has and csv quoting breaks.
+    """
+    root = tmp_path_factory.mktemp("common-voice")
+    (root / "clips").mkdir()
+    splits = {"train": "train", "dev": "test", "test": "test"}
+    jobs = []
+    for tsv, source in splits.items():
+        with (demo_assets.dataset_dir / source / "metadata.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        with (root / f"{tsv}.tsv").open("w") as out:
+            out.write("\t".join(COMMON_VOICE_COLUMNS) + "\n")
+            for i, row in enumerate(rows[:6]):
+                clip = f"common_voice_en_{tsv}_{i}.mp3"
+                sentence = f'"{row["transcription"]}," she said, it\'s fine'
+                values = ["c1", clip, sentence, "2", "0", "", "", "", "en", ""]
+                out.write("\t".join(values) + "\n")
+                jobs.append(
+                    (demo_assets.dataset_dir / source / row["file_name"], root / "clips" / clip)
+                )
+
+    def to_mp3(job):
+        wav, mp3 = job
+        subprocess.run(
+            ["ffmpeg", "-loglevel", "error", "-i", str(wav), "-ar", "48000", str(mp3)], check=True
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(to_mp3, jobs))
+    return root
 
 
 def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):

@@ -113,6 +113,9 @@ BAD_INPUTS = [
     pytest.param(["--learning_rate", "fast"], {}, "invalid float value: 'fast'", id="type"),
     pytest.param(["--task", "dance"], {}, 'Unknown task "dance"', id="task"),
     pytest.param(["--nproc_per_node", "0"], {}, "at least 1", id="nproc"),
+    pytest.param(
+        ["--chief_resolve_timeout", "-5"], {}, "--chief_resolve_timeout must be 0", id="resolve"
+    ),
     pytest.param(["--max_duration_in_seconds", "0"], {}, "must be positive", id="duration"),
     pytest.param(["--whisper_task", "summarize"], {}, "invalid choice", id="whisper-task"),
 ]

@@ -29,6 +29,8 @@ def test_help_shows_launcher_and_training_flags(tmp_path, demo_cache):
         "--nproc_per_node",
         "--deepspeed",
         "--rdzv_timeout",
+        "--chief_resolve_timeout",
+        "--skip_hub_check",
         "--dry-run",  # launcher
         "--task",
         "--model_name_or_path",
@@ -63,7 +65,8 @@ def test_yaml_flags_come_first_so_the_command_line_wins(tmp_path):
 def test_shipped_seed_recipe_parses():
     flags = parse_flags(expand_config_file(["whisper-small.yaml"]))
     assert flags.model.model_name_or_path == "openai/whisper-small"
-    assert flags.data.dataset_config_name == "sr"
+    assert flags.data.dataset_name.startswith("gs://"), "the Hub no longer serves Common Voice"
+    assert flags.data.dataset_config_name is None
     assert flags.training.metric_for_best_model == "wer"
     assert flags.training.load_best_model_at_end is True
 

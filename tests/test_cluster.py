@@ -37,12 +37,14 @@ def test_no_cluster_spec_is_one_local_node():
     assert topology.world_size == 1
 
 
-def test_chief_is_rank_zero_and_rendezvous_is_its_address():
+def test_chief_is_rank_zero_and_rendezvous_is_its_local_address():
+    """The chief's name in CLUSTER_SPEC is a Service the workers use; the chief itself
+    rendezvouses locally, as Vertex AI's own PyTorch launcher does."""
     topology = resolve_topology(cluster_spec("workerpool0"), gpu_count=8)
     assert topology.node_rank == 0
     assert topology.role == "chief"
     assert topology.num_nodes == 3
-    assert topology.master_addr == "cmle-training-workerpool0-ab-0"
+    assert topology.master_addr == "127.0.0.1"
     assert topology.master_port == 2222
     assert topology.world_size == 24
 

@@ -187,7 +187,9 @@ def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
     assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest"]
 
     steps = {step["id"]: step for step in body["steps"]}
-    assert list(steps) == ["pull-previous", "build", "smoke-test"], "pull, build, test; push last"
+    assert list(steps) == ["check-tag", "pull-previous", "build", "smoke-test"], (
+        "check the tag, pull, build, test; push last"
+    )
     assert f"docker pull {image}:latest" in steps["pull-previous"]["args"][-1]
     build = steps["build"]["args"]
     assert build[0] == "build" and build[-1] == "."
@@ -211,11 +213,65 @@ def test_cloudbuild_yaml_parses_strictly_into_a_build():
         parse_strictly(config, Build)
 
 
-def test_job_specs_run_the_image_cloud_build_pushes():
-    substitutions = yaml.safe_load(CLOUDBUILD.read_text())["substitutions"]
-    pushed = "{_REGION}-docker.pkg.dev/PROJECT_ID/{_REPOSITORY}/{_IMAGE}:latest".format(
-        **substitutions
-    )
+def test_job_specs_run_the_immutable_tag_cloud_build_pushes():
+    """The job spec names the commit-SHA tag, never :latest, which the next build moves."""
+    config = yaml.safe_load(CLOUDBUILD.read_text())
+    immutable = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}:${_TAG}"
+    assert immutable in config["images"]
+    pushed = immutable.replace("${PROJECT_ID}", "PROJECT_ID")
+    for name, value in config["substitutions"].items():
+        pushed = pushed.replace(f"${{{name}}}", value)
     assert pushed == jobspec.DEFAULT_IMAGE
-    for pool in yaml.safe_load(CONFIG.read_text())["workerPoolSpecs"]:
-        assert pool["containerSpec"]["imageUri"] == pushed
+    assert not pushed.endswith(":latest")
+    for spec in (CONFIG, HPTUNING):
+        data = yaml.safe_load(spec.read_text())
+        pools = data.get("workerPoolSpecs") or data["trialJobSpec"]["workerPoolSpecs"]
+        assert {pool["containerSpec"]["imageUri"] for pool in pools} == {pushed}
+
+
+def check_tag_step(tag: str) -> subprocess.CompletedProcess:
+    """Run cloudbuild.yaml's check-tag script with bash, substituted as Cloud Build would."""
+    steps = {step["id"]: step for step in yaml.safe_load(CLOUDBUILD.read_text())["steps"]}
+    script = steps["check-tag"]["args"][-1].replace("${_TAG}", tag).replace("$$", "$")
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+
+
+def test_cloud_build_refuses_to_push_without_a_commit_tag():
+    default = yaml.safe_load(CLOUDBUILD.read_text())["substitutions"]["_TAG"]
+    for tag in (default, "dev", "latest", ""):
+        result = check_tag_step(tag)
+        assert result.returncode != 0, tag
+        assert result.stdout == (
+            f"error: _TAG is '{tag}', not a commit SHA: submit with "
+            "--substitutions=_TAG=$(git rev-parse --short HEAD) (a trigger: _TAG=$SHORT_SHA).\n"
+        )
+    for tag in ("abc1234", "0123456789abcdef0123456789abcdef01234567"):
+        assert check_tag_step(tag).returncode == 0, tag
+
+
+def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
+    """--flex_start: the custom job and the tuning trials ask for FLEX_START with a wait."""
+    jobspec.main(["--flex_start", "--max_wait_hours", "6", "--dest", str(tmp_path / "job")])
+    _, _, body = gcloud(
+        capture, tmp_path, "ai", "custom-jobs", "create", f"--region={REGION}",
+        "--display-name=flex", f"--config={tmp_path / 'job' / 'config.yaml'}",
+    )  # fmt: skip
+    assert body["jobSpec"]["scheduling"] == {
+        "timeout": "86400s",
+        "restartJobOnWorkerRestart": True,
+        "strategy": "FLEX_START",
+        "maxWaitDuration": "21600s",
+    }
+    sent = parse_strictly(body["jobSpec"], CustomJobSpec)
+    written = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
+    assert sent == parse_strictly(written, CustomJobSpec)
+    assert sent.scheduling.strategy.name == "FLEX_START"
+    assert sent.scheduling.max_wait_duration.total_seconds() == 6 * 3600
+
+    capture.requests.clear()
+    _, _, tuning = gcloud(
+        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
+        "--display-name=flex-tuning", f"--config={tmp_path / 'job' / 'hptuning.yaml'}",
+    )  # fmt: skip
+    trial = parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec
+    assert trial.scheduling.strategy.name == "FLEX_START" and trial == sent

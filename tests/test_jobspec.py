@@ -4,8 +4,6 @@ command line that every node of the job turns into the right launch plan."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -14,6 +12,7 @@ from google.protobuf import json_format
 
 from tests.conftest import REPO_ROOT, trainer_env
 from trainer import jobspec
+from trainer.hardware import Hardware
 
 CONFIG = REPO_ROOT / "config.yaml"
 HPTUNING = REPO_ROOT / "hptuning.yaml"
@@ -97,6 +96,9 @@ def test_a_misspelled_field_is_caught():
         ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
         ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
         ["--deepspeed", "zero3", "--max_steps", "100", "--learning_rate", "3e-5"],
+        ["--flex_start", "--max_wait_hours", "6", "--timeout_hours", "168"],
+        ["--flex_start", "--machine_type", "g2-standard-96"],
+        ["--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32],
     ],
 )
 def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
@@ -116,7 +118,14 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
         assert env == expected_env
-    assert job.scheduling.strategy.name == ("SPOT" if options.spot else "STRATEGY_UNSPECIFIED")
+        assert pool.container_spec.image_uri == options.image
+    strategy = "SPOT" if options.spot else "FLEX_START" if options.flex_start else None
+    assert job.scheduling.strategy.name == (strategy or "STRATEGY_UNSPECIFIED")
+    if options.flex_start:  # Vertex AI's default wait is a day; 0 would mean no limit
+        wait_hours = options.max_wait_hours if options.max_wait_hours is not None else 24
+        assert job.scheduling.max_wait_duration.total_seconds() == wait_hours * 3600
+    else:
+        assert not job.scheduling.max_wait_duration
 
 
 @pytest.mark.parametrize(
@@ -134,6 +143,15 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--deepspeed", "local.json"], "nor a /gcs/BUCKET/... path"),
         (["--env", "HF_TOKEN=hf_abc"], "HF_TOKEN looks like a secret"),
         (["--push_to_hub", "--hub_token", "hf_abc"], "--hub_token looks like a secret"),
+        (["--image", "us-docker.pkg.dev/p/r/trainer:latest"], "is not pinned"),
+        (["--image", "us-docker.pkg.dev/p/r/trainer"], "is not pinned"),
+        (["--image", "localhost:5000/trainer"], "is not pinned"),
+        (["--flex_start", "--spot"], "--flex_start and --spot are two scheduling strategies"),
+        (["--flex_start", "--machine_type", "n1-standard-8"],
+         "--flex_start needs L4, A100, H100 or H200 GPUs; n1-standard-8 has NVIDIA_TESLA_T4"),
+        (["--flex_start", "--timeout_hours", "169"], "may run at most 168 hours"),
+        (["--max_wait_hours", "6"], "--max_wait_hours only applies with --flex_start"),
+        (["--flex_start", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
@@ -180,34 +198,47 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
     } | ({"CLOUD_ML_TRIAL_ID": trial} if trial else {})
 
 
-def test_every_node_of_the_checked_in_job_plans_the_same_cluster(tmp_path, demo_cache):
-    """Start the launcher on each node exactly as Vertex AI would run config.yaml.
+@pytest.fixture
+def recipe_data_in_bucket(gcs, common_voice_dir) -> str:
+    """The seed recipe's gs:// dataset, put there as docs/storage.md says (in the emulator):
+    every node's launcher fetches it and checks its layout, splits and columns."""
+    from trainer.config_file import RECIPES_DIR
+    from trainer.storage import _client, open_store
 
-    Vertex runs the image with the pool's args and nothing else; on the real machines the
-    launcher counts the 8 GPUs itself, here `--nproc_per_node` stands in for them (on a
-    node without GPUs it is not capped).
+    uri = yaml.safe_load((RECIPES_DIR / "whisper-small.yaml").read_text())["dataset_name"]
+    bucket = uri.removeprefix("gs://").split("/")[0]
+    if _client().lookup_bucket(bucket) is None:
+        _client().create_bucket(bucket)
+    open_store(uri).upload(common_voice_dir)
+    return uri
+
+
+def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
+    tmp_path, demo_cache, monkeypatch, recipe_data_in_bucket
+):
+    """Run the launcher on each node exactly as Vertex AI would run config.yaml.
+
+    Vertex runs the image with the pool's args and nothing else, and CLUSTER_SPEC carries
+    the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
+    faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
+    from trainer.launch import prepare_launch
+
     job = yaml.safe_load(CONFIG.read_text())
     gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
+    a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
+    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
     nodes = [(pool, index) for pool, spec in enumerate(job["workerPoolSpecs"])
              for index in range(spec["replicaCount"])]  # fmt: skip
-    processes = []
+    plans = []
     for pool, index in nodes:
         cwd = tmp_path / f"workerpool{pool}-{index}"
         cwd.mkdir()
+        monkeypatch.chdir(cwd)
         args = [*job["workerPoolSpecs"][pool]["containerSpec"]["args"], "--dry-run"]
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args, "--nproc_per_node", str(gpus)],
-                cwd=cwd, env=trainer_env(demo_cache, **vertex_env(job, pool, index)),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )
-        )  # fmt: skip
-    plans = []
-    for process in processes:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-        plans.append(json.loads(out))
+        env = trainer_env(demo_cache, **vertex_env(job, pool, index))
+        monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
+        plans.append(prepare_launch(args, env)[1].describe())
 
     assert sorted(plan["topology"]["node_rank"] for plan in plans) == list(range(len(nodes)))
     for plan, (pool, index) in zip(plans, nodes, strict=True):
@@ -216,19 +247,40 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(tmp_path, demo_
     assert not written, "a dry run writes nothing"
 
 
-def test_a_tuning_trial_gets_its_parameters_after_the_recipe(demo_cache, monkeypatch):
+def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
+    demo_cache, monkeypatch, capsys
+):
+    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line."""
+    from trainer import launch
+
+    job = yaml.safe_load(CONFIG.read_text())
+    for name, value in trainer_env(demo_cache, **vertex_env(job, 1, 0)).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main([*job["workerPoolSpecs"][1]["containerSpec"]["args"], "--dry-run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: This node's worker pool asked for 8 GPU(s) but torch sees 0")
+
+
+def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
+    demo_cache, monkeypatch, recipe_data_in_bucket
+):
     """Vertex AI appends `--name=value` per parameter to each trial's container args."""
     from trainer.launch import prepare_launch
 
     tuning = yaml.safe_load(HPTUNING.read_text())
     job = tuning["trialJobSpec"]
     gpus = job["workerPoolSpecs"][1]["machineSpec"]["acceleratorCount"]
+    a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
+    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
     params = [f"--{p['parameterId']}=3e-05" if "doubleValueSpec" in p else
               f"--{p['parameterId']}=250" for p in tuning["studySpec"]["parameters"]]  # fmt: skip
     args = job["workerPoolSpecs"][1]["containerSpec"]["args"]
     env = trainer_env(demo_cache, **vertex_env(job, 1, 0, trial="7"))
     monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
-    _, plan = prepare_launch([*args, *params, "--nproc_per_node", str(gpus), "--dry-run"], env)
+    _, plan = prepare_launch([*args, *params, "--dry-run"], env)
     described = plan.describe()
     assert_vertex_plan(described, 1, 0, num_nodes=len(job["workerPoolSpecs"]), gpus=gpus)
     training = described["command"][described["command"].index("trainer.train") + 1 :]
@@ -241,7 +293,8 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert topology == {
         "num_nodes": num_nodes,
         "node_rank": 0 if pool == 0 else index + 1,
-        "master_addr": "cmle-training-workerpool0-3f1c9e2a-0",
+        # the chief rendezvouses locally; workers through the chief's Service name
+        "master_addr": "127.0.0.1" if pool == 0 else "cmle-training-workerpool0-3f1c9e2a-0",
         "master_port": 2222,
         "nproc_per_node": gpus,
         "role": "chief" if pool == 0 else "worker",
@@ -255,6 +308,7 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert command[command.index("--deepspeed_multinode_launcher") + 1] == "standard"
     assert command[command.index("--deepspeed_config_file") + 1].endswith("zero2.json")
     assert command[command.index("--model_name_or_path") + 1] == "openai/whisper-small"
+    assert command[command.index("--dataset_name") + 1].startswith("gs://")
     assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"]
 
 

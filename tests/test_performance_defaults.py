@@ -88,7 +88,7 @@ def test_flag_names_reads_both_spellings():
 
 def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
     monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: A100)
-    argv = ["--dry-run", "--model_name_or_path", "openai/whisper-small",
+    argv = ["--dry-run", "--skip_hub_check", "--model_name_or_path", "openai/whisper-small",
             "--dataset_name", "mozilla-foundation/common_voice_11_0",
             "--tf32", "false"]  # fmt: skip
     _, plan = prepare_launch(argv, {})

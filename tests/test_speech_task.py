@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
 import torch
@@ -14,44 +10,6 @@ from transformers import EvalPrediction
 from tests.conftest import checked_task
 from trainer.arguments import parse_flags
 from trainer.errors import UserError
-
-COMMON_VOICE_COLUMNS = ["client_id", "path", "sentence", "up_votes", "down_votes", "age",
-                        "gender", "accents", "locale", "segment"]  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def common_voice_dir(demo_assets, tmp_path_factory):
-    """A Common Voice-style copy of the demo speech: 48 kHz MP3 clips and TSV splits.
-
-    Sentences get quotes and an apostrophe, which Common Voice has and csv quoting breaks.
-    """
-    root = tmp_path_factory.mktemp("common-voice")
-    (root / "clips").mkdir()
-    splits = {"train": "train", "dev": "test", "test": "test"}
-    jobs = []
-    for tsv, source in splits.items():
-        with (demo_assets.dataset_dir / source / "metadata.csv").open() as handle:
-            rows = list(csv.DictReader(handle))
-        with (root / f"{tsv}.tsv").open("w") as out:
-            out.write("\t".join(COMMON_VOICE_COLUMNS) + "\n")
-            for i, row in enumerate(rows[:6]):
-                clip = f"common_voice_en_{tsv}_{i}.mp3"
-                sentence = f'"{row["transcription"]}," she said, it\'s fine'
-                values = ["c1", clip, sentence, "2", "0", "", "", "", "en", ""]
-                out.write("\t".join(values) + "\n")
-                jobs.append(
-                    (demo_assets.dataset_dir / source / row["file_name"], root / "clips" / clip)
-                )
-
-    def to_mp3(job):
-        wav, mp3 = job
-        subprocess.run(
-            ["ffmpeg", "-loglevel", "error", "-i", str(wav), "-ar", "48000", str(mp3)], check=True
-        )
-
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(to_mp3, jobs))
-    return root
 
 
 def speech_task(model_dir, dataset_dir, *extra):

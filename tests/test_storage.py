@@ -201,3 +201,36 @@ def test_empty_gs_dataset_is_refused(gcs):
 
     with pytest.raises(UserError, match="holds no files"):
         local_directory(f"{fresh_prefix()}/nothing-here")
+
+
+@pytest.mark.parametrize(
+    ("location", "expected"),
+    [
+        ("/gcs/my-bucket/run/checkpoints/", "gs://my-bucket/run/checkpoints"),
+        ("/gcs/my-bucket", "gs://my-bucket"),
+        ("gs://my-bucket/x", "gs://my-bucket/x"),
+        ("/gcsfuse/my-bucket/x", "/gcsfuse/my-bucket/x"),  # only the /gcs mount itself
+        ("outputs/gcs/my-bucket", "outputs/gcs/my-bucket"),
+        ("/gcs", "/gcs"),
+    ],
+)
+def test_fuse_paths_name_the_bucket_they_mirror(location, expected):
+    assert storage.bucket_uri(location) == expected
+
+
+def test_fuse_path_outputs_go_through_the_storage_client(gcs, tmp_path, monkeypatch):
+    """A /gcs/BUCKET/x output is uploaded to gs://BUCKET/x and verified with the hashes the
+    service reports: nothing is read back through a local path (there is no /gcs here)."""
+    prefix = fresh_prefix().removeprefix("gs://")
+    store = open_store(f"/gcs/{prefix}/checkpoint-4")
+    assert isinstance(store, storage.GcsStore)
+    assert store.uri == f"gs://{prefix}/checkpoint-4"
+
+    read_back = []
+    real_crc = storage.crc32c_of
+    monkeypatch.setattr(storage, "crc32c_of", lambda p: read_back.append(p) or real_crc(p))
+    source = make_files(tmp_path / "src", FILES)
+    entries = store.upload(source)
+    assert all(Path(path).is_relative_to(source) for path in read_back), read_back
+    assert {e.path: e for e in entries} == open_store(f"gs://{prefix}/checkpoint-4").list_files()
+    assert not Path("/gcs").exists()

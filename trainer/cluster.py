@@ -26,6 +26,9 @@ VERTEX_RENDEZVOUS_PORT = 2222
 LOCAL_RENDEZVOUS_PORT = 29500
 """torchrun's default port, used when the job has a single node and no CLUSTER_SPEC."""
 
+LOCAL_ADDRESS = "127.0.0.1"
+"""The chief's rendezvous address on the chief itself (see `resolve_topology`)."""
+
 CHIEF_POOL = "workerpool0"
 WORKER_POOL = "workerpool1"
 FOREIGN_POOLS = {
@@ -62,6 +65,12 @@ def resolve_topology(
     Processes per node default to one per GPU (one on a CPU-only node); `nproc_per_node`
     overrides that, but never beyond the GPUs present. `master_port` overrides the port of
     the chief's address (every node must be given the same value).
+
+    The chief rendezvouses at its local address, the workers at the chief's name from
+    CLUSTER_SPEC: on Vertex AI that name resolves through a per-replica Service, which the
+    chief need not (and, while it starts, may not yet) reach itself. Vertex AI's own
+    PyTorch launcher does the same; the rendezvous store listens on every interface, so
+    the workers still find it under the Service name.
     """
     procs = _processes_per_node(gpu_count, nproc_per_node)
     if master_port is not None and not 0 < master_port < 65536:
@@ -72,7 +81,7 @@ def resolve_topology(
         return Topology(
             num_nodes=1,
             node_rank=0,
-            master_addr="127.0.0.1",
+            master_addr=LOCAL_ADDRESS,
             master_port=master_port or LOCAL_RENDEZVOUS_PORT,
             nproc_per_node=procs,
             role="chief",
@@ -84,11 +93,37 @@ def resolve_topology(
     return Topology(
         num_nodes=1 + len(workers),
         node_rank=0 if pool == CHIEF_POOL else index + 1,
-        master_addr=chief_host,
+        master_addr=LOCAL_ADDRESS if pool == CHIEF_POOL else chief_host,
         master_port=master_port or chief_port,
         nproc_per_node=procs,
         role="chief" if pool == CHIEF_POOL else "worker",
     )
+
+
+def requested_accelerators(env: Mapping[str, str]) -> int | None:
+    """GPUs this replica's worker pool asked for, from the job spec inside CLUSTER_SPEC.
+
+    Vertex AI copies the CustomJobSpec into CLUSTER_SPEC's "job" with the API's proto field
+    names (`worker_pool_specs[i].machine_spec.accelerator_count`, as in the example of its
+    distributed-training page); the REST spelling (`workerPoolSpecs`, `machineSpec`,
+    `acceleratorCount`) is read as well, and "job" may be an object or a JSON string.
+    None when it does not say: the topology is what must be valid, the job spec is a hint.
+    """
+    try:
+        spec = json.loads(env.get("CLUSTER_SPEC", "").strip() or "{}")
+        job = spec.get("job") or {}
+        job = json.loads(job) if isinstance(job, str) else job
+        pool_number = int(str(spec["task"]["type"]).removeprefix("workerpool"))
+        pools = _either(job, "worker_pool_specs", "workerPoolSpecs") or []
+        machine = _either(pools[pool_number], "machine_spec", "machineSpec") or {}
+        count = _either(machine, "accelerator_count", "acceleratorCount")
+        return None if count is None else int(count)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _either(mapping: Mapping, *names: str):
+    return next((mapping[name] for name in names if name in mapping), None)
 
 
 def _processes_per_node(gpu_count: int, requested: int | None) -> int:

@@ -13,9 +13,11 @@ The checked-in config.yaml and hptuning.yaml are its output for the defaults bel
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +25,14 @@ import yaml
 
 from trainer.arguments import greater_is_better, tuning_metric
 from trainer.errors import UserError
+from trainer.hub import check_hub_ids, hub_ids
 
-DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:latest"
-"""cloudbuild.yaml's push target with its default substitutions (PROJECT_ID: yours)."""
+DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
+"""cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
+substitutions; PROJECT_ID and COMMIT_SHA are yours. Not `:latest`: Vertex AI pulls the image
+again on every restart, and a resumed job must run the code it started with."""
+
+MUTABLE_TAGS = {"latest"}
 
 T4_MACHINES = {f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (1, 2, 4)) for cpus in (4, 8, 16, 32)}
 T4_MACHINES.update({f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (4,)) for cpus in (64, 96)})
@@ -57,6 +64,18 @@ DEFAULT_ENV = {
 lines; NCCL warnings are what explains a multi-node hang."""
 
 MIN_BOOT_DISK_GB = 100
+
+DEFAULT_MAX_WAIT_HOURS = 24
+"""Vertex AI's own default for a FLEX_START job's maxWaitDuration (1 day)."""
+FLEX_START_MAX_TIMEOUT_HOURS = 7 * 24
+FLEX_START_GPUS = {
+    "NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
+    "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
+}  # fmt: skip
+"""Dynamic Workload Scheduler's requirements for custom training (Vertex AI docs, "Schedule
+training jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a
+timeout of 7 days or less, the same machine configuration in every worker pool (which the
+generator always writes)."""
 SECRET_WORDS = {"token", "key", "secret", "password"}
 """Words of a variable or flag name (HF_TOKEN, --hub_token, WANDB_API_KEY) that say secret."""
 
@@ -71,8 +90,25 @@ class JobSpecArguments:
     accelerator_count: int | None = field(
         default=None, metadata={"help": "GPUs per machine (default: the most it offers)."}
     )
-    image: str = field(default=DEFAULT_IMAGE, metadata={"help": "The training image's URI."})
+    image: str = field(
+        default=DEFAULT_IMAGE,
+        metadata={"help": "The training image, pinned: its commit tag or @sha256 digest."},
+    )
     spot: bool = field(default=False, metadata={"help": "Run on Spot VMs (preempted jobs resume)."})
+    flex_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Dynamic Workload Scheduler (scheduling strategy FLEX_START): the job waits "
+            "until every GPU it asks for is available, then starts all nodes together."
+        },
+    )
+    max_wait_hours: int | None = field(
+        default=None,
+        metadata={
+            "help": "With --flex_start: hours Vertex AI may wait for the GPUs (maxWaitDuration; "
+            f"default {DEFAULT_MAX_WAIT_HOURS}, 0 waits without limit)."
+        },
+    )
     base_output_dir: str = field(
         default="gs://BUCKET/whisper-small-sr",
         metadata={"help": "gs:// prefix of checkpoints, logs and model (baseOutputDirectory)."},
@@ -88,6 +124,10 @@ class JobSpecArguments:
     deepspeed: str = field(default="zero2", metadata={"help": "DeepSpeed preset or JSON path."})
     env: list[str] = field(
         default_factory=list, metadata={"help": "Extra NAME=VALUE variables for every node."}
+    )
+    skip_hub_check: bool = field(
+        default=False,
+        metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
     )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
     parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
@@ -147,6 +187,44 @@ def check_options(options: JobSpecArguments) -> None:
     for item in options.env:
         if "=" not in item or not item.split("=", 1)[0]:
             raise UserError(f'--env takes NAME=VALUE, got "{item}".')
+    check_image_is_pinned(options.image)
+    check_flex_start(options)
+
+
+def check_flex_start(options: JobSpecArguments) -> None:
+    """FLEX_START's own rules, which Vertex AI would only enforce once the job is submitted."""
+    if not options.flex_start:
+        if options.max_wait_hours is not None:
+            raise UserError("--max_wait_hours only applies with --flex_start.")
+        return
+    if options.spot:
+        raise UserError("--flex_start and --spot are two scheduling strategies: choose one.")
+    gpu, _ = resolve_accelerator(options)
+    if gpu not in FLEX_START_GPUS:
+        raise UserError(
+            f"--flex_start needs L4, A100, H100 or H200 GPUs; {options.machine_type} has {gpu}."
+        )
+    if options.timeout_hours > FLEX_START_MAX_TIMEOUT_HOURS:
+        raise UserError(
+            f"--flex_start jobs may run at most {FLEX_START_MAX_TIMEOUT_HOURS} hours; lower "
+            f"--timeout_hours {options.timeout_hours}."
+        )
+    if options.max_wait_hours is not None and options.max_wait_hours < 0:
+        raise UserError("--max_wait_hours must be 0 (no limit) or more.")
+
+
+def check_image_is_pinned(image: str) -> None:
+    """A job must name an immutable image: a restart pulls it again, and a tag that moved
+    in between (a build pushed mid-run) would resume the job on other code."""
+    if "@sha256:" in image:
+        return
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag or tag in MUTABLE_TAGS:
+        raise UserError(
+            f"--image {image} is not pinned: name the commit tag cloudbuild.yaml pushed "
+            "(...:$(git rev-parse --short HEAD)) or a digest (...@sha256:...), so a restarted "
+            "job runs the same code."
+        )
 
 
 def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None:
@@ -225,6 +303,10 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
     }
     if options.spot:
         scheduling["strategy"] = "SPOT"
+    if options.flex_start:
+        wait = DEFAULT_MAX_WAIT_HOURS if options.max_wait_hours is None else options.max_wait_hours
+        scheduling["strategy"] = "FLEX_START"
+        scheduling["maxWaitDuration"] = f"{wait * 3600}s"
     pools = [pool(1)] + ([pool(options.nodes - 1)] if options.nodes > 1 else [])
     return {
         "workerPoolSpecs": pools,
@@ -265,13 +347,21 @@ def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> d
     }
 
 
-def render(argv: list[str]) -> dict[str, str]:
-    """File name -> content, for this command line (pure apart from the flag checks)."""
+def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """File name -> content, for this command line (pure apart from the flag checks).
+
+    The Hub ids the nodes would load are looked up like the launcher does (trainer.hub):
+    a job whose model or dataset the Hub no longer serves is refused here, not after every
+    node has started.
+    """
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
     resolve_accelerator(options)
     flags = check_training_flags(options, training_flags)
+    if not options.skip_hub_check:
+        ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
+        check_hub_ids(ids, os.environ if env is None else env, flags.model.cache_dir)
     command = _command(argv)
     submit = {
         "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from trainer.cache import cache_dir, clear_stale_build_locks
-from trainer.cluster import Topology, resolve_topology
+from trainer.cluster import Topology, requested_accelerators, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
 from trainer.hardware import Hardware
@@ -64,6 +65,20 @@ class LauncherArguments:
             "start minutes apart). Collectives during training time out after --ddp_timeout."
         },
     )
+    chief_resolve_timeout: int = field(
+        default=300,
+        metadata={
+            "help": "Seconds a worker node retries resolving the chief's name from CLUSTER_SPEC "
+            "(its Service appears once the chief replica starts) before giving up."
+        },
+    )
+    skip_hub_check: bool = field(
+        default=False,
+        metadata={
+            "help": "Do not ask the Hugging Face Hub whether the model and dataset ids exist "
+            "(checked before launch unless they are local paths or in the local cache)."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={"help": "Print the resolved topology and launch command as JSON; start nothing."},
@@ -79,6 +94,8 @@ class LaunchPlan:
     """Variables set for the launched processes (on top of the current environment)."""
     unset_env: list[str]
     """Variables removed from the current environment before launching."""
+    notices: list[str] = field(default_factory=list)
+    """Lines for the log: what the launcher found and what it changed because of it."""
 
     def describe(self) -> dict:
         return {
@@ -87,6 +104,7 @@ class LaunchPlan:
             "command": redact_secrets(self.argv),
             "env": self.env,
             "unset_env": self.unset_env,
+            "notices": self.notices,
         }
 
 
@@ -172,10 +190,12 @@ def redact_secrets(argv: list[str]) -> list[str]:
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArguments, LaunchPlan]:
-    """Everything before the exec: parse, validate, resolve (the only I/O is local checks)."""
+    """Everything before the exec: parse, validate, resolve (the I/O: local checks, the
+    GCS dataset fetch and probes, and one Hub metadata call per uncached Hub id)."""
     from trainer.arguments import FlagParser, parse_flags
     from trainer.deepspeed_config import resolve_deepspeed_config
-    from trainer.hardware import detect_hardware
+    from trainer.hardware import check_gpus_usable, detect_hardware, gpu_evidence
+    from trainer.hub import check_hub_ids, hub_ids
     from trainer.outputs import check_output_locations, resolve_output_locations
     from trainer.performance import fast_defaults, flag_names
 
@@ -183,7 +203,10 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         expand_config_file(argv)
     )
     options = LauncherArguments(**vars(options))
+    if options.chief_resolve_timeout < 0:
+        raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     hardware = detect_hardware()
+    check_gpus_usable(hardware.gpu_count, requested_accelerators(env), gpu_evidence(), env)
     topology = resolve_topology(
         env, hardware.gpu_count, options.nproc_per_node, options.master_port
     )
@@ -194,6 +217,9 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         training_argv = with_demo_defaults(flags, training_argv)
         flags = parse_flags(training_argv)
     flags.task.check_inputs()
+    if not options.skip_hub_check:
+        ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
+        check_hub_ids(ids, env, flags.model.cache_dir)
     if not options.dry_run:  # a dry run writes nothing, not even a probe file
         check_output_locations(
             resolve_output_locations(flags.outputs, env, flags.training.output_dir)
@@ -206,8 +232,9 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     if mixed_precision != "no" and not chose_precision:
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]
     training_argv = [*training_argv, *fast_defaults(hardware, given)]
+    training_argv, notices = fit_loader_workers(training_argv, topology.nproc_per_node)
 
-    return options, build_launch_plan(
+    plan = build_launch_plan(
         topology,
         hardware,
         options,
@@ -217,6 +244,61 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         env,
         cache_dir(),
     )
+    return options, replace(plan, notices=notices)
+
+
+def fit_loader_workers(
+    training_argv: list[str], procs_per_node: int
+) -> tuple[list[str], list[str]]:
+    """Log /dev/shm's size; lower --dataloader_num_workers when it cannot hold them."""
+    from trainer.hardware import shared_memory_bytes
+    from trainer.performance import MIB, last_flag_value, loader_workers_for_shm
+
+    shm = shared_memory_bytes()
+    if shm is None:
+        return training_argv, ["/dev/shm: not present"]
+    workers = int(last_flag_value(training_argv, "--dataloader_num_workers") or 0)
+    allowed, warning = loader_workers_for_shm(shm, workers, procs_per_node)
+    notices = [f"/dev/shm: {shm // MIB} MiB, {workers} loader worker(s) per process asked"]
+    if warning is None:
+        return training_argv, notices
+    lowered = ["--dataloader_num_workers", str(allowed)]
+    if allowed == 0:  # persistent workers need workers
+        lowered += ["--dataloader_persistent_workers", "false"]
+    return [*training_argv, *lowered], [*notices, f"warning: {warning}"]
+
+
+def wait_for_name(
+    host: str,
+    timeout: float,
+    resolve: Callable[[str], object] = lambda host: socket.getaddrinfo(host, None),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass.
+
+    On Vertex AI a worker may start before the chief, whose name resolves only once the
+    chief's Service exists; static rendezvous given a name that does not resolve fails at
+    once instead of waiting. A name that never resolves is one UserError.
+    """
+    deadline = clock() + timeout
+    delay, attempt = 1.0, 1
+    while True:
+        try:
+            resolve(host)
+            return
+        except OSError as error:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise UserError(
+                    f"The chief's address {host} did not resolve within {timeout:g} s "
+                    f"({attempt} attempt(s), last: {error}): the chief replica has not started "
+                    "or its name is wrong; raise --chief_resolve_timeout if replicas start "
+                    "further apart."
+                ) from None
+            print(f"waiting for the chief's address {host} to resolve ({error})", flush=True)
+            sleep(min(delay, remaining))
+            delay, attempt = min(delay * 2, 15.0), attempt + 1
 
 
 def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
@@ -270,12 +352,16 @@ def main(argv: list[str] | None = None) -> None:
             print_help([a for a in argv if a not in ("-h", "--help")])
             return
         options, plan = prepare_launch(argv, os.environ)
+        for notice in plan.notices:  # stdout is the plan's JSON in a dry run
+            print(notice, file=sys.stderr if options.dry_run else sys.stdout, flush=True)
+        if options.dry_run:
+            print(json.dumps(plan.describe(), indent=2))
+            return
+        if plan.topology.role == "worker":
+            wait_for_name(plan.topology.master_addr, options.chief_resolve_timeout)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if options.dry_run:
-        print(json.dumps(plan.describe(), indent=2))
-        return
     topology = plan.topology
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "

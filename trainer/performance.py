@@ -60,6 +60,53 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
     return [token for flag, value in defaults if flag not in user_flags for token in (flag, value)]
 
 
+MIB = 2**20
+SHM_PER_LOADER_WORKER = 256 * MIB
+"""/dev/shm one loader worker may fill: it hands each batch to its training process
+through shared memory and keeps `prefetch_factor` (2) batches ready; a batch of 16
+Whisper log-mel inputs is 15 MiB, of 32 ViT images 18 MiB. 256 MiB leaves room for larger
+batches and for the tensors the collator builds on the way."""
+
+SHM_NCCL_RESERVE = 512 * MIB
+"""/dev/shm kept for NCCL when a node runs several processes: without NVLink (L4, T4) its
+intra-node transport goes through shared-memory buffers."""
+
+
+def loader_workers_for_shm(
+    shm_bytes: int | None, workers: int, procs_per_node: int
+) -> tuple[int, str | None]:
+    """Loader workers per process that /dev/shm can hold, and a warning when fewer than asked.
+
+    A Vertex AI CustomJob cannot set the size of /dev/shm, and a loader worker that runs out
+    of it dies with a bus error in the middle of training. Rule: keep `SHM_NCCL_RESERVE` for
+    NCCL when there are several processes, then give every worker of every process
+    `SHM_PER_LOADER_WORKER`; 0 workers (loading in the training process) is always allowed.
+    """
+    if shm_bytes is None or workers <= 0:
+        return workers, None
+    reserve = SHM_NCCL_RESERVE if procs_per_node > 1 else 0
+    fits = max(0, (shm_bytes - reserve) // (procs_per_node * SHM_PER_LOADER_WORKER))
+    if fits >= workers:
+        return workers, None
+    return fits, (
+        f"/dev/shm is {shm_bytes // MIB} MiB: lowering --dataloader_num_workers from {workers} "
+        f"to {fits} ({procs_per_node} process(es), {SHM_PER_LOADER_WORKER // MIB} MiB per "
+        "loader worker); give the container more shared memory (docker --shm-size or "
+        "--ipc=host) to keep them."
+    )
+
+
+def last_flag_value(argv: list[str], name: str) -> str | None:
+    """The value argparse will use for `name`: its last occurrence, `--name v` or `--name=v`."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(f"{name}="):
+            value = token.split("=", 1)[1]
+    return value
+
+
 def flag_names(argv: list[str]) -> set[str]:
     """The flag names in a command line: `--name` and `--name=value` both give `--name`."""
     return {token.split("=", 1)[0] for token in argv if token.startswith("--")}

@@ -1,7 +1,8 @@
 """The only module that talks to Cloud Storage.
 
-A `Store` is a directory-like place: a `gs://bucket/prefix` URI, or a local directory
-(including Cloud Storage FUSE mounts under `/gcs/`). Everything else in the project works
+A `Store` is a directory-like place: a `gs://bucket/prefix` URI, or a local directory.
+A `/gcs/BUCKET/...` path (Vertex AI's Cloud Storage FUSE mount) is opened as the
+`gs://BUCKET/...` it mirrors (`open_store`). Everything else in the project works
 on local paths and hands whole directories to a store: upload these files, download
 those, list what is there. Transfers to GCS run in parallel (the client's transfer
 manager), are retried with backoff, and are verified by size and CRC32C afterwards; a
@@ -161,11 +162,8 @@ def _matches(path: Path, entry: FileEntry) -> bool:
 
 
 class LocalStore(Store):
-    """A local directory or a Cloud Storage FUSE path (/gcs/BUCKET/...).
-
-    FUSE offers no atomic rename, so files are written in place; completeness is decided
-    by the manifest written last, not by the file system.
-    """
+    """A local directory. Files are written in place; completeness is decided by the
+    manifest written last, not by the file system."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -340,7 +338,26 @@ def _retry():
     return DEFAULT_RETRY.with_deadline(120)
 
 
+FUSE_MOUNT = "gcs"
+"""Vertex AI mounts every bucket the job can read at /gcs/BUCKET (Cloud Storage FUSE)."""
+
+
+def bucket_uri(location: str) -> str:
+    """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged.
+
+    Through the FUSE mount a store would read every uploaded byte back to compute its
+    CRC32C, and FUSE has no atomic rename; through the client, Cloud Storage reports size
+    and CRC32C of each object itself, and uploads are retried by the client's policy.
+    """
+    parts = Path(location).parts
+    if len(parts) < 3 or parts[:2] != ("/", FUSE_MOUNT):
+        return location
+    return "gs://" + "/".join(parts[2:])
+
+
 def open_store(location: str) -> Store:
+    """The store for a gs:// URI, a /gcs/ path (as its gs:// URI) or a local directory."""
+    location = bucket_uri(location)
     if location.startswith("gs://"):
         bucket, _, prefix = location.removeprefix("gs://").partition("/")
         if not bucket:

@@ -85,9 +85,11 @@ class WhisperCheckpoint:
         generation = generation or {}
         preprocessor = preprocessor or {}
         multilingual = generation.get("is_multilingual")
-        if multilingual is None:
-            multilingual = bool(generation.get("lang_to_id")) or (
-                config.get("vocab_size", 0) > ENGLISH_ONLY_VOCABULARY
+        if multilingual is None and "lang_to_id" in generation:
+            multilingual = True
+        if multilingual is None:  # an old generation config: the vocabulary tells, if given
+            multilingual = config.get("vocab_size", ENGLISH_ONLY_VOCABULARY + 1) > (
+                ENGLISH_ONLY_VOCABULARY
             )
         saved = generation.get("language")
         return cls(
@@ -165,10 +167,11 @@ def read_checkpoint(name_or_path: str, cache_dir: str | None) -> WhisperCheckpoi
             files[filename] = _read_json(path)
     if "config.json" not in files:
         return None
-    if files["config.json"].get("model_type") != "whisper":
+    model_type = files["config.json"].get("model_type", "whisper")
+    if model_type != "whisper":
         raise UserError(
-            f"{name_or_path} is a {files['config.json'].get('model_type')} model, not Whisper; "
-            "the speech-recognition task fine-tunes Whisper checkpoints."
+            f"{name_or_path} is a {model_type} model, not Whisper; the speech-recognition "
+            "task fine-tunes Whisper checkpoints (--task selects another task)."
         )
     feature_extractor = files.get("processor_config.json", {}).get("feature_extractor")
     return WhisperCheckpoint.from_dicts(
