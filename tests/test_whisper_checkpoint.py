@@ -17,7 +17,7 @@ from transformers import EvalPrediction
 from tests.conftest import checked_task
 from trainer import launch
 from trainer.errors import UserError
-from trainer.tasks.whisper_checkpoint import read_checkpoint
+from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
 
 
 @pytest.fixture
@@ -178,3 +178,24 @@ def test_log_mel_on_the_device_uses_the_processors_128_mel_bins(family_checkpoin
     on_device = LogMelOnDevice(extractor, "cpu")(_padded(waveforms, extractor.n_samples))
     assert on_device.shape == expected.shape == (2, 128, extractor.nb_max_frames)
     torch.testing.assert_close(on_device, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("config", "generation", "multilingual"),
+    [
+        ({"vocab_size": 51864}, {}, False),  # an .en checkpoint with a pre-2023 generation config
+        ({"vocab_size": 51865}, {}, True),
+        ({}, {"lang_to_id": {"<|en|>": 50259}}, True),
+        ({"vocab_size": 51864}, {"is_multilingual": True}, True),  # the file's word wins
+        ({}, {}, True),  # nothing says English-only: nothing is refused for it
+    ],
+)
+def test_english_only_is_read_from_what_the_files_say(config, generation, multilingual):
+    checkpoint = WhisperCheckpoint.from_dicts("m", config, generation, None)
+    assert checkpoint.multilingual is multilingual
+
+
+def test_a_model_that_is_not_whisper_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "wav2vec2"}))
+    with pytest.raises(UserError, match="is a wav2vec2 model, not Whisper"):
+        read_checkpoint(str(tmp_path), None)

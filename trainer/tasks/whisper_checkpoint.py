@@ -88,9 +88,8 @@ class WhisperCheckpoint:
         if multilingual is None and "lang_to_id" in generation:
             multilingual = True
         if multilingual is None:  # an old generation config: the vocabulary tells, if given
-            multilingual = config.get("vocab_size", ENGLISH_ONLY_VOCABULARY + 1) > (
-                ENGLISH_ONLY_VOCABULARY
-            )
+            vocabulary = config.get("vocab_size")
+            multilingual = vocabulary is None or vocabulary > ENGLISH_ONLY_VOCABULARY
         saved = generation.get("language")
         return cls(
             name=name,
