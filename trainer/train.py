@@ -127,7 +127,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     trainer.remove_callback(PrinterCallback)
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
-    trainer.add_callback(ProgressLogCallback(data_wait))
+    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(argv)))
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
@@ -294,6 +294,14 @@ def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: 
     if tuning and place.is_global_main and flags.training.metric_for_best_model:
         callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
     return callbacks
+
+
+def progress_by_time(argv: list[str]) -> bool:
+    """Whether progress lines come by time: yes unless the command line or recipe (both
+    are flags by now) chose a logging interval, which then wins."""
+    from trainer.performance import flag_names
+
+    return not flag_names(argv) & {"--logging_steps", "--logging_strategy"}
 
 
 def infer_metric_direction(flags: ParsedFlags) -> None:
