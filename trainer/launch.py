@@ -24,6 +24,7 @@ from trainer.cache import cache_dir, clear_stale_build_locks
 from trainer.cluster import Topology, requested_accelerators, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
+from trainer.example_flags import translate_example_flags
 from trainer.hardware import Hardware
 
 DEMO_RECIPE = RECIPES_DIR / "demo.yaml"
@@ -212,7 +213,11 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     )
     deepspeed_config = resolve_deepspeed_config(options.deepspeed)
 
+    training_argv, notices = translate_example_flags(training_argv)
     flags = parse_flags(training_argv)
+    if flags.model.model_name_or_path is None and flags.data.dataset_name is not None:
+        training_argv = with_default_model(flags, training_argv)
+        flags = parse_flags(training_argv)
     if flags.model.model_name_or_path is None or flags.data.dataset_name is None:
         training_argv = with_demo_defaults(flags, training_argv)
         flags = parse_flags(training_argv)
@@ -232,7 +237,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     if mixed_precision != "no" and not chose_precision:
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]
     training_argv = [*training_argv, *fast_defaults(hardware, given)]
-    training_argv, notices = fit_loader_workers(training_argv, topology.nproc_per_node)
+    training_argv, shm_notices = fit_loader_workers(training_argv, topology.nproc_per_node)
 
     plan = build_launch_plan(
         topology,
@@ -244,7 +249,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         env,
         cache_dir(),
     )
-    return options, replace(plan, notices=notices)
+    return options, replace(plan, notices=[*notices, *shm_notices])
 
 
 def fit_loader_workers(
@@ -299,6 +304,13 @@ def wait_for_name(
             print(f"waiting for the chief's address {host} to resolve ({error})", flush=True)
             sleep(min(delay, remaining))
             delay, attempt = min(delay * 2, 15.0), attempt + 1
+
+
+def with_default_model(flags, training_argv: list[str]) -> list[str]:
+    """A dataset but no model: the task's default model, as its HF example script has one
+    (run_image_classification.py: google/vit-base-patch16-224-in21k); unchanged if none."""
+    model = flags.task.default_model
+    return training_argv if model is None else [*training_argv, "--model_name_or_path", model]
 
 
 def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
