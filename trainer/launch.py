@@ -208,6 +208,10 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     hardware = detect_hardware()
     check_gpus_usable(hardware.gpu_count, requested_accelerators(env), gpu_evidence(), env)
+    if hardware.gpu_count == 0:
+        # As the plan sets for the training processes: the checks below import DeepSpeed,
+        # which otherwise warns, on a node known to have no GPU, that it found none.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     topology = resolve_topology(
         env, hardware.gpu_count, options.nproc_per_node, options.master_port
     )
@@ -363,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         if "-h" in argv or "--help" in argv:
             print_help([a for a in argv if a not in ("-h", "--help")])
             return
+        from trainer.quiet import silence_known_noise
+
+        silence_known_noise()  # the demo's assets are built here; the environment is inherited
         options, plan = prepare_launch(argv, os.environ)
         for notice in plan.notices:  # stdout is the plan's JSON in a dry run
             print(notice, file=sys.stderr if options.dry_run else sys.stdout, flush=True)

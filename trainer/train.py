@@ -25,6 +25,7 @@ from trainer.arguments import ParsedFlags, greater_is_better, parse_flags
 from trainer.config_file import expand_config_file
 from trainer.errors import UserError
 from trainer.launch import LAUNCHED_AT_VARIABLE
+from trainer.quiet import silence_known_noise
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     launched_at = os.environ.get(LAUNCHED_AT_VARIABLE)
     argv = expand_config_file_or_exit(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    silence_known_noise()  # before torch, DeepSpeed or datasets print anything
     try:
         train(argv, float(launched_at) if launched_at else None)
     except UserError as error:
