@@ -173,3 +173,23 @@ def test_train_uses_time_unless_a_logging_interval_is_given():
     assert not progress_by_time(["--logging_steps", "25"])
     assert not progress_by_time(["--logging_steps=25"])
     assert not progress_by_time(["--logging_strategy", "epoch"])
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_timed_progress_lines(tmp_path, demo_assets, demo_cache):
+    """No --logging_steps (and no recipe): the ranks agree, over the real process group, on
+    when to log (the Trainer gathers the loss then, so a disagreement would hang)."""
+    from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+
+    code, output = run_trainer(
+        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+         "--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "no",
+         "--per_device_train_batch_size", "4", "--output_dir", "out"],
+        cwd=tmp_path,
+        env=trainer_env(demo_cache),
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    # 4 steps: 5% of the run is less than a step, so every step prints a line, once
+    assert re.findall(r"^step (\d)/4 ", output, re.MULTILINE) == ["1", "2", "3", "4"]
