@@ -122,7 +122,7 @@ def build_launch_plan(
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure)."""
     argv = [
-        python, "-m", "accelerate.commands.launch",
+        python, "-m", "trainer.accelerate_launch",  # accelerate launch, failures in one line
         "--num_machines", str(topology.num_nodes),
         "--machine_rank", str(topology.node_rank),
         "--num_processes", str(topology.world_size),

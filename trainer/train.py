@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,55 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exception(error.__cause__, file=sys.stderr)
             print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
+        report_failure(error)
+        sys.exit(1)
+
+
+PEER_FAILURE_GRACE_SECONDS = 5.0
+"""How long a process whose collective broke waits before reporting (see report_failure)."""
+
+
+def report_failure(error: Exception, sleep=time.sleep) -> None:
+    """The failing process's traceback, then one `error:` line naming its rank, node and
+    the exception (the line torchrun's error box would otherwise stand in for).
+
+    When one process fails, the collectives of the others break too ("connection closed by
+    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
+    stops it meanwhile if the cause was on this node (and reported itself). If it is still
+    alive, the cause was another node (a dead machine prints nothing), so it reports.
+    """
+    if is_peer_failure(error):
+        sleep(PEER_FAILURE_GRACE_SECONDS)
+    env = os.environ
+    traceback.print_exception(error, file=sys.stderr)
+    message = " ".join(str(error).split())
+    print(
+        f"error: rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
+        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}) failed: "
+        f"{type(error).__name__}: {message[:500]}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def is_peer_failure(error: Exception) -> bool:
+    """Whether the error is a broken collective (another process died), not a cause."""
+    import torch.distributed as dist
+
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(dist, "DistBackendError", None),
+            getattr(dist, "DistNetworkError", None),
+        )
+        if kind is not None
+    )
+    text = str(error).lower()
+    return isinstance(error, kinds) or any(marker in text for marker in PEER_FAILURE_MARKERS)
 
 
 def expand_config_file_or_exit(argv: list[str]) -> list[str]:
