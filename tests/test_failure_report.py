@@ -91,17 +91,32 @@ def test_a_killed_process_gets_one_line_naming_rank_node_and_signal(capsys):
 
 
 def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch):
-    """An echo of another rank's failure waits (torchrun stops it if the cause was local);
-    a cause reports at once."""
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    """An echo of another process's failure waits (torchrun stops it if the cause was on
+    its node), then its node's local rank 0 alone says so, without a traceback; a cause
+    reports at once, with its traceback."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_RANK", "1")
     waits = []
     echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
     assert is_peer_failure(echo)
+    monkeypatch.setenv("LOCAL_RANK", "1")
     report_failure(echo, sleep=waits.append)
-    cause = ValueError("bad\nclip")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    report_failure(echo, sleep=waits.append)
+    assert capsys.readouterr().err.startswith(
+        "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
+    )
+    assert len(waits) == 2
+
+    try:
+        raise ValueError("bad\nclip")
+    except ValueError as raised:
+        cause = raised
     assert not is_peer_failure(cause)
     report_failure(cause, sleep=waits.append)
-    assert len(waits) == 1
+    assert len(waits) == 2
     err = capsys.readouterr().err
-    assert "error: rank 0 of 2 (node 0, local rank 0) failed: ValueError: bad clip\n" in err
+    assert err.count("error:") == 1 and "Traceback" in err
+    assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")

@@ -88,20 +88,27 @@ def report_failure(error: Exception, sleep=time.sleep) -> None:
     When one process fails, the collectives of the others break too ("connection closed by
     peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
     stops it meanwhile if the cause was on this node (and reported itself). If it is still
-    alive, the cause was another node (a dead machine prints nothing), so it reports.
+    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
+    the node's local rank 0 says so in one line, without the echo's traceback.
     """
+    env = os.environ
+    place = (
+        f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
+        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
+    )
+    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
-    env = os.environ
+        if env.get("LOCAL_RANK", "0") == "0":
+            print(
+                f"error: {place} stopped: a process on another node failed or its machine "
+                f"went away ({cause}); the cause is in that node's log",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
     traceback.print_exception(error, file=sys.stderr)
-    message = " ".join(str(error).split())
-    print(
-        f"error: rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
-        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}) failed: "
-        f"{type(error).__name__}: {message[:500]}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
 
 
 PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
