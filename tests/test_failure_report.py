@@ -7,7 +7,13 @@ import os
 
 import pytest
 
-from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+from tests.conftest import (
+    DEMO_SPEECH_FLAGS,
+    REPO_ROOT,
+    run_trainer,
+    start_nodes,
+    trainer_env,
+)
 from trainer import accelerate_launch
 from trainer.train import is_peer_failure, report_failure
 
@@ -120,3 +126,29 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" in err
     assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")
+
+
+@pytest.mark.slow
+def test_the_other_node_says_where_the_cause_is(tmp_path, demo_assets):
+    """Node 1's process fails; node 0's process only sees its collective break: node 1's
+    log has the cause, node 0's one line pointing there, and no traceback."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(RANK_ONE_FAILS)
+    nodes = start_nodes(tmp_path / "nodes", demo_assets.model_dir, demo_assets.dataset_dir,
+                        [*DEMO_SPEECH_FLAGS, "--max_steps", "2", "--eval_strategy", "no",
+                         "--save_strategy", "no", "--per_device_train_batch_size", "2",
+                         "--output_dir", "out"],
+                        PYTHONPATH=f"{hooks}{os.pathsep}{REPO_ROOT}")  # fmt: skip
+    (code0, log0), (code1, log1) = (node.finish(timeout=300) for node in nodes)
+
+    assert code1 == 1 and code0 == 1, (log0[-2000:], log1[-2000:])
+    errors1 = [line for line in log1.splitlines() if line.startswith("error:")]
+    assert errors1 == [
+        "error: rank 1 of 2 (node 1, local rank 0) failed: ValueError: a corrupt clip on rank one"
+    ], log1[-3000:]
+    errors0 = [line for line in log0.splitlines() if line.startswith("error:")]
+    assert len(errors0) == 1 and errors0[0].startswith(
+        "error: rank 0 of 2 (node 0, local rank 0) stopped: a process on another node failed"
+    ), log0[-3000:]
+    assert "Traceback" not in log0 and "ChildFailedError" not in log0 + log1
