@@ -66,8 +66,21 @@ COMMAND_LINES = [
     # 4. EVENT_README: "for a very small dataset (< 10 hours) ... --streaming=False"
     pytest.param(WHISPER_EVENT_STREAMING.format(streaming='--streaming="False"'), None,
                  id="event-streaming-false"),
-    # 5. EVENT_README, the same run.sh without streaming (the Jupyter-notebook variant)
-    pytest.param(WHISPER_EVENT_STREAMING.format(streaming=""), None, id="event-no-streaming"),
+    # 5. EVENT_README, an earlier revision's run.sh (no streaming, no best-model selection)
+    pytest.param("""
+        --model_name_or_path="openai/whisper-small"
+        --dataset_name="mozilla-foundation/common_voice_11_0" --dataset_config_name="es"
+        --language="spanish" --train_split_name="train+validation" --eval_split_name="test"
+        --model_index_name="Whisper Small Spanish" --max_steps="5000" --output_dir="./"
+        --per_device_train_batch_size="64" --per_device_eval_batch_size="32"
+        --logging_steps="25" --learning_rate="1e-5" --warmup_steps="500"
+        --evaluation_strategy="steps" --eval_steps="1000" --save_strategy="steps"
+        --save_steps="1000" --generation_max_length="225" --length_column_name="input_length"
+        --max_duration_in_seconds="30" --text_column_name="sentence"
+        --freeze_feature_encoder="False" --report_to="tensorboard" --gradient_checkpointing
+        --fp16 --overwrite_output_dir --do_train --do_eval --predict_with_generate
+        --do_normalize_eval --use_auth_token --push_to_hub
+    """, None, id="event-no-streaming"),
     # 6. SEQ2SEQ_README: "The language and task arguments should be omitted for English"
     pytest.param(WHISPER_SINGLE_GPU.replace('--language="hindi" --task="transcribe"', "")
                  .replace('--dataset_config_name="hi"', '--dataset_config_name="en"'), None,
@@ -125,7 +138,23 @@ COMMAND_LINES = [
         --max_seq_length 512 --per_device_train_batch_size 32 --learning_rate 2e-5
         --num_train_epochs 1 --output_dir /tmp/amazon_reviews_multi_en/
     """, "--metric_name is an example-script flag", id="run-classification-amazon"),
-    # 14. TEXT_README, run_glue_no_trainer.py (its --max_length is run_glue.py's --max_seq_length)
+    # 14. TEXT_README, run_classification.py multi-label on reuters21578 (subset ModApte)
+    pytest.param("""
+        --task text-classification
+        --model_name_or_path google-bert/bert-base-uncased --dataset_name reuters21578
+        --dataset_config_name ModApte --shuffle_train_dataset --remove_splits "unused"
+        --metric_name f1 --text_column_name text --label_column_name topics --do_train
+        --do_eval --max_seq_length 512 --per_device_train_batch_size 32 --learning_rate 2e-5
+        --num_train_epochs 15 --output_dir /tmp/reuters21578_ModApte/
+    """, "--metric_name is an example-script flag", id="run-classification-reuters"),
+    # 15. TEXT_README, run_glue.py on imdb as the current README spells the model
+    pytest.param("""
+        --task text-classification
+        --model_name_or_path google-bert/bert-base-cased --dataset_name imdb --do_train
+        --do_predict --max_seq_length 128 --per_device_train_batch_size 32
+        --learning_rate 2e-5 --num_train_epochs 3 --output_dir /tmp/imdb/
+    """, None, id="glue-imdb-current-model-id"),
+    # 16. TEXT_README, run_glue_no_trainer.py (its --max_length is run_glue.py's --max_seq_length)
     pytest.param("""
         --model_name_or_path bert-base-cased --task_name mrpc --max_length 128
         --per_device_train_batch_size 32 --learning_rate 2e-5 --num_train_epochs 3
@@ -137,7 +166,8 @@ HUB_IDS = [
     ("model", "openai/whisper-small"), ("dataset", "mozilla-foundation/common_voice_11_0"),
     ("dataset", "beans"), ("model", "google/vit-base-patch16-224-in21k"),
     ("model", "bert-base-cased"), ("dataset", "imdb"), ("model", "google-bert/bert-base-uncased"),
-    ("dataset", "amazon_reviews_multi"),
+    ("dataset", "amazon_reviews_multi"), ("dataset", "reuters21578"),
+    ("model", "google-bert/bert-base-cased"),
 ]  # fmt: skip
 
 

@@ -30,12 +30,14 @@ IGNORED = {
     "(--resume never starts afresh)",
     "--shuffle_train_dataset": "the Trainer shuffles the training set every epoch anyway",
     "--model_index_name": "it only names the model card of a push to the Hub",
+    "--remove_splits": "only the splits named by --train_split_name and --eval_split_name are read",
 }
 """Flag -> why it changes nothing here. A value after it (`--use_auth_token true`) is
 dropped with it."""
 
 TAKES_VALUE = {"--model_index_name", "--task_name", "--text_column_delimiter", "--metric_name",
-               "--train_file", "--validation_file", "--train_dir", "--validation_dir"}  # fmt: skip
+               "--train_file", "--validation_file", "--train_dir", "--validation_dir",
+               "--remove_splits"}  # fmt: skip
 
 REFUSED = {
     "--streaming": "datasets are downloaded once per node and read from local disk, which "
