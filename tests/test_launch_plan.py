@@ -54,7 +54,7 @@ def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
     )
     plan = plan_for(topology, A100, env={"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "x"})
     argv = plan.argv
-    assert argv[:3] == ["python", "-m", "accelerate.commands.launch"]
+    assert argv[:3] == ["python", "-m", "trainer.accelerate_launch"]
     assert flag_value(argv, "--num_machines") == "4"
     assert flag_value(argv, "--machine_rank") == "2"
     assert flag_value(argv, "--num_processes") == "32"

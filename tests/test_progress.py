@@ -1,14 +1,17 @@
-"""Progress lines: the data-wait share is measured where the Trainer pulls batches."""
+"""Progress lines: the data-wait share is measured where the Trainer pulls batches, and
+without --logging_steps lines come by time (a fake clock stands in for slow steps)."""
 
 from __future__ import annotations
 
 import re
 import time
+from itertools import pairwise
 
+import pytest
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from trainer.progress import DataWaitClock, ProgressLogCallback
+from trainer.progress import DataWaitClock, ProgressLogCallback, TimedLogSchedule
 
 LOADER_DELAY = 0.2
 
@@ -50,3 +53,143 @@ def test_data_wait_counts_the_loader_time_of_every_step(tmp_path, capsys):
     assert 3 * LOADER_DELAY <= clock.seconds < elapsed
     shares = [int(s) for s in re.findall(r"data wait (\d+)%", capsys.readouterr().out)]
     assert len(shares) == 3 and all(share > 0 for share in shares)
+
+
+class FakeClock:
+    """Seconds that pass only when a test says so: each batch 'takes' `step_seconds`."""
+
+    def __init__(self, step_seconds: float) -> None:
+        self.now = 1000.0
+        self.step_seconds = step_seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LineTimes(TrainerCallback):
+    """The fake time and step of every progress line (the Trainer's `loss` logs)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.lines: list[tuple[int, float]] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.clock.now += self.clock.step_seconds
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.lines.append((state.global_step, self.clock.now))
+
+
+def train_with_fake_clock(
+    tmp_path, step_seconds: float, max_steps: int, timed: bool, agree=lambda s: s, **extra
+):
+    """A real Trainer on a tiny model; returns the progress lines' (step, fake time)."""
+    rows = [{"inputs": [float(i), 1.0], "labels": float(i)} for i in range(8)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2,
+        report_to=[], disable_tqdm=True, use_cpu=True, save_strategy="no", **extra,
+    )  # fmt: skip
+    trainer = Trainer(model=Regression(), args=args, train_dataset=rows)
+    trainer.remove_callback(PrinterCallback)
+    clock = FakeClock(step_seconds)
+    recorder = LineTimes(clock)
+    trainer.add_callback(recorder)
+    trainer.add_callback(
+        ProgressLogCallback(DataWaitClock(), timed=timed, clock=clock, agree=agree)
+    )
+    start = clock.now
+    trainer.train()
+    return start, recorder.lines
+
+
+@pytest.mark.parametrize("step_seconds", [0.001, 0.5, 7.0, 45.0])
+def test_without_logging_steps_a_line_comes_every_minute_and_every_5_percent(
+    tmp_path, capsys, step_seconds
+):
+    max_steps = 60
+    start, lines = train_with_fake_clock(tmp_path, step_seconds, max_steps, timed=True)
+
+    steps = [step for step, _ in lines]
+    assert steps[0] == 1, "the first line comes right after the first step"
+    times = [start] + [when for _, when in lines]
+    steps = [0] + steps
+    assert all(later - earlier <= 60 for earlier, later in pairwise(times)), lines
+    assert all(later - earlier <= max_steps // 20 for earlier, later in pairwise(steps))
+    assert steps[-1] >= max_steps - max_steps // 20
+    printed = re.findall(
+        r"step (\d+)/60 \(\d+%\) \| .*loss .* samples/s .* eta ", capsys.readouterr().out
+    )
+    assert [int(step) for step in printed] == steps[1:]
+
+
+def test_slow_steps_print_a_line_after_every_step(tmp_path):
+    start, lines = train_with_fake_clock(tmp_path, step_seconds=200.0, max_steps=5, timed=True)
+    assert [step for step, _ in lines] == [1, 2, 3, 4, 5]
+
+
+def test_fast_steps_are_not_logged_every_step(tmp_path):
+    """The schedule does not simply log every step: 1 ms steps over 200 steps log every 5%."""
+    _, lines = train_with_fake_clock(tmp_path, step_seconds=0.001, max_steps=200, timed=True)
+    assert [step for step, _ in lines] == [1, *range(11, 201, 10)]
+
+
+def test_the_users_logging_steps_win(tmp_path):
+    _, lines = train_with_fake_clock(
+        tmp_path, step_seconds=45.0, max_steps=12, timed=False, logging_steps=5
+    )
+    assert [step for step, _ in lines] == [5, 10]
+
+
+def test_every_rank_follows_the_slowest_ranks_step_time(tmp_path):
+    """Ranks must log at the same steps (logging gathers the loss): the agreed step time,
+    not this rank's own, plans the next line."""
+    measured = []
+
+    def slow_peer(seconds: float) -> float:
+        measured.append(seconds)
+        return 200.0  # another rank's steps take 200 s
+
+    _, lines = train_with_fake_clock(
+        tmp_path, step_seconds=0.001, max_steps=5, timed=True, agree=slow_peer
+    )
+    assert [step for step, _ in lines] == [1, 2, 3, 4, 5]
+    assert measured and all(seconds < 1 for seconds in measured)
+
+
+def test_the_schedule_plans_by_time_within_5_percent_of_the_run():
+    schedule = TimedLogSchedule(total_steps=1000, start_step=0)
+    assert schedule.next_step == 1
+    assert schedule.plan_after(1, seconds_per_step=10.0) == 1 + 3
+    assert schedule.plan_after(4, seconds_per_step=0.0) == 4 + 50
+    resumed = TimedLogSchedule(total_steps=1000, start_step=400)
+    assert resumed.next_step == 401
+
+
+def test_train_uses_time_unless_a_logging_interval_is_given():
+    from trainer.train import progress_by_time
+
+    assert progress_by_time(["--max_steps", "60"])
+    assert not progress_by_time(["--logging_steps", "25"])
+    assert not progress_by_time(["--logging_steps=25"])
+    assert not progress_by_time(["--logging_strategy", "epoch"])
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_timed_progress_lines(tmp_path, demo_assets, demo_cache):
+    """No --logging_steps (and no recipe): the ranks agree, over the real process group, on
+    when to log (the Trainer gathers the loss then, so a disagreement would hang)."""
+    from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+
+    code, output = run_trainer(
+        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+         "--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "no",
+         "--per_device_train_batch_size", "4", "--output_dir", "out"],
+        cwd=tmp_path,
+        env=trainer_env(demo_cache),
+        timeout=300,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    # 4 steps: 5% of the run is less than a step, so every step prints a line, once
+    assert re.findall(r"^step (\d)/4 ", output, re.MULTILINE) == ["1", "2", "3", "4"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 from trainer.errors import UserError
+from trainer.example_flags import translate_example_flags
 from trainer.outputs import OutputArguments
 from trainer.tasks import DEFAULT_TASK, Task, load_task, task_names
 
@@ -127,16 +128,19 @@ def build_parser(task_class: type[Task]) -> FlagParser:
 
 def selected_task_name(argv: list[str]) -> str:
     selector = FlagParser([TaskArguments], add_help=False)
-    known, _ = selector.parse_known_args(argv)
+    known, _ = selector.parse_known_args(translate_example_flags(argv)[0])
     return known.task
 
 
 def parse_flags(argv: list[str]) -> ParsedFlags:
-    """Parse and check the training program's flags (no model, data or device touched)."""
+    """Parse and check the training program's flags (no model, data or device touched).
+
+    The HF example scripts' spellings are accepted too (trainer/example_flags.py)."""
+    argv, _ = translate_example_flags(argv)
     task_class = load_task(selected_task_name(argv))
     namespace, unknown = build_parser(task_class).parse_known_args(argv)
     if unknown:
-        raise UserError(f"Unknown flag(s): {' '.join(unknown)} (see python -m trainer --help).")
+        raise UserError(unknown_flags_message(unknown, task_class))
     model = _pop_dataclass(namespace, ModelArguments)
     data = _pop_dataclass(namespace, DataArguments)
     task_args = _pop_dataclass(namespace, task_class.arguments_class)
@@ -149,6 +153,34 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
         outputs=outputs,
         training=namespace,
     )
+
+
+def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
+    """Names the task whose flags these are, if another task knows them: an example
+    script's command line selects its task by the script's name, ours by --task."""
+    names = [token.split("=", 1)[0] for token in unknown if token.startswith("--")]
+    knowing = [
+        other
+        for other in task_names()
+        if names
+        and load_task(other) is not task_class
+        and not [
+            token
+            for token in build_parser(load_task(other)).parse_known_args(unknown)[1]
+            if token.startswith("--")
+        ]
+    ]
+    if knowing:
+        choices = " or ".join(f"--task {other}" for other in knowing)
+        return (
+            f"{' '.join(names)}: flag(s) of {choices}, not of --task "
+            f"{selected_name(task_class)}; add {choices} (see python -m trainer --help)."
+        )
+    return f"Unknown flag(s): {' '.join(unknown)} (see python -m trainer --help)."
+
+
+def selected_name(task_class: type[Task]) -> str:
+    return next(name for name in task_names() if load_task(name) is task_class)
 
 
 def greater_is_better(flags: ParsedFlags) -> bool:

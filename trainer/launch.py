@@ -24,6 +24,7 @@ from trainer.cache import cache_dir, clear_stale_build_locks
 from trainer.cluster import Topology, requested_accelerators, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
+from trainer.example_flags import translate_example_flags
 from trainer.hardware import Hardware
 
 DEMO_RECIPE = RECIPES_DIR / "demo.yaml"
@@ -121,7 +122,7 @@ def build_launch_plan(
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure)."""
     argv = [
-        python, "-m", "accelerate.commands.launch",
+        python, "-m", "trainer.accelerate_launch",  # accelerate launch, failures in one line
         "--num_machines", str(topology.num_nodes),
         "--machine_rank", str(topology.node_rank),
         "--num_processes", str(topology.world_size),
@@ -207,12 +208,20 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     hardware = detect_hardware()
     check_gpus_usable(hardware.gpu_count, requested_accelerators(env), gpu_evidence(), env)
+    if hardware.gpu_count == 0:
+        # As the plan sets for the training processes: the checks below import DeepSpeed,
+        # which otherwise warns, on a node known to have no GPU, that it found none.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     topology = resolve_topology(
         env, hardware.gpu_count, options.nproc_per_node, options.master_port
     )
     deepspeed_config = resolve_deepspeed_config(options.deepspeed)
 
+    training_argv, notices = translate_example_flags(training_argv)
     flags = parse_flags(training_argv)
+    if flags.model.model_name_or_path is None and flags.data.dataset_name is not None:
+        training_argv = with_default_model(flags, training_argv)
+        flags = parse_flags(training_argv)
     if flags.model.model_name_or_path is None or flags.data.dataset_name is None:
         training_argv = with_demo_defaults(flags, training_argv)
         flags = parse_flags(training_argv)
@@ -232,7 +241,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     if mixed_precision != "no" and not chose_precision:
         training_argv = [*training_argv, f"--{mixed_precision}", "true"]
     training_argv = [*training_argv, *fast_defaults(hardware, given)]
-    training_argv, notices = fit_loader_workers(training_argv, topology.nproc_per_node)
+    training_argv, shm_notices = fit_loader_workers(training_argv, topology.nproc_per_node)
 
     plan = build_launch_plan(
         topology,
@@ -244,7 +253,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         env,
         cache_dir(),
     )
-    return options, replace(plan, notices=notices)
+    return options, replace(plan, notices=[*notices, *shm_notices])
 
 
 def fit_loader_workers(
@@ -301,6 +310,13 @@ def wait_for_name(
             delay, attempt = min(delay * 2, 15.0), attempt + 1
 
 
+def with_default_model(flags, training_argv: list[str]) -> list[str]:
+    """A dataset but no model: the task's default model, as its HF example script has one
+    (run_image_classification.py: google/vit-base-patch16-224-in21k); unchanged if none."""
+    model = flags.task.default_model
+    return training_argv if model is None else [*training_argv, "--model_name_or_path", model]
+
+
 def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
     """No model and no dataset given: the built-in demo (tiny Whisper, synthesized speech).
 
@@ -351,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
         if "-h" in argv or "--help" in argv:
             print_help([a for a in argv if a not in ("-h", "--help")])
             return
+        from trainer.quiet import silence_known_noise
+
+        silence_known_noise()  # the demo's assets are built here; the environment is inherited
         options, plan = prepare_launch(argv, os.environ)
         for notice in plan.notices:  # stdout is the plan's JSON in a dry run
             print(notice, file=sys.stderr if options.dry_run else sys.stdout, flush=True)

@@ -2,14 +2,18 @@
 
 Vertex AI collects stdout line by line, so tqdm's carriage-return bars arrive as noise.
 The Trainer's logging steps become `step 20/40 (50%) | loss ... | samples/s | eta` lines
-from the global main process, and each rank reports once what it is training on.
+from the global main process, and each rank reports once what it is training on. Without a
+`--logging_steps` from the user, lines come by time (`TimedLogSchedule`): the Trainer's
+default of one line per 500 steps can mean an hour of silence on a slow model.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from transformers import TrainerCallback
@@ -59,19 +63,94 @@ class DataWaitClock:
             yield batch
 
 
-class ProgressLogCallback(TrainerCallback):
-    """Prints training progress, evaluation results and the final summary as single lines."""
+LINE_EVERY_SECONDS = 60
+"""The promise: a progress line at least this often (and at least every 5% of the run)."""
 
-    def __init__(self, data_wait: DataWaitClock) -> None:
+AIM_SECONDS = LINE_EVERY_SECONDS / 2
+"""What the schedule aims at: steps may become twice as slow as measured and the next line
+still comes within LINE_EVERY_SECONDS."""
+
+LINES_PER_RUN = 20
+"""At least one line per 1/20 (5%) of the run's steps."""
+
+
+def slowest_rank(seconds: float) -> float:
+    """The largest of every rank's value (the value itself in a single process).
+
+    Logging gathers the loss from every rank, so all ranks must log at the same steps: each
+    rank's clock gives a different step time, and the slowest one decides for all. Called
+    once per progress line, beside the Trainer's own gather of the loss.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return seconds
+    from accelerate import PartialState
+
+    value = torch.tensor([seconds], dtype=torch.float64, device=PartialState().device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+class TimedLogSchedule:
+    """The steps that print a progress line when the user chose no `--logging_steps`.
+
+    The first step logs (the first line comes right after it); after each line the next one
+    is planned from the step time measured since the previous line, at most AIM_SECONDS and
+    at most 5% of the run ahead. Plans are step numbers, not deadlines, so every rank (which
+    must log at the same step) follows the same plan.
+    """
+
+    def __init__(self, total_steps: int, start_step: int) -> None:
+        self.most_steps_between = max(1, total_steps // LINES_PER_RUN)
+        self.next_step = start_step + 1
+
+    def plan_after(self, step: int, seconds_per_step: float) -> int:
+        by_time = math.floor(AIM_SECONDS / seconds_per_step) if seconds_per_step > 0 else math.inf
+        self.next_step = step + max(1, min(self.most_steps_between, by_time))
+        return self.next_step
+
+
+class ProgressLogCallback(TrainerCallback):
+    """Prints training progress, evaluation results and the final summary as single lines.
+
+    `timed` (the user gave no logging interval) adds lines on a `TimedLogSchedule`; `clock`
+    and `agree` (how ranks agree on a step time) are parameters so tests drive them.
+    """
+
+    def __init__(
+        self,
+        data_wait: DataWaitClock,
+        timed: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        agree: Callable[[float], float] = slowest_rank,
+    ) -> None:
         self._data_wait = data_wait
+        self._timed = timed
+        self._clock = clock
+        self._agree = agree
+        self._schedule: TimedLogSchedule | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._start = time.monotonic()
+        self._start = self._clock()
         self._last_time, self._last_step = self._start, state.global_step
+        self._planned_at, self._planned_step = self._start, state.global_step
         self._last_wait = self._data_wait.seconds
         self._samples_per_step = (
             args.train_batch_size * args.gradient_accumulation_steps * (args.world_size)
         )
+        if self._timed:
+            self._schedule = TimedLogSchedule(state.max_steps, state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._schedule is None or state.global_step < self._schedule.next_step:
+            return
+        control.should_log = True
+        now = self._clock()
+        local = (now - self._planned_at) / max(state.global_step - self._planned_step, 1)
+        self._schedule.plan_after(state.global_step, self._agree(local))
+        self._planned_at, self._planned_step = now, state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -84,7 +163,7 @@ class ProgressLogCallback(TrainerCallback):
             print(self._step_line(state, logs), flush=True)
 
     def _step_line(self, state, logs: dict) -> str:
-        now = time.monotonic()
+        now = self._clock()
         steps = state.global_step - self._last_step
         interval = max(now - self._last_time, 1e-9)
         rate = steps * self._samples_per_step / interval

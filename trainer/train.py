@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from trainer.arguments import ParsedFlags, greater_is_better, parse_flags
 from trainer.config_file import expand_config_file
 from trainer.errors import UserError
 from trainer.launch import LAUNCHED_AT_VARIABLE
+from trainer.quiet import silence_known_noise
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     launched_at = os.environ.get(LAUNCHED_AT_VARIABLE)
     argv = expand_config_file_or_exit(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    silence_known_noise()  # before torch, DeepSpeed or datasets print anything
     try:
         train(argv, float(launched_at) if launched_at else None)
     except UserError as error:
@@ -69,6 +72,62 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exception(error.__cause__, file=sys.stderr)
             print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
+        report_failure(error)
+        sys.exit(1)
+
+
+PEER_FAILURE_GRACE_SECONDS = 5.0
+"""How long a process whose collective broke waits before reporting (see report_failure)."""
+
+
+def report_failure(error: Exception, sleep=time.sleep) -> None:
+    """The failing process's traceback, then one `error:` line naming its rank, node and
+    the exception (the line torchrun's error box would otherwise stand in for).
+
+    When one process fails, the collectives of the others break too ("connection closed by
+    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
+    stops it meanwhile if the cause was on this node (and reported itself). If it is still
+    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
+    the node's local rank 0 says so in one line, without the echo's traceback.
+    """
+    env = os.environ
+    place = (
+        f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
+        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
+    )
+    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
+    if is_peer_failure(error):
+        sleep(PEER_FAILURE_GRACE_SECONDS)
+        if env.get("LOCAL_RANK", "0") == "0":
+            print(
+                f"error: {place} stopped: a process on another node failed or its machine "
+                f"went away ({cause}); the cause is in that node's log",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
+    traceback.print_exception(error, file=sys.stderr)
+    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
+
+
+PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def is_peer_failure(error: Exception) -> bool:
+    """Whether the error is a broken collective (another process died), not a cause."""
+    import torch.distributed as dist
+
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(dist, "DistBackendError", None),
+            getattr(dist, "DistNetworkError", None),
+        )
+        if kind is not None
+    )
+    text = str(error).lower()
+    return isinstance(error, kinds) or any(marker in text for marker in PEER_FAILURE_MARKERS)
 
 
 def expand_config_file_or_exit(argv: list[str]) -> list[str]:
@@ -127,7 +186,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     trainer.remove_callback(PrinterCallback)
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
-    trainer.add_callback(ProgressLogCallback(data_wait))
+    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(argv)))
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
@@ -294,6 +353,14 @@ def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: 
     if tuning and place.is_global_main and flags.training.metric_for_best_model:
         callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
     return callbacks
+
+
+def progress_by_time(argv: list[str]) -> bool:
+    """Whether progress lines come by time: yes unless the command line or recipe (both
+    are flags by now) chose a logging interval, which then wins."""
+    from trainer.performance import flag_names
+
+    return not flag_names(argv) & {"--logging_steps", "--logging_strategy"}
 
 
 def infer_metric_direction(flags: ParsedFlags) -> None:

@@ -26,6 +26,8 @@ class Task(ABC):
     training_arguments_class: ClassVar[type[TrainingArguments]] = TrainingArguments
     default_metric: ClassVar[str]
     """The metric used for `metric_for_best_model` and hyperparameter tuning by default."""
+    default_model: ClassVar[str | None] = None
+    """The model used when only a dataset is given (as the task's HF example script does)."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
 

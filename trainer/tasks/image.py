@@ -75,6 +75,7 @@ def _class_folders(directory: Path, extensions: frozenset[str]) -> list[Path]:
 
 class ImageClassificationTask(ClassificationTask):
     arguments_class = ImageArguments
+    default_model = "google/vit-base-patch16-224-in21k"  # run_image_classification.py's
     input_column = IMAGE
     input_flag = "image_column_name"
     options: ImageArguments

@@ -1,0 +1,154 @@
+"""A training process fails: one `error:` line naming its rank, node and exception, and
+its traceback once; not a traceback per rank plus torchrun's ChildFailedError box."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import (
+    DEMO_SPEECH_FLAGS,
+    REPO_ROOT,
+    run_trainer,
+    start_nodes,
+    trainer_env,
+)
+from trainer import accelerate_launch
+from trainer.train import is_peer_failure, report_failure
+
+RANK_ONE_FAILS = """
+import os
+
+from trainer.tasks import speech
+
+_collator = speech.SpeechRecognitionTask.data_collator
+
+
+def _failing_collator(self, processor):
+    collate = _collator(self, processor)
+
+    def collate_or_fail(examples):
+        if os.environ.get("RANK") == "1":
+            raise ValueError("a corrupt clip on rank one")
+        return collate(examples)
+
+    return collate_or_fail
+
+
+speech.SpeechRecognitionTask.data_collator = _failing_collator
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_reported_once(tmp_path, demo_assets):
+    hooks, run_dir = tmp_path / "hooks", tmp_path / "run"
+    hooks.mkdir(), run_dir.mkdir()
+    (hooks / "sitecustomize.py").write_text(RANK_ONE_FAILS)
+    env = trainer_env(tmp_path / "cache")
+    env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
+    code, output = run_trainer(
+        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+         "--max_steps", "2", "--per_device_train_batch_size", "2", "--eval_strategy", "no",
+         "--save_strategy", "no", "--output_dir", "out"],
+        cwd=run_dir,
+        env=env,
+        timeout=300,
+    )  # fmt: skip
+
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: rank 1 of 2 (node 0, local rank 1) failed: ValueError: a corrupt clip on rank one"
+    ], output[-4000:]
+    assert output.count("Traceback (most recent call last)") == 1, output[-4000:]
+    assert "ChildFailedError" not in output and "closing signal" not in output, output[-4000:]
+
+
+class Failure:
+    def __init__(self, exitcode: int, local_rank: int = 1) -> None:
+        self.exitcode, self.local_rank = exitcode, local_rank
+
+    def signal_name(self) -> str:
+        return "SIGKILL"
+
+
+class ChildFailed:
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+
+    def get_first_failure(self):
+        return 3, self.failure
+
+
+@pytest.mark.parametrize("exitcode", [1, 2])
+def test_a_process_that_reported_itself_gets_no_second_line(exitcode, capsys):
+    assert accelerate_launch.report(ChildFailed(Failure(exitcode)), node_rank=1) == exitcode
+    assert capsys.readouterr().err == ""
+
+
+def test_a_killed_process_gets_one_line_naming_rank_node_and_signal(capsys):
+    assert accelerate_launch.report(ChildFailed(Failure(-9)), node_rank=1) == 1
+    assert capsys.readouterr().err == (
+        "error: training process rank 3 (node 1, local rank 1) was killed by SIGKILL "
+        "(out of memory? the kernel's OOM killer sends SIGKILL)\n"
+    )
+
+
+def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch):
+    """An echo of another process's failure waits (torchrun stops it if the cause was on
+    its node), then its node's local rank 0 alone says so, without a traceback; a cause
+    reports at once, with its traceback."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    waits = []
+    echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    assert is_peer_failure(echo)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    report_failure(echo, sleep=waits.append)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    report_failure(echo, sleep=waits.append)
+    assert capsys.readouterr().err.startswith(
+        "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
+    )
+    assert len(waits) == 2
+
+    try:
+        raise ValueError("bad\nclip")
+    except ValueError as raised:
+        cause = raised
+    assert not is_peer_failure(cause)
+    report_failure(cause, sleep=waits.append)
+    assert len(waits) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" in err
+    assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")
+
+
+@pytest.mark.slow
+def test_the_other_node_says_where_the_cause_is(tmp_path, demo_assets):
+    """Node 1's process fails; node 0's process only sees its collective break: node 1's
+    log has the cause, node 0's one line pointing there, and no traceback."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(RANK_ONE_FAILS)
+    nodes = start_nodes(tmp_path / "nodes", demo_assets.model_dir, demo_assets.dataset_dir,
+                        [*DEMO_SPEECH_FLAGS, "--max_steps", "2", "--eval_strategy", "no",
+                         "--save_strategy", "no", "--per_device_train_batch_size", "2",
+                         "--output_dir", "out"],
+                        PYTHONPATH=f"{hooks}{os.pathsep}{REPO_ROOT}")  # fmt: skip
+    (code0, log0), (code1, log1) = (node.finish(timeout=300) for node in nodes)
+
+    assert code1 == 1 and code0 == 1, (log0[-2000:], log1[-2000:])
+    errors1 = [line for line in log1.splitlines() if line.startswith("error:")]
+    assert errors1 == [
+        "error: rank 1 of 2 (node 1, local rank 0) failed: ValueError: a corrupt clip on rank one"
+    ], log1[-3000:]
+    errors0 = [line for line in log0.splitlines() if line.startswith("error:")]
+    assert len(errors0) == 1 and errors0[0].startswith(
+        "error: rank 0 of 2 (node 0, local rank 0) stopped: a process on another node failed"
+    ), log0[-3000:]
+    assert "Traceback" not in log0 and "ChildFailedError" not in log0 + log1

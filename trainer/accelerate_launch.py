@@ -1,0 +1,62 @@
+"""`accelerate launch`, ending a failed run with one line instead of torchrun's error box.
+
+The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
+a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
+node, in every node's log) repeats what the training process has already said in its own
+`error:` line (trainer/train.py). So: a process that reported itself (exit code 1 or 2)
+gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
+a preempted machine) gets one `error:` line naming its rank and node.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+REPORTED_EXIT_CODES = (1, 2)
+"""trainer.train printed the failure's `error:` line itself (1: failure, 2: bad input)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    quiet_agent_failure_logs()
+    try:
+        launch_command(args)
+    except ChildFailedError as error:
+        sys.exit(report(error, args.machine_rank))
+
+
+def report(error, node_rank: int | None) -> int:
+    """Print the one line the failed process could not print; return the exit code."""
+    rank, failure = error.get_first_failure()
+    if failure.exitcode in REPORTED_EXIT_CODES:
+        return failure.exitcode
+    if failure.exitcode < 0:
+        how = f"was killed by {failure.signal_name()}"
+        if failure.signal_name() == "SIGKILL":
+            how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    print(
+        f"error: training process rank {rank} (node {node_rank or 0}, local rank "
+        f"{failure.local_rank}) {how}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
+
+
+def quiet_agent_failure_logs() -> None:
+    """torchrun's agent logs each failed and each stopped worker at ERROR/WARNING level
+    ("failed (exitcode: 1) local_rank: 1 ...", "Sending process ... closing signal"): the
+    failure is reported once, above, instead. Its other logs keep their level."""
+    import torch.distributed.elastic.multiprocessing.api as processes_api
+
+    processes_api.logger.setLevel(logging.CRITICAL)
+
+
+if __name__ == "__main__":
+    main()
