@@ -15,7 +15,7 @@ from tests.conftest import (
     trainer_env,
 )
 from trainer import accelerate_launch
-from trainer.train import is_peer_failure, report_failure
+from trainer.failures import is_peer_failure, report_failure
 
 RANK_ONE_FAILS = """
 import os

@@ -14,10 +14,6 @@ import json
 import logging
 import os
 import sys
-import time
-import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +21,12 @@ from pathlib import Path
 from trainer.arguments import ParsedFlags, greater_is_better, parse_flags
 from trainer.config_file import expand_config_file
 from trainer.errors import UserError
+from trainer.failures import (
+    FailedAfterTraining,
+    model_kept_if_failing,
+    report_failed_after_training,
+    report_failure,
+)
 from trainer.launch import LAUNCHED_AT_VARIABLE
 from trainer.quiet import silence_known_noise
 
@@ -66,68 +68,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     except FailedAfterTraining as error:
-        # One report per node: the traceback of the cause, then one line that says what
-        # failed and where the model is (the last line a reader of the log sees).
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            traceback.print_exception(error.__cause__, file=sys.stderr)
-            print(f"error: {error}", file=sys.stderr, flush=True)
+        report_failed_after_training(error)
         sys.exit(1)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
         report_failure(error)
         sys.exit(1)
-
-
-PEER_FAILURE_GRACE_SECONDS = 5.0
-"""How long a process whose collective broke waits before reporting (see report_failure)."""
-
-
-def report_failure(error: Exception, sleep=time.sleep) -> None:
-    """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for).
-
-    When one process fails, the collectives of the others break too ("connection closed by
-    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
-    stops it meanwhile if the cause was on this node (and reported itself). If it is still
-    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
-    the node's local rank 0 says so in one line, without the echo's traceback.
-    """
-    env = os.environ
-    place = (
-        f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
-        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
-    )
-    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
-    if is_peer_failure(error):
-        sleep(PEER_FAILURE_GRACE_SECONDS)
-        if env.get("LOCAL_RANK", "0") == "0":
-            print(
-                f"error: {place} stopped: a process on another node failed or its machine "
-                f"went away ({cause}); the cause is in that node's log",
-                file=sys.stderr,
-                flush=True,
-            )
-        return
-    traceback.print_exception(error, file=sys.stderr)
-    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
-
-
-PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
-
-
-def is_peer_failure(error: Exception) -> bool:
-    """Whether the error is a broken collective (another process died), not a cause."""
-    import torch.distributed as dist
-
-    kinds = tuple(
-        kind
-        for kind in (
-            getattr(dist, "DistBackendError", None),
-            getattr(dist, "DistNetworkError", None),
-        )
-        if kind is not None
-    )
-    text = str(error).lower()
-    return isinstance(error, kinds) or any(marker in text for marker in PEER_FAILURE_MARKERS)
 
 
 def expand_config_file_or_exit(argv: list[str]) -> list[str]:
@@ -215,23 +160,6 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
                 raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
     if place.is_global_main:
         print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
-
-
-class FailedAfterTraining(Exception):
-    """Training finished and its model was delivered, but a later step failed: the run
-    exits non-zero (a tuning trial or pipeline must not count it as a success), and the
-    message says where the model is."""
-
-
-@contextmanager
-def model_kept_if_failing(step: str, model_location: str) -> Iterator[None]:
-    try:
-        yield
-    except Exception as error:
-        raise FailedAfterTraining(
-            f"{step} failed after training ({type(error).__name__}: {error}); the trained "
-            f"model is saved at {model_location} (load it with from_pretrained)"
-        ) from error
 
 
 def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
