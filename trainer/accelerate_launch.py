@@ -3,7 +3,7 @@
 The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
 a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
 node, in every node's log) repeats what the training process has already said in its own
-`error:` line (trainer/train.py). So: a process that reported itself (exit code 1 or 2)
+`error:` line (trainer/failures.py). So: a process that reported itself (exit code 1 or 2)
 gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
 a preempted machine) gets one `error:` line naming its rank and node.
 """
