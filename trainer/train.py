@@ -92,7 +92,12 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
 
     from trainer.callbacks import CheckpointSyncCallback, TensorBoardSyncCallback
     from trainer.outputs import resolve_output_locations
-    from trainer.progress import DataWaitClock, FirstBatchReport, ProgressLogCallback
+    from trainer.progress import (
+        DataWaitClock,
+        FirstBatchReport,
+        ProgressLogCallback,
+        before_after_line,
+    )
 
     flags = parse_flags(argv)
     task = flags.task
@@ -131,7 +136,8 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     trainer.remove_callback(PrinterCallback)
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
-    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(argv)))
+    progress = ProgressLogCallback(data_wait, timed=progress_by_time(argv))
+    trainer.add_callback(progress)
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
@@ -148,7 +154,16 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     # Everything after this point may fail without losing the run: the model is delivered.
     if eval_dataset is not None:
         with model_kept_if_failing("the final evaluation", model_location):
-            trainer.save_metrics("eval", trainer.evaluate())
+            final_metrics = trainer.evaluate()
+            trainer.save_metrics("eval", final_metrics)
+        if place.is_global_main:
+            print(
+                before_after_line(
+                    progress.evaluations.get(0), final_metrics, trainer.state.global_step,
+                    len(eval_dataset), model_location, args.metric_for_best_model,
+                ),
+                flush=True,
+            )  # fmt: skip
     with model_kept_if_failing("syncing the TensorBoard logs", model_location):
         for callback in reporting:
             if isinstance(callback, TensorBoardSyncCallback):
