@@ -15,8 +15,14 @@ from transformers import WhisperForConditionalGeneration, WhisperProcessor, Whis
 
 from trainer import demo_assets as demo_assets_module
 from trainer.demo_assets import (
+    DATASET_DIRNAME,
     DEMO_SENTENCES,
+    HELD_OUT_SENTENCES,
+    MODEL_DIRNAME,
+    TEST_CLIPS,
+    TRAIN_CLIPS,
     build_whisper_tokenizer,
+    default_clips,
     prepare_demo_assets,
     synthesize_speech_dataset,
 )
@@ -153,13 +159,25 @@ def test_tiny_model_reloads_and_generates_with_the_prefix(demo_assets, speech_da
 
 def test_speech_dataset_loads_as_audiofolder(speech_dataset):
     assert set(speech_dataset) == {"train", "test"}
-    assert speech_dataset["train"].num_rows == 4 * len(DEMO_SENTENCES)
-    assert speech_dataset["test"].num_rows == len(DEMO_SENTENCES)
+    assert speech_dataset["train"].num_rows == TRAIN_CLIPS
+    assert speech_dataset["test"].num_rows == TEST_CLIPS
     for split in speech_dataset.values():
         assert set(split.column_names) == {"audio", "transcription"}
-    assert set(speech_dataset["test"]["transcription"]) == set(DEMO_SENTENCES)
+    assert set(speech_dataset["test"]["transcription"]) <= set(DEMO_SENTENCES)
     native = speech_dataset["train"][0]["audio"].get_all_samples()
     assert native.sample_rate == 22050  # left for the training pipeline to resample
+
+
+def test_test_clips_are_held_out_voices_and_partly_unseen_sentences():
+    """The demo's WER is measured on voices, and some word combinations, never trained on."""
+    clips = default_clips()
+    train_texts = {text for text, _ in clips["train"]}
+    train_voices = {voice.name for _, voice in clips["train"]}
+    assert len(train_voices) >= 24
+    assert not train_voices & {voice.name for _, voice in clips["test"]}
+    unseen = [text for text, _ in clips["test"] if text not in train_texts]
+    assert len(unseen) == HELD_OUT_SENTENCES < TEST_CLIPS
+    assert default_clips() == clips, "the set is the same on every build"
 
 
 def test_speech_dataset_resamples_to_16k(speech_dataset):
@@ -210,11 +228,11 @@ def test_interrupted_build_is_not_mistaken_for_a_complete_one(tmp_path, monkeypa
         broken.setenv("PATH", f"{failing_bin}:/usr/bin:/bin")
         with pytest.raises(subprocess.CalledProcessError):
             prepare_demo_assets(cache)
-    assert (cache / "tiny-whisper" / "model.safetensors").exists()
-    assert not (cache / "speech-demo").exists()
+    assert (cache / MODEL_DIRNAME / "model.safetensors").exists()
+    assert not (cache / DATASET_DIRNAME).exists()
 
     assets = prepare_demo_assets(cache)
-    assert len(list((assets.dataset_dir / "train").glob("*.wav"))) == 4 * len(DEMO_SENTENCES)
+    assert len(list((assets.dataset_dir / "train").glob("*.wav"))) == TRAIN_CLIPS
     assert not [path for path in cache.iterdir() if path.name.endswith(".partial")]
 
 

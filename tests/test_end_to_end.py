@@ -16,6 +16,7 @@ from datasets import Audio, load_dataset
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
 from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer, start_nodes, trainer_env
+from trainer.demo_assets import DATASET_DIRNAME, MODEL_DIRNAME
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +99,7 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     assert not (tmp_path / ".deepspeed_env").exists(), ".deepspeed_env would hold the env"
     demo = demo_cache / "demo"
     assert_trained_model_reloads_and_generates(
-        out / "model", demo / "tiny-whisper", demo / "speech-demo"
+        out / "model", demo / MODEL_DIRNAME, demo / DATASET_DIRNAME
     )
 
 

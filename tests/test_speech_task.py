@@ -9,6 +9,7 @@ from transformers import EvalPrediction
 
 from tests.conftest import checked_task
 from trainer.arguments import parse_flags
+from trainer.demo_assets import TRAIN_CLIPS
 from trainer.errors import UserError
 
 
@@ -40,13 +41,13 @@ def test_audiofolder_duration_filter_reads_headers(demo_assets):
     )  # fmt: skip
     train, _ = task.load_datasets(processor)
     durations = [ex["audio"].get_all_samples().duration_seconds for ex in train]
-    assert 0 < len(train) < 48, "the filter should keep some clips and drop others"
+    assert 0 < len(train) < TRAIN_CLIPS, "the filter should keep some clips and drop others"
     assert max(durations) <= 1.4 + 0.01
 
 
 def test_max_duration_beyond_the_model_window_is_refused(demo_assets):
     """Before any launch: the launcher reads the window from preprocessor_config.json."""
-    with pytest.raises(UserError, match="exceeds .*tiny-whisper's 6 s input window"):
+    with pytest.raises(UserError, match="exceeds .*tiny-whisper-v2's 3 s input window"):
         checked_task(
             "speech-recognition", demo_assets.model_dir, demo_assets.dataset_dir,
             "--text_column_name", "transcription", "--max_duration_in_seconds", "20",

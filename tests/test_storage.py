@@ -20,6 +20,7 @@ from trainer.checkpoints import (
     find_resumable_checkpoint,
     read_manifest,
 )
+from trainer.demo_assets import TEST_CLIPS, TRAIN_CLIPS
 from trainer.errors import UserError
 from trainer.storage import crc32c_of, open_store
 
@@ -191,7 +192,7 @@ def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
     fetched_at = copy.stat().st_mtime_ns
     _, processor = flags.task.build_model_and_processor()
     train, evaluation = flags.task.load_datasets(processor)
-    assert (len(train), len(evaluation)) == (48, 12)
+    assert (len(train), len(evaluation)) == (TRAIN_CLIPS, TEST_CLIPS)
     assert train[0]["audio"].get_all_samples().sample_rate == 16_000
     assert copy.stat().st_mtime_ns == fetched_at, "the dataset was fetched twice"
 

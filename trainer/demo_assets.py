@@ -1,22 +1,30 @@
 """Assets of the built-in demo: a tiny Whisper model and a synthesized English speech set.
 
-The demo fine-tunes a ~3.6 M parameter Whisper on a few dozen short sentences spoken by
-`espeak-ng`, so the whole training pipeline (audio decoding, resampling from 22,050 Hz to
-16 kHz, tokenization, accelerate + DeepSpeed, generation-based evaluation) runs end to end
-in minutes on any machine. Everything is built locally rather than downloaded because
-training images must work without network access and without a model hub: the tokenizer
-is rebuilt from the `multilingual.tiktoken` ranks shipped in the `openai-whisper` package,
-the model is randomly initialised with a fixed seed, and the audio is synthesized.
+The demo fine-tunes a ~3.6 M parameter Whisper on about a thousand three-word sentences
+spoken by `espeak-ng` in 36 voices, so the whole training pipeline (audio decoding,
+resampling from 22,050 Hz to 16 kHz, tokenization, accelerate + DeepSpeed, generation-based
+evaluation) runs end to end in minutes on any machine. Everything is built locally rather
+than downloaded because training images must work without network access and without a
+model hub: the tokenizer is rebuilt from the `multilingual.tiktoken` ranks shipped in the
+`openai-whisper` package, the model is randomly initialised with a fixed seed, and the
+audio is synthesized.
+
+The set is built so that the demo's WER means something: sentences combine words freely
+(so the text alone cannot predict them), and the test clips are spoken by voices that never
+speak in training, half of them in word combinations never heard in training. An earlier
+set (12 sentences, the test voices also in training) let the model learn the sentences as
+a language model and ignore the audio: WER 93.
 """
 
 import base64
 import csv
 import fcntl
 import importlib.util
+import itertools
 import os
+import random
 import shutil
 import subprocess
-from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -49,28 +57,72 @@ MULTILINGUAL_LANGUAGES = 99
 large-v3 and its derivatives know all 100."""
 TIMESTAMP_TOKENS = tuple(f"<|{i * 0.02:.2f}|>" for i in range(1501))
 
-DEMO_SENTENCES = (
-    "one two three",
-    "red green blue",
-    "the cat is black",
-    "four five six",
-    "open the door",
-    "seven eight nine",
-    "a big yellow sun",
-    "turn on the light",
-    "good morning",
-    "the dog runs fast",
-    "ten small boxes",
-    "please stop here",
+DEMO_WORDS = (
+    ("two", "three", "four", "five", "six", "eight"),
+    ("red", "green", "blue", "black", "white", "yellow"),
+    ("cats", "dogs", "boxes", "cars", "birds", "shoes"),
 )
-# Each rendering of a sentence takes the next (voice, words per minute) pair, so with
-# four training renderings and one test rendering no test clip repeats a training clip.
-VOICES = tuple(
-    (voice, speed)
-    for speed in (140, 175)
-    for voice in ("en", "en-us", "en+f3", "en+m3", "en-gb-scotland", "en-us+f4")
+"""A sentence is one word of each slot ("three red cats"): 216 combinations of 18 words.
+Every word follows every other word of the slot before, so the text alone cannot tell
+which word comes next: the model has to listen."""
+DEMO_SENTENCES = tuple(" ".join(words) for words in itertools.product(*DEMO_WORDS))
+HELD_OUT_SENTENCES = 12
+"""Word combinations spoken only in the test split: a model that merely learned the
+training sentences by heart gets them wrong."""
+
+SPEAKERS = tuple(
+    f"{accent}+{variant}"
+    for accent in ("en", "en-us", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc")
+    for variant in ("m1", "m3", "m7", "f1", "f2", "f4")
 )
-DEFAULT_SPLITS = {"train": list(DEMO_SENTENCES) * 4, "test": list(DEMO_SENTENCES)}
+"""espeak-ng voices: an accent with a variant (pitch range, formants) on top."""
+TEST_SPEAKERS = tuple(SPEAKERS[6 * accent + (accent + 3) % 6] for accent in range(6))
+"""Voices that speak only in the test split: one per accent, each variant once."""
+TRAIN_SPEAKERS = tuple(speaker for speaker in SPEAKERS if speaker not in TEST_SPEAKERS)
+TRAIN_CLIPS = 960
+TEST_CLIPS = 24
+
+
+@dataclass(frozen=True)
+class Voice:
+    """How espeak-ng speaks one clip: voice, words per minute and base pitch (0-99)."""
+
+    name: str
+    speed: int
+    pitch: int
+
+
+def _random_voices(speakers: tuple[str, ...], count: int, rng: random.Random) -> list[Voice]:
+    """`count` voices from `speakers`, each at a random speed and pitch."""
+    return [
+        Voice(speakers[i % len(speakers)], rng.randrange(130, 200), rng.randrange(25, 75))
+        for i in range(count)
+    ]
+
+
+def default_clips() -> dict[str, list[tuple[str, Voice]]]:
+    """The demo's speech set: training clips in the training voices; test clips, half of
+    them sentences never heard in training, in voices never heard in training. Seeded, so
+    every machine builds the same set."""
+    rng = random.Random(0)
+    sentences = list(DEMO_SENTENCES)
+    rng.shuffle(sentences)
+    held_out, seen = sentences[:HELD_OUT_SENTENCES], sentences[HELD_OUT_SENTENCES:]
+    train_texts = [seen[i % len(seen)] for i in range(TRAIN_CLIPS)]
+    rng.shuffle(train_texts)
+    test_texts = held_out + rng.sample(seen, TEST_CLIPS - HELD_OUT_SENTENCES)
+    return {
+        "train": list(
+            zip(train_texts, _random_voices(TRAIN_SPEAKERS, TRAIN_CLIPS, rng), strict=True)
+        ),
+        "test": list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True)),
+    }
+
+
+MODEL_DIRNAME = "tiny-whisper-v2"
+DATASET_DIRNAME = "speech-demo-v2"
+"""Cache folder names, versioned: a cache built by an older release (other sentences,
+voices or model shape) is not reused; bump the version whenever the assets change."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +272,7 @@ TINY_DIMENSIONS = {
 """A ~3.6 M parameter Whisper: small enough to train in seconds on a CPU."""
 
 
-def build_tiny_whisper(model_dir: Path, chunk_length: int = 6) -> None:
+def build_tiny_whisper(model_dir: Path, chunk_length: int = 3) -> None:
     """Save a randomly initialised (seed 0) tiny Whisper plus its processor to `model_dir`.
 
     `chunk_length` seconds of audio give `chunk_length * 100` mel frames, which the encoder's
@@ -271,32 +323,28 @@ def save_random_whisper(
     shutil.copyfile(_english_spelling_file(), model_dir / "normalizer.json")
 
 
-def _speak(text: str, voice: str, speed: int, wav_path: Path) -> None:
+def _speak(text: str, voice: Voice, wav_path: Path) -> None:
     """Synthesize one clip; the text goes through stdin so it is never parsed as an option."""
     subprocess.run(
-        ["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(wav_path), "--stdin"],
+        ["espeak-ng", "-v", voice.name, "-s", str(voice.speed), "-p", str(voice.pitch),
+         "-w", str(wav_path), "--stdin"],
         input=text.encode(),
         check=True,
         capture_output=True,
-    )
+    )  # fmt: skip
 
 
-def _assign_voices(splits: dict[str, list[str]]) -> dict[str, list[tuple[str, str, int]]]:
-    """(text, voice, speed) per clip: every rendering of a sentence, across splits, gets the
-    next voice after the previous one, so no test clip duplicates a training clip."""
-    first_seen = {
-        text: i
-        for i, text in enumerate(dict.fromkeys(t for texts in splits.values() for t in texts))
-    }
-    renderings: Counter[str] = Counter()
-    clips: dict[str, list[tuple[str, str, int]]] = {}
-    for split, texts in splits.items():
-        clips[split] = []
-        for text in texts:
-            voice, speed = VOICES[(first_seen[text] + renderings[text]) % len(VOICES)]
-            renderings[text] += 1
-            clips[split].append((text, voice, speed))
-    return clips
+def _clips_for(sentences_per_split: dict[str, list[str]]) -> dict[str, list[tuple[str, Voice]]]:
+    """Given sentences: the "test" split speaks in the test voices, other splits in the
+    training voices, so no test clip duplicates a training clip."""
+    rng = random.Random(0)
+    return {
+        split: list(
+            zip(texts, _random_voices(TEST_SPEAKERS if split == "test" else TRAIN_SPEAKERS,
+                                      len(texts), rng), strict=True)
+        )
+        for split, texts in sentences_per_split.items()
+    }  # fmt: skip
 
 
 def synthesize_speech_dataset(
@@ -304,18 +352,20 @@ def synthesize_speech_dataset(
 ) -> None:
     """Write an `audiofolder` dataset: `<split>/NNNN.wav` (22,050 Hz) + `<split>/metadata.csv`.
 
-    The WAVs keep espeak's native rate on purpose: the training pipeline must resample.
+    Without `sentences_per_split`, the demo's own set (`default_clips`). The WAVs keep
+    espeak's native rate on purpose: the training pipeline must resample.
     """
     if shutil.which("espeak-ng") is None:
         raise UserError(
             "the demo synthesizes its speech with espeak-ng; install it (apt-get install espeak-ng)"
         )
-    jobs: list[tuple[str, str, int, Path]] = []
-    for split, clips in _assign_voices(sentences_per_split or DEFAULT_SPLITS).items():
+    clips_per_split = _clips_for(sentences_per_split) if sentences_per_split else default_clips()
+    jobs: list[tuple[str, Voice, Path]] = []
+    for split, clips in clips_per_split.items():
         split_dir = dataset_dir / split
         split_dir.mkdir(parents=True)
         wavs = [split_dir / f"{index:04d}.wav" for index in range(len(clips))]
-        rows = [(wav.name, text) for wav, (text, _, _) in zip(wavs, clips, strict=True)]
+        rows = [(wav.name, text) for wav, (text, _) in zip(wavs, clips, strict=True)]
         _write_metadata(split_dir / "metadata.csv", rows)
         jobs += [(*clip, wav) for wav, clip in zip(wavs, clips, strict=True)]
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -355,7 +405,9 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> None:
 def prepare_demo_assets(cache_dir: Path) -> DemoAssets:
     """Build (once, then reuse) the tiny model and the speech set under `cache_dir`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    assets = DemoAssets(model_dir=cache_dir / "tiny-whisper", dataset_dir=cache_dir / "speech-demo")
+    assets = DemoAssets(
+        model_dir=cache_dir / MODEL_DIRNAME, dataset_dir=cache_dir / DATASET_DIRNAME
+    )
     with _exclusive_lock(cache_dir / ".demo-assets.lock"):
         _build_once(assets.model_dir, build_tiny_whisper)
         _build_once(assets.dataset_dir, synthesize_speech_dataset)
