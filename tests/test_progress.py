@@ -11,7 +11,12 @@ import pytest
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from trainer.progress import DataWaitClock, ProgressLogCallback, TimedLogSchedule
+from trainer.progress import (
+    DataWaitClock,
+    ProgressLogCallback,
+    TimedLogSchedule,
+    before_after_line,
+)
 
 LOADER_DELAY = 0.2
 
@@ -193,3 +198,21 @@ def test_two_ranks_agree_on_timed_progress_lines(tmp_path, demo_assets, demo_cac
     assert code == 0, output[-3000:]
     # 4 steps: 5% of the run is less than a step, so every step prints a line, once
     assert re.findall(r"^step (\d)/4 ", output, re.MULTILINE) == ["1", "2", "3", "4"]
+
+
+def test_result_line_reads_before_and_after_the_headline_metric():
+    before = {"eval_loss": 10.9, "eval_wer": 112.04, "eval_runtime": 2.0}
+    after = {"eval_loss": 0.17, "eval_wer": 5.5556, "eval_runtime": 1.9, "epoch": 9.3}
+    assert before_after_line(before, after, 280, 24, "outputs/demo/model") == (
+        "result: WER 112.0 before training -> 5.6 after 280 steps on 24 eval examples; "
+        "model in outputs/demo/model"
+    )
+
+
+def test_result_line_without_an_evaluation_at_step_0_has_only_the_after():
+    """No --eval_on_start: no extra evaluation is paid for, and none is invented."""
+    after = {"eval_loss": 0.31, "eval_accuracy": 0.912, "eval_f1": 0.9}
+    assert before_after_line(None, after, 500, 872, "gs://b/model") == (
+        "result: accuracy 0.912 after 500 steps on 872 eval examples; model in gs://b/model"
+    )
+    assert before_after_line(None, after, 500, 872, "m", "f1").startswith("result: f1 0.9 after")
