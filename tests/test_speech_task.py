@@ -9,7 +9,7 @@ from transformers import EvalPrediction
 
 from tests.conftest import checked_task
 from trainer.arguments import parse_flags
-from trainer.demo_assets import TRAIN_CLIPS
+from trainer.demo_assets import TRAIN_CLIPS, synthesize_speech_dataset
 from trainer.errors import UserError
 
 
@@ -61,7 +61,7 @@ def test_collator_makes_whisper_batches_from_raw_audio(demo_assets):
     )  # fmt: skip
     train, _ = task.load_datasets(processor)
     examples = [train[i] for i in range(3)]
-    examples[0]["text"] = "Hello, World!"
+    examples[0]["text"] = "Hello, World! Hello again."  # longer than the demo's sentences
     batch = task.data_collator(processor)(examples)
 
     frames = 2 * model.config.max_source_positions
@@ -72,7 +72,7 @@ def test_collator_makes_whisper_batches_from_raw_audio(demo_assets):
     assert (labels[:, 0] == tokenizer.convert_tokens_to_ids("<|en|>")).all()
     assert (labels == -100).any(), "shorter label rows are padded with -100"
     first = labels[0][labels[0] != -100]
-    assert tokenizer.decode(first, skip_special_tokens=True) == "hello world"
+    assert tokenizer.decode(first, skip_special_tokens=True) == "hello world hello again"
     loss = model(**batch).loss
     assert np.isfinite(loss.item())
 
@@ -132,7 +132,14 @@ def test_attention_is_sdpa_unless_a_flag_says_otherwise(demo_assets):
 
 
 def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tmp_path):
-    flags = (demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name", "transcription")
+    # The demo's sentences all have three one-token words: transcripts of differing lengths.
+    data = tmp_path / "speech"
+    synthesize_speech_dataset(
+        data,
+        {"train": ["one", "red green blue", "the dog runs fast today", "open the door please"],
+         "test": ["good morning"]},
+    )  # fmt: skip
+    flags = (demo_assets.model_dir, data, "--text_column_name", "transcription")
     task, model, processor = speech_task(*flags, "--train_sampling_strategy", "group_by_length")
     training = parse_flags(["--train_sampling_strategy", "group_by_length"]).training
     task.adjust_training_arguments(training)
