@@ -1,7 +1,9 @@
 # One virtual environment, built from the pinned set in constraints.txt.
 # torch first (the pin keeps pip from pulling CUDA wheels on CPU machines), then
 # DeepSpeed without build isolation (its build imports the torch just installed), then
-# Whisper's tokenizer assets without their heavy dependencies, then this package.
+# this package, then Whisper's tokenizer assets without their heavy dependencies (numba,
+# triton: never imported, so pip is told not to warn that they are missing), then
+# DeepSpeed's CPU op, compiled once here rather than inside the first run.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,8 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(PIP) torch
 	DS_BUILD_OPS=0 $(PIP) --no-build-isolation deepspeed
-	$(PIP) --no-deps openai-whisper
 	$(PIP) --editable '.[test]'
+	$(PIP) --no-deps --no-warn-conflicts openai-whisper
+	$(BIN)/python -m trainer.build_cpu_ops
 	touch $@
 
 demo: install

@@ -18,15 +18,13 @@ import pytest
 import yaml
 
 from trainer import config_file
+from trainer.cache import cache_dir, torch_extensions_dir
 from trainer.data_sources import looks_like_path
 from trainer.demo_assets import DemoAssets, prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-PERSISTENT_EXTENSIONS_DIR = Path(
-    os.environ.get("TORCH_EXTENSIONS_DIR")
-    or Path.home() / ".cache" / "vertex-trainer" / "torch_extensions"
-)
+PERSISTENT_EXTENSIONS_DIR = torch_extensions_dir(os.environ, cache_dir())
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
 
 

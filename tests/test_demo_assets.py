@@ -269,3 +269,21 @@ def test_missing_whisper_assets_is_a_user_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "whisper", None)  # makes find_spec("whisper") None
     with pytest.raises(UserError, match="pip install --no-deps openai-whisper"):
         build_whisper_tokenizer()
+
+
+def test_deepspeed_cpu_op_is_built_where_the_launcher_looks():
+    """`make install` compiles DeepSpeed's CPU op (trainer.build_cpu_ops) into the directory
+    that the launcher hands to the training processes (the same `torch_extensions_dir`
+    rule), so no run compiles it again. Already built, this only loads it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.build_cpu_ops"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"ready in {PERSISTENT_EXTENSIONS_DIR}" in done.stdout
+    assert list(PERSISTENT_EXTENSIONS_DIR.glob("deepspeed_shm_comm/*.so")), "no compiled op"

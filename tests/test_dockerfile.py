@@ -137,16 +137,21 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     copies = [rest for keyword, rest in instructions() if keyword == "COPY"]
     assert copies[0] == "constraints.txt ./", "constraints.txt is copied in before any install"
 
-    # The Makefile's steps, in its order: torch; deepspeed without build isolation;
-    # openai-whisper without dependencies; the package (`.[test]` there, `.` in the image,
-    # whose dependencies the image installs from pyproject.toml just before the code).
+    # The Makefile's steps, in its order: torch; deepspeed without build isolation; the
+    # package (`.[test]` there; in the image its dependencies, read from pyproject.toml, at
+    # that point and its code last); openai-whisper without dependencies.
     def steps(installs):
-        return [(targets(a)[0].split("[")[0], "--no-build-isolation" in a, "--no-deps" in a)
+        return [(targets(a)[0].split("[")[0], "--no-build-isolation" in a, "--no-deps" in a,
+                 "--no-warn-conflicts" in a)
                 for a in installs if targets(a)]  # fmt: skip
 
     project = [step for step in steps(docker) if step[0] != "."]
-    assert steps(make)[:3] == project[:3]
-    assert steps(make)[3][0] == steps(docker)[-1][0] == "."
+    assert [step for step in steps(make) if step[0] != "."] == project
+    assert [step[0] for step in steps(make)].index(".") == 2
+    assert steps(docker)[-1][0] == "."
+    requirements = next(i for i, a in enumerate(docker) if "--requirement" in a)
+    whisper = next(i for i, a in enumerate(docker) if targets(a) == ["openai-whisper"])
+    assert requirements < whisper, "no resolver runs after the dependency-less install"
     assert docker[-1][:2] == ["--no-deps", "--no-build-isolation"], "the code layer adds nothing"
 
     pins = constraint_pins()

@@ -7,6 +7,7 @@ machine) and is never shared between nodes.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -15,6 +16,13 @@ def cache_dir() -> Path:
         return Path(os.environ["TRAINER_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vertex-trainer"
+
+
+def torch_extensions_dir(env: Mapping[str, str], cache: Path) -> Path:
+    """Where DeepSpeed's compiled CPU op lives: `TORCH_EXTENSIONS_DIR` if set, else `cache`'s
+    `torch_extensions`. The launcher, `trainer.build_cpu_ops` and the tests use this one rule,
+    so the op compiled at install time is the one the first run finds."""
+    return Path(env.get("TORCH_EXTENSIONS_DIR") or cache / "torch_extensions")
 
 
 STALE_LOCK_SECONDS = 600

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from trainer.cache import cache_dir, clear_stale_build_locks
+from trainer.cache import cache_dir, clear_stale_build_locks, torch_extensions_dir
 from trainer.cluster import Topology, requested_accelerators, resolve_topology
 from trainer.config_file import RECIPES_DIR, config_file_flags, expand_config_file
 from trainer.errors import UserError
@@ -154,9 +154,7 @@ def build_launch_plan(
     }
     if hardware.gpu_count == 0:
         env["DS_ACCELERATOR"] = "cpu"
-        env["TORCH_EXTENSIONS_DIR"] = current_env.get(
-            "TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")
-        )
+        env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir(current_env, cache_dir))
     unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
     return LaunchPlan(topology, hardware, argv, env, unset)
 
