@@ -78,6 +78,9 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     assert set(reports) == {0, 1}
     assert all(world == 2 for world, _, _ in reports.values())
     assert reports[0][2] != reports[1][2], "both ranks trained on the same batch"
+    # a training batch (4 per device), not the evaluation at step 0 (--eval_on_start)
+    assert output.count("first batch of 4 examples") == 2
+    assert output.count("eval at step 4 |") == 1, "the last step's evaluation is not redone"
     assert re.search(r"step 4/4 \(100%\) \| epoch [\d.]+ \| loss [\d.]+", output)
     assert re.search(r"samples/s \| data wait \d+% \|", output)
     startup = re.search(r"time to first step: ([\d.]+) s \((.*)\)", output)

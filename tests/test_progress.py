@@ -16,6 +16,7 @@ from trainer.progress import (
     ProgressLogCallback,
     TimedLogSchedule,
     before_after_line,
+    evaluation_logged_at,
 )
 
 LOADER_DELAY = 0.2
@@ -216,3 +217,16 @@ def test_result_line_without_an_evaluation_at_step_0_has_only_the_after():
         "result: accuracy 0.912 after 500 steps on 872 eval examples; model in gs://b/model"
     )
     assert before_after_line(None, after, 500, 872, "m", "f1").startswith("result: f1 0.9 after")
+
+
+def test_the_evaluation_logged_at_a_step_is_found_in_the_trainers_history():
+    history = [
+        {"eval_loss": 10.9, "eval_wer": 100.0, "epoch": 0, "step": 0},
+        {"loss": 3.2, "learning_rate": 1e-3, "epoch": 1.0, "step": 20},
+        {"eval_loss": 0.2, "eval_wer": 5.6, "epoch": 1.0, "step": 20},
+        {"train_runtime": 9.0, "epoch": 1.0, "step": 20},
+    ]
+    assert evaluation_logged_at(history, 20) == {"eval_loss": 0.2, "eval_wer": 5.6, "epoch": 1.0}
+    assert evaluation_logged_at(history, 0)["eval_wer"] == 100.0
+    assert evaluation_logged_at(history, 10) is None
+    assert evaluation_logged_at(history[1:], 0) is None

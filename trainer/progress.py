@@ -131,8 +131,6 @@ class ProgressLogCallback(TrainerCallback):
         self._clock = clock
         self._agree = agree
         self._schedule: TimedLogSchedule | None = None
-        self.evaluations: dict[int, dict] = {}
-        """Metrics of each evaluation during training, by step (step 0: `--eval_on_start`)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = self._clock()
@@ -158,7 +156,6 @@ class ProgressLogCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         if any(key.startswith("eval_") for key in logs):
-            self.evaluations[state.global_step] = dict(logs)
             print(self._eval_line(state, logs), flush=True)
         elif "train_runtime" in logs:
             print(self._summary_line(logs), flush=True)
@@ -238,6 +235,18 @@ def headline_metric(metrics: dict, metric_for_best_model: str | None = None) -> 
     return own[0] if own else "eval_loss"
 
 
+def evaluation_logged_at(log_history: list[dict], step: int) -> dict | None:
+    """The metrics of the evaluation logged at `step` (step 0: `--eval_on_start`), if any.
+
+    The Trainer keeps its log history on every rank, so every rank reaches the same answer:
+    deciding from it whether to evaluate again cannot leave one rank alone in a collective.
+    """
+    for logs in log_history:
+        if logs.get("step") == step and "eval_loss" in logs:
+            return {key: value for key, value in logs.items() if key != "step"}
+    return None
+
+
 def before_after_line(
     before: dict | None,
     after: dict,
@@ -265,34 +274,46 @@ def before_after_line(
 
 
 class FirstBatchReport:
-    """Wraps a collator; on its first batch, each rank prints who it is and what it got.
+    """On its first training batch, each rank prints who it is and what it got.
 
     The fingerprint (a hash of the batch's labels) shows at a glance whether ranks were
     given different data, which is the first thing to check when scaling out goes wrong.
+    It is taken where the training loop pulls its batches (`get_batch_samples`, as
+    `DataWaitClock` does), not in the collator: the collator also makes evaluation
+    batches (`--eval_on_start` evaluates before the first training batch) and may run in
+    loader worker processes.
     """
 
-    def __init__(self, collator) -> None:
-        self.collator = collator
+    def __init__(self) -> None:
         self._reported = False
 
-    def __call__(self, examples: list[dict]) -> dict:
-        batch = self.collator(examples)
-        if not self._reported:
-            self._reported = True
-            labels = batch.get("labels")
-            digest = (
-                hashlib.sha1(labels.numpy().tobytes()).hexdigest()[:12]
-                if labels is not None
-                else "-"
-            )
-            env = os.environ
-            print(
-                f"rank {env.get('RANK', '0')}/{env.get('WORLD_SIZE', '1')} "
-                f"(node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}): "
-                f"first batch of {len(examples)} examples, fingerprint {digest}",
-                flush=True,
-            )
-        return batch
+    def attach(self, trainer) -> None:
+        fetch = trainer.get_batch_samples
+
+        def reporting_fetch(epoch_iterator, num_batches, device):
+            batches, num_items = fetch(epoch_iterator, num_batches, device)
+            if batches and not self._reported:
+                self._reported = True
+                print(self._line(batches[0]), flush=True)
+            return batches, num_items
+
+        trainer.get_batch_samples = reporting_fetch
+
+    @staticmethod
+    def _line(batch: dict) -> str:
+        labels = batch.get("labels")
+        first = labels if labels is not None else next(iter(batch.values()))
+        digest = (
+            hashlib.sha1(labels.cpu().numpy().tobytes()).hexdigest()[:12]
+            if labels is not None
+            else "-"
+        )
+        env = os.environ
+        return (
+            f"rank {env.get('RANK', '0')}/{env.get('WORLD_SIZE', '1')} "
+            f"(node {env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')}): "
+            f"first batch of {len(first)} examples, fingerprint {digest}"
+        )
 
 
 class StartupTimer(TrainerCallback):

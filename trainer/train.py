@@ -97,6 +97,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
         FirstBatchReport,
         ProgressLogCallback,
         before_after_line,
+        evaluation_logged_at,
     )
 
     flags = parse_flags(argv)
@@ -129,15 +130,15 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=FirstBatchReport(task.data_collator(processor)),
+        data_collator=task.data_collator(processor),
         processing_class=processor,
         compute_metrics=task.compute_metrics(processor) if eval_dataset is not None else None,
     )
     trainer.remove_callback(PrinterCallback)
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
-    progress = ProgressLogCallback(data_wait, timed=progress_by_time(argv))
-    trainer.add_callback(progress)
+    FirstBatchReport().attach(trainer)
+    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(argv)))
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))
@@ -153,14 +154,19 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     model_location = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
     # Everything after this point may fail without losing the run: the model is delivered.
     if eval_dataset is not None:
+        history, steps = trainer.state.log_history, trainer.state.global_step
         with model_kept_if_failing("the final evaluation", model_location):
-            final_metrics = trainer.evaluate()
+            # An evaluation at the last step already scored these weights: a second one
+            # would only cost time (generation over the whole eval set, for speech).
+            final_metrics = evaluation_logged_at(history, steps)
+            if final_metrics is None or args.load_best_model_at_end:
+                final_metrics = trainer.evaluate()
             trainer.save_metrics("eval", final_metrics)
         if place.is_global_main:
             print(
                 before_after_line(
-                    progress.evaluations.get(0), final_metrics, trainer.state.global_step,
-                    len(eval_dataset), model_location, args.metric_for_best_model,
+                    evaluation_logged_at(history, 0), final_metrics, steps, len(eval_dataset),
+                    model_location, args.metric_for_best_model,
                 ),
                 flush=True,
             )  # fmt: skip
