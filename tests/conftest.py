@@ -241,11 +241,14 @@ def run_trainer(args: list[str], cwd: Path, env: dict[str, str], timeout: float 
 
 def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
     """Use a saved model in a fresh interpreter with plain transformers, as its users will
-    (tests/delivered_model.py); what came out, as a dict."""
+    (tests/delivered_model.py); what came out, as a dict.
+
+    One thread: torch's default (one per core) spins on a loaded 2-core machine, which
+    made 20 generated tokens of the tiny model take 16 s instead of 0.2 s."""
     done = subprocess.run(
         [sys.executable, "-m", "tests.delivered_model", task, str(model_dir), str(item)],
         cwd=REPO_ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=300,
