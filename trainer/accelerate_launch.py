@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report(error, args.machine_rank))
     except SignalException:
         # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
-        # and waited for the training processes, which saved and said so themselves.
+        # and waited for the training processes, which saved and said so themselves (or,
+        # stopped before their first step, had nothing to save).
         sys.exit(PREEMPTED_EXIT_CODE)
 
 

@@ -8,8 +8,9 @@ makes it useless. Likewise a time-based save (`--save_interval_minutes`) must ha
 every rank at the same step, while each rank's clock says something slightly different.
 
 So after every optimizer step the ranks agree in one small collective (`agree`): each
-contributes "a stop was requested here" (as its node rank + 1, so everyone learns where),
-and rank 0 alone contributes "the save interval has passed", its clock deciding for all.
+contributes "a stop was requested here" (as its node rank + 1, so everyone learns where;
+the highest such node when several got the signal), and rank 0 alone contributes "the save
+interval has passed", its clock deciding for all.
 One all-reduce (MAX) of two numbers, measured in bench/stop_flag.py. The Trainer callback
 that does this is `trainer.callbacks.SaveOnStopOrInterval`; this module holds what the
 launcher needs too and imports no ML library.
