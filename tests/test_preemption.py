@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
+from tests.conftest import REPO_ROOT
 from trainer.callbacks import SaveOnStopOrInterval
 from trainer.preemption import StopRequest
 
@@ -126,3 +129,23 @@ def test_sigterm_finishes_the_step_saves_it_and_stops(tmp_path):
     assert saved == [7], "the step in flight finishes, is saved, and training stops"
     assert savers[0].stopped_at_step == 7 and savers[0].stop_origin_node == 0
     assert stop.requested
+
+
+def test_outside_training_sigterm_ends_the_process_as_before():
+    """A failing or finished process gets the default back (torchrun stops the echoes of a
+    failure with SIGTERM), and a SIGTERM that came while training ends it then."""
+    script = (
+        "import os, signal\n"
+        "from trainer.preemption import StopRequest\n"
+        "stop = StopRequest()\n"
+        "stop.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('noted, still running', flush=True)\n"
+        "stop.uninstall()\n"
+        "print('not reached', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "noted, still running\n"

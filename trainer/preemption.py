@@ -18,6 +18,7 @@ launcher needs too and imports no ML library.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -45,6 +46,14 @@ class StopRequest:
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
+
+    def uninstall(self) -> None:
+        """Back to the default, where SIGTERM ends the process at once: for a process that
+        is failing (torchrun stops the echoes of a failure that way, trainer/failures.py) or
+        has finished training. A SIGTERM that came meanwhile is delivered again now."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.requested:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_signal(self, signum, frame) -> None:
         if self.requested_at is None:

@@ -159,7 +159,11 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     # chief would wait for markers a dead node never writes. Their checkpoints simply get
     # no manifest, and the upload thread ends with the process.
     stop.install()
-    result = trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        if saver.stopped_at_step is None:  # only a stop's uploads outlast a SIGTERM
+            stop.uninstall()
     if saver.stopped_at_step is not None:
         raise stopped_after_saving(saver, stop, uploader, locations.checkpoints, flags.outputs)
     trainer.save_metrics("train", result.metrics)
