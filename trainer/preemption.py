@@ -10,10 +10,10 @@ every rank at the same step, while each rank's clock says something slightly dif
 So after every optimizer step the ranks agree in one small collective (`agree`): each
 contributes "a stop was requested here" (as its node rank + 1, so everyone learns where;
 the highest such node when several got the signal), and rank 0 alone contributes "the save
-interval has passed", its clock deciding for all.
-One all-reduce (MAX) of two numbers, measured in bench/stop_flag.py. The Trainer callback
-that does this is `trainer.callbacks.SaveOnStopOrInterval`; this module holds what the
-launcher needs too and imports no ML library.
+interval has passed", its clock deciding for all. One all-reduce (MAX) of two numbers,
+measured in bench/stop_flag.py. The Trainer callback that does this is
+`trainer.callbacks.SaveOnStopOrInterval`; this module holds what the launcher needs too
+and imports no ML library.
 """
 
 from __future__ import annotations
