@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -169,6 +170,11 @@ class TrainerProcess:
                 self.process.wait()
         return self.process.returncode, self.log.read_text()
 
+    def terminate(self) -> None:
+        """SIGTERM to the launcher alone, as a stopping container's main process gets it
+        (torchrun, which the launcher becomes, passes it on to the training processes)."""
+        self.process.send_signal(signal.SIGTERM)
+
     def kill_node(self) -> None:
         """SIGKILL the launcher and every process under it, as a dead machine would.
 
@@ -183,13 +189,15 @@ class TrainerProcess:
                 process.kill()
 
 
-def start_trainer(args: list[str], cwd: Path, env: dict[str, str]) -> TrainerProcess:
+def start_trainer(
+    args: list[str], cwd: Path, env: dict[str, str], log_name: str = "trainer.log"
+) -> TrainerProcess:
     """Start `python -m trainer ARGS` exactly as a user (or the image's entrypoint) would.
 
-    Output goes to `cwd/trainer.log`, not a pipe: with several nodes running, an undrained
+    Output goes to `cwd/log_name`, not a pipe: with several nodes running, an undrained
     pipe blocks one node's prints and with it, through the collectives, every other node.
     """
-    log = cwd / "trainer.log"
+    log = cwd / log_name
     with log.open("w") as handle:
         process = subprocess.Popen(
             [sys.executable, "-m", "trainer", *args],
@@ -207,32 +215,60 @@ DEMO_SPEECH_FLAGS = ["--text_column_name", "transcription", "--language", "en"]
 
 
 def start_nodes(
-    root: Path, model_dir: Path, dataset_dir: Path, args: list[str], num_nodes: int = 2, **env
+    root: Path,
+    model_dir: Path,
+    dataset_dir: Path,
+    args: list[str],
+    num_nodes: int = 2,
+    port: int | None = None,
+    **env,
 ) -> list[TrainerProcess]:
     """Start one launcher per simulated Vertex AI node, as each replica would run it.
 
-    Each node gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1 on a free
-    port), Vertex's node-level RANK/WORLD_SIZE, and its own directory with its own copy of
-    the model and data: nodes share no disk. One training process per node.
+    The chief listens at 127.0.0.1 on `port` (a free one if not given); see `start_node`.
     """
-    port = free_port()
+    port = port or free_port()
+    return [
+        start_node(root, rank, num_nodes, port, model_dir, dataset_dir, args, **env)
+        for rank in range(num_nodes)
+    ]
+
+
+def start_node(
+    root: Path,
+    rank: int,
+    num_nodes: int,
+    port: int,
+    model_dir: Path,
+    dataset_dir: Path,
+    args: list[str],
+    log_name: str = "trainer.log",
+    **env,
+) -> TrainerProcess:
+    """Start node `rank` of a simulated Vertex AI job, as its replica would run.
+
+    It gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1:`port`), Vertex's
+    node-level RANK/WORLD_SIZE, and its own directory `root/node{rank}` with its own copy
+    of the model and data: nodes share no disk. One training process per node. Starting
+    a node again in an existing directory is a restart on the same machine (its local
+    files are still there); under a new `root` it is a fresh machine.
+    """
     cluster = {"workerpool0": [f"127.0.0.1:{port}"],
                "workerpool1": [f"127.0.0.1:{port}"] * (num_nodes - 1)}  # fmt: skip
-    nodes = []
-    for rank in range(num_nodes):
-        pool, index = ("workerpool0", 0) if rank == 0 else ("workerpool1", rank - 1)
-        node_dir = root / f"node{rank}"
+    pool, index = ("workerpool0", 0) if rank == 0 else ("workerpool1", rank - 1)
+    node_dir = root / f"node{rank}"
+    if not node_dir.exists():
         node_dir.mkdir(parents=True)
-        node_model = shutil.copytree(model_dir, node_dir / "model-in")
-        node_data = shutil.copytree(dataset_dir, node_dir / "data")
-        spec = {"cluster": cluster, "environment": "cloud",
-                "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
-        node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
-                               RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
-        node_args = ["--model_name_or_path", str(node_model), "--dataset_name", str(node_data),
-                     "--nproc_per_node", "1", *args]  # fmt: skip
-        nodes.append(start_trainer(node_args, cwd=node_dir, env=node_env))
-    return nodes
+        shutil.copytree(model_dir, node_dir / "model-in")
+        shutil.copytree(dataset_dir, node_dir / "data")
+    spec = {"cluster": cluster, "environment": "cloud",
+            "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
+    node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
+                           RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
+    node_args = ["--model_name_or_path", str(node_dir / "model-in"),
+                 "--dataset_name", str(node_dir / "data"), "--nproc_per_node", "1",
+                 *args]  # fmt: skip
+    return start_trainer(node_args, cwd=node_dir, env=node_env, log_name=log_name)
 
 
 def run_trainer(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600):

@@ -54,15 +54,17 @@ def _wait_for_port(port: int, timeout: float = 30) -> None:
 
 
 class FlakyProxy:
-    """Forwards HTTP to the emulator, failing `failure_rate` of requests (seeded)."""
+    """Forwards HTTP to the emulator, failing `failure_rate` of requests (seeded) and
+    holding each one `delay_seconds` first (changeable while it runs)."""
 
     def __init__(self, upstream: str, failure_rate: float, seed: int = 0) -> None:
         self.upstream = upstream.removeprefix("http://")
         self.failure_rate = failure_rate
+        self.delay_seconds = 0.0
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.requests = self.failures = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -89,6 +91,7 @@ class FlakyProxy:
 
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(proxy.delay_seconds)
                 fault = proxy._fault()
                 if fault == "drop":
                     self.close_connection = True
@@ -116,3 +119,12 @@ class FlakyProxy:
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
         return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a process killed or stopped on purpose) is
+    expected here: no traceback for it."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)

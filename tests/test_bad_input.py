@@ -118,6 +118,15 @@ BAD_INPUTS = [
     ),
     pytest.param(["--max_duration_in_seconds", "0"], {}, "must be positive", id="duration"),
     pytest.param(["--whisper_task", "summarize"], {}, "invalid choice", id="whisper-task"),
+    pytest.param(
+        ["--save_interval_minutes", "0"],
+        {},
+        "--save_interval_minutes must be more than 0",
+        id="save-interval",
+    ),
+    pytest.param(
+        ["--stop_grace_seconds", "-1"], {}, "--stop_grace_seconds must be 0 or more", id="grace"
+    ),
 ]
 
 

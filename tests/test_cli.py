@@ -35,6 +35,8 @@ def test_help_shows_launcher_and_training_flags(tmp_path, demo_cache):
         "--task",
         "--model_name_or_path",
         "--dataset_name",
+        "--save_interval_minutes",
+        "--stop_grace_seconds",
         "--train_split_name",
         "--audio_column_name",
         "--language",

@@ -143,7 +143,11 @@ def test_custom_job_create_sends_config_yaml_as_written(capture, tmp_path):
         assert env == jobspec.DEFAULT_ENV
         assert pool["diskSpec"] == {"bootDiskSizeGb": 200}
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://BUCKET/whisper-small-sr"}
-    assert spec["scheduling"] == {"timeout": "86400s", "restartJobOnWorkerRestart": True}
+    assert spec["scheduling"] == {
+        "timeout": "86400s",
+        "restartJobOnWorkerRestart": True,
+        "disableRetries": False,
+    }
     # Nothing in the file was lost or added on the way.
     sent = parse_strictly(spec, CustomJobSpec)
     assert sent == parse_strictly(yaml.safe_load(CONFIG.read_text()), CustomJobSpec)
@@ -259,6 +263,7 @@ def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
     assert body["jobSpec"]["scheduling"] == {
         "timeout": "86400s",
         "restartJobOnWorkerRestart": True,
+        "disableRetries": False,
         "strategy": "FLEX_START",
         "maxWaitDuration": "21600s",
     }
@@ -275,3 +280,36 @@ def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
     )  # fmt: skip
     trial = parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec
     assert trial.scheduling.strategy.name == "FLEX_START" and trial == sent
+
+
+def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_path):
+    """--spot: Spot VMs, the whole job restarted when a worker is, retries left on, a
+    bounded wait for capacity, and every node saving at least every 15 minutes."""
+    jobspec.main(["--spot", "--max_wait_hours", "4", "--dest", str(tmp_path / "job")])
+    _, _, body = gcloud(
+        capture, tmp_path, "ai", "custom-jobs", "create", f"--region={REGION}",
+        "--display-name=spot", f"--config={tmp_path / 'job' / 'config.yaml'}",
+    )  # fmt: skip
+    assert body["jobSpec"]["scheduling"] == {
+        "timeout": "86400s",
+        "restartJobOnWorkerRestart": True,
+        "disableRetries": False,
+        "strategy": "SPOT",
+        "maxWaitDuration": "14400s",
+    }
+    for pool in body["jobSpec"]["workerPoolSpecs"]:
+        args = pool["containerSpec"]["args"]
+        assert args[args.index("--save_interval_minutes") + 1] == "15"
+    sent = parse_strictly(body["jobSpec"], CustomJobSpec)
+    written = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
+    assert sent == parse_strictly(written, CustomJobSpec)
+    assert sent.scheduling.strategy.name == "SPOT"
+    assert sent.scheduling.restart_job_on_worker_restart and not sent.scheduling.disable_retries
+    assert sent.scheduling.max_wait_duration.total_seconds() == 4 * 3600
+
+    capture.requests.clear()
+    _, _, tuning = gcloud(
+        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
+        "--display-name=spot-tuning", f"--config={tmp_path / 'job' / 'hptuning.yaml'}",
+    )  # fmt: skip
+    assert parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec == sent

@@ -68,6 +68,8 @@ def test_checked_in_specs_parse_strictly_into_vertex_messages():
     assert job.base_output_directory.output_uri_prefix.startswith("gs://")
     assert job.scheduling.timeout.total_seconds() == 24 * 3600
     assert job.scheduling.restart_job_on_worker_restart
+    assert "disableRetries" in yaml.safe_load(CONFIG.read_text())["scheduling"]
+    assert not job.scheduling.disable_retries, "true would turn the restarts above off"
     assert tuning.trial_job_spec == job
     assert [(m.metric_id, m.goal.name) for m in tuning.study_spec.metrics] == [("wer", "MINIMIZE")]
     learning_rate, warmup = tuning.study_spec.parameters
@@ -93,6 +95,7 @@ def test_a_misspelled_field_is_caught():
     "argv",
     [
         ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g"],
+        ["--spot", "--max_wait_hours", "3", "--save_interval_minutes", "5"],
         ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
         ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
         ["--deepspeed", "zero3", "--max_steps", "100", "--learning_rate", "3e-5"],
@@ -114,16 +117,23 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         assert pool.machine_spec.accelerator_type.name == gpu
         assert pool.machine_spec.accelerator_count == (options.accelerator_count or count[-1])
         args = list(pool.container_spec.args)
-        assert args == [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+        expected_args = [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+        if options.spot and "--save_interval_minutes" not in training_flags:
+            expected_args += ["--save_interval_minutes", "15"]  # a Spot job saves by time
+        assert args == expected_args
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
         assert env == expected_env
         assert pool.container_spec.image_uri == options.image
     strategy = "SPOT" if options.spot else "FLEX_START" if options.flex_start else None
     assert job.scheduling.strategy.name == (strategy or "STRATEGY_UNSPECIFIED")
+    # every job: a restarted worker restarts the whole job, and Vertex AI may retry it
+    assert job.scheduling.restart_job_on_worker_restart and not job.scheduling.disable_retries
     if options.flex_start:  # Vertex AI's default wait is a day; 0 would mean no limit
         wait_hours = options.max_wait_hours if options.max_wait_hours is not None else 24
         assert job.scheduling.max_wait_duration.total_seconds() == wait_hours * 3600
+    elif options.spot and options.max_wait_hours is not None:
+        assert job.scheduling.max_wait_duration.total_seconds() == options.max_wait_hours * 3600
     else:
         assert not job.scheduling.max_wait_duration
 
@@ -150,8 +160,10 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--flex_start", "--machine_type", "n1-standard-8"],
          "--flex_start needs L4, A100, H100 or H200 GPUs; n1-standard-8 has NVIDIA_TESLA_T4"),
         (["--flex_start", "--timeout_hours", "169"], "may run at most 168 hours"),
-        (["--max_wait_hours", "6"], "--max_wait_hours only applies with --flex_start"),
+        (["--max_wait_hours", "6"], "--max_wait_hours only applies with --flex_start or --spot"),
         (["--flex_start", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
+        (["--spot", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
+        (["--spot", "--save_interval_minutes", "0"], "--save_interval_minutes must be more than 0"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):

@@ -188,3 +188,14 @@ def test_stale_extension_build_locks_are_cleared(tmp_path):
     os.utime(old, (now - STALE_LOCK_SECONDS - 1, now - STALE_LOCK_SECONDS - 1))
     assert clear_stale_build_locks(tmp_path, now) == [old]
     assert not old.exists() and fresh.exists(), "a lock a live build may hold must stay"
+
+
+def test_torchrun_waits_for_the_stop_grace_before_killing_on_sigterm():
+    """torchrun kills the training processes TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds after
+    passing SIGTERM on: long enough for --stop_grace_seconds of uploads, then a report."""
+    topology = Topology(1, 0, "127.0.0.1", 29500, 2, "chief")
+    options = LauncherArguments()
+    for grace, timeout in ((25, "30"), (0, "5"), (90.5, "96")):
+        plan = build_launch_plan(topology, CPU, options, None, [], "no", {}, Path("/cache"),
+                                 stop_grace_seconds=grace)  # fmt: skip
+        assert plan.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == timeout

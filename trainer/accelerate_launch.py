@@ -13,12 +13,16 @@ from __future__ import annotations
 import logging
 import sys
 
-REPORTED_EXIT_CODES = (1, 2)
-"""trainer.train printed the failure's `error:` line itself (1: failure, 2: bad input)."""
+from trainer.preemption import PREEMPTED_EXIT_CODE
+
+REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
+"""trainer.train printed the line itself (1: failure, 2: bad input, 75: stopped on request
+after saving, trainer/preemption.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -27,6 +31,11 @@ def main(argv: list[str] | None = None) -> None:
         launch_command(args)
     except ChildFailedError as error:
         sys.exit(report(error, args.machine_rank))
+    except SignalException:
+        # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
+        # and waited for the training processes, which saved and said so themselves (or,
+        # stopped before their first step, had nothing to save).
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 def report(error, node_rank: int | None) -> int:

@@ -1,15 +1,20 @@
-"""Trainer callbacks that connect training to storage and to Vertex AI's tuning service."""
+"""Trainer callbacks that connect training to storage, to Vertex AI's tuning service, and
+to the stop requests and save interval of trainer/preemption.py."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from trainer.checkpoints import CheckpointUploader
+from trainer.preemption import StopRequest, agree
 from trainer.storage import Store
 
 logger = logging.getLogger(__name__)
@@ -112,3 +117,54 @@ class HypertuneCallback(TrainerCallback):
             metric_value=float(value),
             global_step=state.global_step,
         )
+
+
+class SaveOnStopOrInterval(TrainerCallback):
+    """After each step: on an agreed stop request, save and stop; when rank 0's clock says
+    the interval has passed since the last save (whatever triggered it), save.
+
+    `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
+    happened once training returns.
+    `clock` and `agree` are parameters so tests can drive time and ranks.
+    """
+
+    def __init__(
+        self,
+        stop: StopRequest,
+        interval_minutes: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        agree: Callable[[list[float]], list[float]] = agree,
+    ) -> None:
+        self._stop = stop
+        self._interval = interval_minutes * 60 if interval_minutes else None
+        self._clock = clock
+        self._agree = agree
+        self._last_save = clock()
+        self.stopped_at_step: int | None = None
+        self.stop_origin_node: int | None = None
+        self.agreed_at: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_save = self._clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        node = int(os.environ.get("GROUP_RANK", "0"))
+        stop_here = node + 1 if self._stop.requested else 0
+        due = bool(
+            self._interval is not None
+            and state.is_world_process_zero
+            and self._clock() - self._last_save >= self._interval
+        )
+        stop_origin, save_due = self._agree([float(stop_here), float(due)])
+        if stop_origin:
+            self.stopped_at_step = state.global_step
+            self.stop_origin_node = int(stop_origin) - 1
+            self.agreed_at = self._clock()
+            control.should_save = True
+            control.should_training_stop = True
+            control.should_evaluate = False  # no time for it: the notice is seconds long
+        elif save_due:
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._last_save = self._clock()

@@ -114,10 +114,13 @@ class CheckpointUploader:
         shutil.copytree(checkpoint_dir, snapshot, copy_function=os.link)
         self._jobs.put((snapshot, best_checkpoint))
 
-    def close(self) -> None:
-        """Wait until every queued checkpoint is uploaded (or has failed)."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait until every queued checkpoint is uploaded (or has failed), at most
+        `timeout` seconds; whether the uploads are over. Uploads still running after a
+        timeout are abandoned with the process: their checkpoint never gets a manifest."""
         self._jobs.put(None)
-        self._thread.join()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

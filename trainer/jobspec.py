@@ -65,6 +65,11 @@ lines; NCCL warnings are what explains a multi-node hang."""
 
 MIN_BOOT_DISK_GB = 100
 
+SPOT_SAVE_INTERVAL_MINUTES = 15
+"""With --spot every node also saves by time (`--save_interval_minutes`, unless the training
+flags set it): a preemption that gives no time to save loses at most this much work,
+whatever the step time (docs/restarts.md)."""
+
 DEFAULT_MAX_WAIT_HOURS = 24
 """Vertex AI's own default for a FLEX_START job's maxWaitDuration (1 day)."""
 FLEX_START_MAX_TIMEOUT_HOURS = 7 * 24
@@ -94,7 +99,14 @@ class JobSpecArguments:
         default=DEFAULT_IMAGE,
         metadata={"help": "The training image, pinned: its commit tag or @sha256 digest."},
     )
-    spot: bool = field(default=False, metadata={"help": "Run on Spot VMs (preempted jobs resume)."})
+    spot: bool = field(
+        default=False,
+        metadata={
+            "help": "Run on Spot VMs (scheduling strategy SPOT); preempted jobs resume, and "
+            f"nodes save every {SPOT_SAVE_INTERVAL_MINUTES} minutes unless the training flags "
+            "give --save_interval_minutes."
+        },
+    )
     flex_start: bool = field(
         default=False,
         metadata={
@@ -105,8 +117,9 @@ class JobSpecArguments:
     max_wait_hours: int | None = field(
         default=None,
         metadata={
-            "help": "With --flex_start: hours Vertex AI may wait for the GPUs (maxWaitDuration; "
-            f"default {DEFAULT_MAX_WAIT_HOURS}, 0 waits without limit)."
+            "help": "With --flex_start or --spot: hours Vertex AI may wait for the GPUs "
+            f"(maxWaitDuration; FLEX_START's default {DEFAULT_MAX_WAIT_HOURS}, 0 waits without "
+            "limit; with --spot not written unless given)."
         },
     )
     base_output_dir: str = field(
@@ -193,9 +206,11 @@ def check_options(options: JobSpecArguments) -> None:
 
 def check_flex_start(options: JobSpecArguments) -> None:
     """FLEX_START's own rules, which Vertex AI would only enforce once the job is submitted."""
+    if options.max_wait_hours is not None and options.max_wait_hours < 0:
+        raise UserError("--max_wait_hours must be 0 (no limit) or more.")
     if not options.flex_start:
-        if options.max_wait_hours is not None:
-            raise UserError("--max_wait_hours only applies with --flex_start.")
+        if options.max_wait_hours is not None and not options.spot:
+            raise UserError("--max_wait_hours only applies with --flex_start or --spot.")
         return
     if options.spot:
         raise UserError("--flex_start and --spot are two scheduling strategies: choose one.")
@@ -209,8 +224,6 @@ def check_flex_start(options: JobSpecArguments) -> None:
             f"--flex_start jobs may run at most {FLEX_START_MAX_TIMEOUT_HOURS} hours; lower "
             f"--timeout_hours {options.timeout_hours}."
         )
-    if options.max_wait_hours is not None and options.max_wait_hours < 0:
-        raise UserError("--max_wait_hours must be 0 (no limit) or more.")
 
 
 def check_image_is_pinned(image: str) -> None:
@@ -271,7 +284,11 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
 
 
 def container_args(options: JobSpecArguments, training_flags: list[str]) -> list[str]:
-    return [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+    args = [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
+    given = {flag.split("=", 1)[0] for flag in training_flags}
+    if options.spot and "--save_interval_minutes" not in given:
+        args += ["--save_interval_minutes", str(SPOT_SAVE_INTERVAL_MINUTES)]
+    return args
 
 
 def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dict:
@@ -300,9 +317,13 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
         # Static rendezvous: one restarted node cannot rejoin the others' process group,
         # so the whole job restarts and resumes from the last complete checkpoint.
         "restartJobOnWorkerRestart": True,
+        # true would stop Vertex AI's retries and override the line above to false.
+        "disableRetries": False,
     }
     if options.spot:
         scheduling["strategy"] = "SPOT"
+        if options.max_wait_hours is not None:
+            scheduling["maxWaitDuration"] = f"{options.max_wait_hours * 3600}s"
     if options.flex_start:
         wait = DEFAULT_MAX_WAIT_HOURS if options.max_wait_hours is None else options.max_wait_hours
         scheduling["strategy"] = "FLEX_START"

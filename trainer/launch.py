@@ -12,6 +12,7 @@ command, which is what the tests check.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -33,6 +34,11 @@ VERTEX_NODE_LEVEL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"
 """Vertex AI sets these per NODE; torchrun sets its own per PROCESS, so ours are dropped."""
 
 SECRET_FLAG_MARKERS = ("token", "key", "secret", "password")
+
+SHUTDOWN_MARGIN_SECONDS = 5
+"""On SIGTERM torchrun's agent passes the signal on to the training processes and kills
+them TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (30 by default): the plan gives them
+--stop_grace_seconds for their uploads plus this much to report and exit."""
 
 LAUNCHED_AT_VARIABLE = "TRAINER_LAUNCHED_AT"
 """When `python -m trainer` started (epoch seconds): the training program reports the time
@@ -119,6 +125,7 @@ def build_launch_plan(
     current_env: Mapping[str, str],
     cache_dir: Path,
     python: str = sys.executable,
+    stop_grace_seconds: float = 25,
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure)."""
     argv = [
@@ -148,6 +155,9 @@ def build_launch_plan(
 
     env = {
         "PYTHONUNBUFFERED": "1",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
+            math.ceil(stop_grace_seconds) + SHUTDOWN_MARGIN_SECONDS
+        ),
         "OMP_NUM_THREADS": current_env.get(
             "OMP_NUM_THREADS", str(max(1, hardware.cpu_count // topology.nproc_per_node))
         ),
@@ -250,6 +260,7 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
         mixed_precision,
         env,
         cache_dir(),
+        stop_grace_seconds=flags.outputs.stop_grace_seconds,
     )
     return options, replace(plan, notices=[*notices, *shm_notices])
 

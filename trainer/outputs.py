@@ -48,6 +48,28 @@ class OutputArguments:
         metadata={"help": "Seconds the chief waits for the other nodes' part of a checkpoint "
                   "before giving that checkpoint up."},
     )  # fmt: skip
+    save_interval_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Also save a checkpoint when this many minutes have passed since the "
+                  "last one (rank 0's clock decides, every rank saves at the same step): bounds "
+                  "the work a crash loses whatever the step time."},
+    )  # fmt: skip
+    stop_grace_seconds: float = field(
+        default=25,
+        metadata={"help": "On SIGTERM (Spot preemption, a stopped job) every rank finishes its "
+                  "step and saves; uploads get this long from the signal before the process "
+                  "exits (a Spot VM is switched off 30 s after its notice)."},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.save_interval_minutes is not None and self.save_interval_minutes <= 0:
+            raise ValueError(
+                f"--save_interval_minutes must be more than 0, got {self.save_interval_minutes}."
+            )
+        if self.stop_grace_seconds < 0:
+            raise ValueError(
+                f"--stop_grace_seconds must be 0 or more, got {self.stop_grace_seconds}."
+            )
 
 
 @dataclass(frozen=True)

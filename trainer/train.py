@@ -28,6 +28,7 @@ from trainer.failures import (
     report_failure,
 )
 from trainer.launch import LAUNCHED_AT_VARIABLE
+from trainer.preemption import PREEMPTED_EXIT_CODE, Stopped
 from trainer.quiet import silence_known_noise
 
 FINAL_MODEL_DIRNAME = "model"
@@ -70,6 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     except FailedAfterTraining as error:
         report_failed_after_training(error)
         sys.exit(1)
+    except Stopped as stopped:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"preempted: {stopped}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not sys.exit: it would wait for the storage client's transfer threads, i.e. for
+        # an upload this process has given up on (its checkpoint keeps no manifest).
+        os._exit(PREEMPTED_EXIT_CODE)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
         report_failure(error)
         sys.exit(1)
@@ -90,8 +98,13 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     startup.mark("launcher, torchrun and imports")
     from transformers import PrinterCallback, set_seed
 
-    from trainer.callbacks import CheckpointSyncCallback, TensorBoardSyncCallback
+    from trainer.callbacks import (
+        CheckpointSyncCallback,
+        SaveOnStopOrInterval,
+        TensorBoardSyncCallback,
+    )
     from trainer.outputs import resolve_output_locations
+    from trainer.preemption import StopRequest
     from trainer.progress import (
         DataWaitClock,
         FirstBatchReport,
@@ -145,11 +158,21 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     reporting = reporting_callbacks(flags, locations, output_dir, place)
     for callback in reporting:
         trainer.add_callback(callback)
+    stop = StopRequest()
+    saver = SaveOnStopOrInterval(stop, flags.outputs.save_interval_minutes)
+    trainer.add_callback(saver)
 
     # If training fails (a peer died, say), the uploads in flight are not waited for: the
     # chief would wait for markers a dead node never writes. Their checkpoints simply get
     # no manifest, and the upload thread ends with the process.
-    result = trainer.train(resume_from_checkpoint=resume_from)
+    stop.install()
+    try:
+        result = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        if saver.stopped_at_step is None:  # only a stop's uploads outlast a SIGTERM
+            stop.uninstall()
+    if saver.stopped_at_step is not None:
+        raise stopped_after_saving(saver, stop, uploader, locations.checkpoints, flags.outputs)
     trainer.save_metrics("train", result.metrics)
     model_location = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
     # Everything after this point may fail without losing the run: the model is delivered.
@@ -181,6 +204,30 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
                 raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
     if place.is_global_main:
         print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
+
+
+def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> Stopped:
+    """Wait for this node's uploads, up to `--stop_grace_seconds` from the moment this
+    process learned of the stop (its own SIGTERM, or the ranks' agreement); say what was
+    kept. The chief's upload ends with the manifest, so "complete" there means resumable."""
+    import time
+
+    learned_at = stop.requested_at if stop.requested else saver.agreed_at
+    grace = outputs.stop_grace_seconds
+    name = f"checkpoint-{saver.stopped_at_step}"
+    cause = f"SIGTERM on node {saver.stop_origin_node} (Spot preemption or a stopped job)"
+    if uploader is None:
+        return Stopped(f"{cause}: every rank saved {name} locally")
+    done = uploader.close(timeout=max(0.0, learned_at + grace - time.monotonic()))
+    seconds = time.monotonic() - learned_at
+    if not done or name in uploader.failures:
+        return Stopped(
+            f"{cause}: {name} was not uploaded to {checkpoints} within {seconds:.1f} s "
+            f"(--stop_grace_seconds {grace:g}); the job resumes from the previous complete "
+            "checkpoint"
+        )
+    what = "is complete" if uploader.is_global_main else "has this node's part"
+    return Stopped(f"{cause}: {name} {what} in {checkpoints}, {seconds:.1f} s after the stop")
 
 
 def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
