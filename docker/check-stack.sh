@@ -95,6 +95,21 @@ pip install --constraint constraints.txt --requirement requirements.txt
 pip install --no-deps --no-warn-conflicts --constraint constraints.txt openai-whisper
 pip install --no-deps --no-build-isolation --constraint constraints.txt .
 
+step "installed packages constraints.txt does not pin (CUDA-only: the CPU venv it is frozen from lacks them)"
+python - <<'PY'
+import re
+from importlib.metadata import distributions
+
+def name(text):
+    return re.sub(r"[-_.]+", "-", text).lower()
+
+pinned = {name(line.split("==")[0]) for line in open("constraints.txt")
+          if "==" in line and not line.startswith("#")}
+extra = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()
+               if name(d.metadata["Name"]) not in pinned | {"pip", "vertex-hf-trainer"})
+print("\n".join(extra) or "none")
+PY
+
 step "docker/smoke-test.sh in the venv"
 TRAINER_CACHE_DIR="$dest/cache" bash "$repo/docker/smoke-test.sh"
 
