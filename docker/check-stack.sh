@@ -67,8 +67,10 @@ build_started=$SECONDS
     # shellcheck source=ds-build.env
     . "$repo/docker/ds-build.env"
     set +a
+    # --no-cache-dir: pip would reuse a DeepSpeed wheel it built before, whatever ops and
+    # architectures it was built with (its cache key ignores DS_BUILD_*).
     CXX="$repo/docker/portable-cxx" MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-        pip install --no-build-isolation --constraint constraints.txt deepspeed
+        pip install --no-cache-dir --no-build-isolation --constraint constraints.txt deepspeed
     ds_report
     python "$repo/docker/check-ds-ops.py"
 )

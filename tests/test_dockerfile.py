@@ -234,6 +234,9 @@ def test_the_image_and_its_check_share_one_set_of_deepspeed_settings(script):
     assert 'cuda-toolkit.sh" install' in code or "cuda-toolkit.sh install" in code
     assert "--no-build-isolation --constraint constraints.txt deepspeed" in code
     assert "portable-cxx" in code and "check-ds-ops.py" in code
+    # pip's wheel cache ignores DS_BUILD_*: a DeepSpeed wheel built before (with other ops,
+    # or none, as `make install` builds it) must never be reused.
+    assert "PIP_NO_CACHE_DIR=1" in code or "--no-cache-dir --no-build-isolation" in code
 
 
 def test_the_smoke_test_expects_the_ops_ds_build_env_compiles():
