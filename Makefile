@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench image-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ format: install
 
 bench: install
 	$(BIN)/python bench/preprocessing.py
+
+# The image's Python stack with CUDA torch and DeepSpeed's compiled ops, built for real in a
+# fresh venv outside the repository (slow: GBs of wheels, a compile; not part of `make test`).
+# PYTHON must be a 3.12, as in the image: make image-check PYTHON=python3.12
+image-check:
+	PYTHON=$(PYTHON) docker/check-stack.sh
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

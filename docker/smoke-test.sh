@@ -4,24 +4,23 @@
 #   docker run --rm --shm-size=2g --entrypoint=bash IMAGE -c "$(cat docker/smoke-test.sh)"
 #
 # It needs no GPU and no network (the build machine has neither a GPU nor the model hub):
-# imports, the CUDA build of torch, DeepSpeed's compiled ops, the launch plan of a simulated
-# two-node Vertex AI job, and a short CPU training run of the built-in demo through the
-# real entrypoint (two processes, DeepSpeed ZeRO-2, evaluation, saving).
+# imports, the CUDA build of torch, DeepSpeed's ops compiled for torch's CUDA, the launcher's
+# driver check, the launch plan of a simulated two-node Vertex AI job, and a short CPU
+# training run of the built-in demo through the real entrypoint (two processes, DeepSpeed
+# ZeRO-2, evaluation, saving). docker/check-stack.sh runs it outside Docker as well.
 set -euo pipefail
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 cd "$(mktemp -d)"
 
 echo "--- imports"
 python - <<'EOF'
-import re, subprocess
 import accelerate, datasets, deepspeed, google.cloud.storage, hypertune, jiwer, torch
 import torchcodec.decoders, transformers, trainer
-from deepspeed.git_version_info import installed_ops
+from deepspeed.git_version_info import installed_ops, torch_info
 
-nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-nvcc_version = re.search(r"release (\d+)\.", nvcc).group(1)
 assert (torch.version.cuda or "").startswith("13."), f"torch is not a CUDA 13 build: {torch.version.cuda}"
-assert torch.version.cuda.split(".")[0] == nvcc_version, f"nvcc {nvcc_version} cannot build for torch"
+built_for = torch_info["cuda_version"]
+assert built_for == torch.version.cuda, f"DeepSpeed's ops built for CUDA {built_for}, torch has {torch.version.cuda}"
 missing = [op for op in ("fused_adam", "cpu_adam") if not installed_ops.get(op)]
 assert not missing, f"DeepSpeed ops not compiled into the image: {missing}"
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), deepspeed {deepspeed.__version__}, "
@@ -39,7 +38,10 @@ CLUSTER_SPEC='{"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"
   "workerpool1": ["cmle-training-workerpool1-ab-0:2222"]},
   "environment": "cloud", "task": {"type": "workerpool1", "index": 0}}' \
     python -m trainer whisper-small.yaml --deepspeed zero2 --nproc_per_node 8 --dry-run \
-    --dataset_name ./cv --skip_hub_check > plan.json
+    --dataset_name ./cv --skip_hub_check > plan.json 2> notices.txt \
+    || { cat notices.txt >&2; exit 1; }
+# The launcher's first line: its driver check found no driver and read torch's CUDA.
+grep -Fx "NVIDIA driver: none loaded (a CPU run); torch's CUDA 13.0" notices.txt
 python - <<'EOF'
 import json
 

@@ -1,9 +1,11 @@
 """docker/Dockerfile, checked without a Docker engine: lint, the dependency set it installs,
-the DeepSpeed ops it compiles, its entrypoint, and what the build context may contain."""
+the DeepSpeed ops it compiles (and the settings it shares with docker/check-stack.sh), its
+two stages, its entrypoint, and what the build context may contain."""
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import os
 import re
 import shlex
@@ -19,6 +21,8 @@ from tests.conftest import REPO_ROOT
 from trainer import jobspec
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
+DS_BUILD_ENV = REPO_ROOT / "docker" / "ds-build.env"
+CHECK_STACK = REPO_ROOT / "docker" / "check-stack.sh"
 
 COMPUTE_CAPABILITY = {
     "NVIDIA_TESLA_T4": "7.5",
@@ -30,8 +34,8 @@ COMPUTE_CAPABILITY = {
     "NVIDIA_H200_141GB": "9.0",
 }
 TORCH_CUDA = {"2.13": "13.0"}
-"""CUDA version of the torch wheels on PyPI, by torch minor version (the base's nvcc must
-match it to build DeepSpeed's ops)."""
+"""CUDA version of the torch wheels on PyPI, by torch minor version (the base image's
+CUDA, whose forward-compatibility libraries the launcher may use, must match it)."""
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -182,28 +186,192 @@ def test_code_changes_do_not_reinstall_dependencies():
     assert all(i < code for i in dependency_runs[:-1])
 
 
-def test_deepspeed_ops_are_compiled_for_every_gpu_the_job_specs_offer():
-    args = dict(
+def ds_build_settings() -> dict[str, str]:
+    """docker/ds-build.env as the Dockerfile and check-stack.sh see it: sourced by bash."""
+    script = f'set -a; . "{DS_BUILD_ENV}"; set +a; env -0'
+    result = subprocess.run(["bash", "-c", script], env={}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    pairs = [entry.split("=", 1) for entry in result.stdout.split("\0") if "=" in entry]
+    return {k: v for k, v in pairs if k.startswith("DS_") or k == "TORCH_CUDA_ARCH_LIST"}
+
+
+def arg_defaults() -> dict[str, str]:
+    return dict(
         re.match(r'(\w+)="?([^"]*)"?', rest).groups()
         for keyword, rest in instructions()
         if keyword == "ARG" and "=" in rest
     )
-    arch_list = set(args["TORCH_CUDA_ARCH_LIST"].split(";"))
+
+
+def test_deepspeed_ops_are_compiled_for_every_gpu_the_job_specs_offer():
+    settings = ds_build_settings()
+    arch_list = set(settings["TORCH_CUDA_ARCH_LIST"].split(";"))
     for gpu, _ in jobspec.GPU_MACHINES.values():
         assert COMPUTE_CAPABILITY[gpu] in arch_list, f"{gpu} missing from TORCH_CUDA_ARCH_LIST"
     assert "7.0" not in arch_list, "CUDA 13 cannot target Volta"
-
-    torch_version = constraint_pins()["torch"].rsplit(".", 1)[0]
-    match = re.fullmatch(r"nvidia/cuda:(\d+\.\d+)\.\d+-devel-ubuntu[\d.]+", args["BASE_IMAGE"])
-    assert match, f"{args['BASE_IMAGE']} is not a CUDA devel image (nvcc builds the ops)"
-    assert match.group(1) == TORCH_CUDA[torch_version], "nvcc must match torch's CUDA version"
+    assert settings["DS_ACCELERATOR"] == "cuda" and settings["DS_BUILD_OPS"] == "0"
+    assert {settings["DS_BUILD_FUSED_ADAM"], settings["DS_BUILD_CPU_ADAM"]} == {"1"}
 
     build = next(
         rest for keyword, rest in instructions() if "deepspeed" in rest and "RUN" in keyword
     )
-    for setting in ("DS_ACCELERATOR=cuda", "DS_BUILD_FUSED_ADAM=1", "DS_BUILD_CPU_ADAM=1",
-                    "--no-build-isolation", "ds_report", "installed_ops"):  # fmt: skip
+    commands = [" ".join(command) for command in shell_commands(build)]
+    assert commands[0].startswith("CUDA_HOME=$(/opt/build/cuda-toolkit.sh install)")
+    assert ". /opt/build/ds-build.env" in commands and "set +a" in commands
+    assert commands[-1] == "/opt/build/cuda-toolkit.sh remove", "no toolkit left behind"
+    for setting in ("--no-build-isolation", "ds_report", "check-ds-ops.py", "portable-cxx"):
         assert setting in build
+
+
+@pytest.mark.parametrize("script", [DOCKERFILE, CHECK_STACK])
+def test_the_image_and_its_check_share_one_set_of_deepspeed_settings(script):
+    """Both read docker/ds-build.env and neither sets a DS_* variable or the arch list
+    itself, so the stack `make image-check` builds is the image's."""
+    text = script.read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.findall(r"\b(DS_[A-Z_]+|TORCH_CUDA_ARCH_LIST)=", code), script.name
+    assert re.search(r"\. \S*/ds-build\.env", code), f"{script.name} does not source it"
+    assert 'cuda-toolkit.sh" install' in code or "cuda-toolkit.sh install" in code
+    assert "--no-build-isolation --constraint constraints.txt deepspeed" in code
+    assert "portable-cxx" in code and "check-ds-ops.py" in code
+    # pip's wheel cache ignores DS_BUILD_*: a DeepSpeed wheel built before (with other ops,
+    # or none, as `make install` builds it) must never be reused.
+    assert "PIP_NO_CACHE_DIR=1" in code or "--no-cache-dir --no-build-isolation" in code
+
+
+def test_the_smoke_test_expects_the_ops_ds_build_env_compiles():
+    smoke = (REPO_ROOT / "docker" / "smoke-test.sh").read_text()
+    listed = re.search(r"for op in \(([^)]*)\)", smoke).group(1)
+    wanted = [
+        name[len("DS_BUILD_") :].lower()
+        for name, value in ds_build_settings().items()
+        if name.startswith("DS_BUILD_") and name != "DS_BUILD_OPS" and value == "1"
+    ]
+    assert set(re.findall(r'"(\w+)"', listed)) == set(wanted)
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    """The instructions of each stage, the FROM line first."""
+    result = []
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            result.append([])
+        if result:
+            result[-1].append((keyword, rest))
+    return result
+
+
+def test_the_final_stage_is_the_cuda_base_image_with_the_builders_venv():
+    builder, final = stages()
+    assert builder[0] == ("FROM", "${CUDA_BASE} AS builder") and final[0] == (
+        "FROM",
+        "${CUDA_BASE}",
+    )
+    torch_version = constraint_pins()["torch"].rsplit(".", 1)[0]
+    match = re.fullmatch(
+        r"nvidia/cuda:(\d+\.\d+)\.\d+-base-ubuntu[\d.]+", arg_defaults()["CUDA_BASE"]
+    )
+    assert match, "the smallest CUDA image: torch's wheels bring the CUDA libraries"
+    assert match.group(1) == TORCH_CUDA[torch_version], "its forward-compat libcuda is torch's CUDA"
+
+    copies = [rest for keyword, rest in final if keyword == "COPY"]
+    assert "--from=builder /opt/venv /opt/venv" in copies
+    assert all(
+        "--from" not in rest or rest == "--from=builder /opt/venv /opt/venv" for rest in copies
+    )
+    final_text = " ".join(rest for _, rest in final)
+    for build_only in ("cuda-toolkit.sh", "ds-build.env", "python3-venv", "nvcc --version"):
+        assert build_only not in final_text
+    check = next(rest for keyword, rest in final if keyword == "RUN" and "nvcc" in rest)
+    assert check.startswith("! command -v nvcc") and "/usr/local/cuda/compat/libcuda.so" in check
+
+
+def test_cuda_toolkit_script_refuses_a_cpu_torch_and_a_remove_without_install(tmp_path):
+    """The test venv's torch is the CPU build: no CUDA version to fetch nvcc for."""
+    script = str(REPO_ROOT / "docker" / "cuda-toolkit.sh")
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    for args, expected in (
+        (["install"], "error: this torch does not require NVIDIA's cuda-toolkit wheels"),
+        (["remove"], "error: "),
+        ([], "error: usage: "),
+    ):
+        result = subprocess.run([script, *args], env=env, capture_output=True, text=True)
+        assert result.returncode != 0 and result.stdout == "", args
+        assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_check_ds_ops_fails_when_an_op_was_not_compiled():
+    """The test venv's DeepSpeed was installed with DS_BUILD_OPS=0: nothing compiled in."""
+    env = {**os.environ, **ds_build_settings()}
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "docker" / "check-ds-ops.py")],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        result.stderr
+        == "error: DeepSpeed ops not compiled in: cpu_adam, fused_adam (see the build log)\n"
+    )
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(
+        name.replace("-", "_"), REPO_ROOT / "docker" / name
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_sass_reads_cuobjdumps_listing():
+    sass = load_script("check-sass.py")
+    listing = (
+        "\nFatbin elf code:\n================\narch = sm_75\n"
+        "ELF file    1: fused_adam_op.1.sm_75.cubin\n"
+        "ELF file    2: fused_adam_op.2.sm_80.cubin\n"
+        "ELF file    3: fused_adam_op.3.sm_90a.cubin\n"
+    )
+    assert sass.cubin_archs(listing) == {"sm_75", "sm_80", "sm_90a"}
+    assert sass.wanted_archs(ds_build_settings()["TORCH_CUDA_ARCH_LIST"]) == {
+        "sm_75", "sm_80", "sm_89", "sm_90"
+    }  # fmt: skip
+    assert sass.wanted_archs("8.0 9.0+PTX") == {"sm_80", "sm_90"}
+
+
+def test_image_check_is_a_make_target_of_its_own():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(
+        r"^image-check:\n\tPYTHON=\$\(PYTHON\) docker/check-stack\.sh$", makefile, re.M
+    )
+    assert not re.search(r"^test:.*image-check", makefile, re.M), "not run by every CI run"
+
+
+def test_check_stack_refuses_a_python_other_than_the_images(tmp_path):
+    other = tmp_path / "python3.11"
+    other.write_text("#!/bin/sh\necho 3.11\n")  # what `python -c ...version...` prints
+    other.chmod(0o755)
+    result = subprocess.run(
+        [str(CHECK_STACK)],
+        env={**os.environ, "PYTHON": str(other), "IMAGE_CHECK_DIR": str(tmp_path / "check")},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {other} is Python 3.11; the image runs 3.12")
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "check").exists(), "refused before building anything"
+
+
+def test_check_stack_refuses_to_build_inside_the_repository(tmp_path):
+    image_python = tmp_path / "python3.12"
+    image_python.write_text("#!/bin/sh\necho 3.12\n")
+    image_python.chmod(0o755)
+    result = subprocess.run(
+        [str(CHECK_STACK)],
+        env={**os.environ, "PYTHON": str(image_python), "IMAGE_CHECK_DIR": str(REPO_ROOT / "x")},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and "is inside the repository" in result.stderr
+    assert not (REPO_ROOT / "x").exists()
 
 
 def test_portable_cxx_pins_the_cpu_target(tmp_path):
@@ -258,7 +426,12 @@ def dockerignore_excludes(path: str) -> bool:
 
 
 def test_the_build_context_holds_what_the_image_copies_and_nothing_else():
-    copied = [rest.split()[0] for keyword, rest in instructions() if keyword == "COPY"]
+    copied = [
+        source
+        for keyword, rest in instructions()
+        if keyword == "COPY" and not rest.startswith("--from")
+        for source in rest.split()[:-1]
+    ]
     for source in copied:
         assert not dockerignore_excludes(source), f"COPY {source} is excluded by .dockerignore"
     for inside in ("trainer/launch.py", "trainer/recipes/whisper-small.yaml",

@@ -188,18 +188,26 @@ def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
     assert body["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200"}
     assert body["timeout"] == "7200s"
     image = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}"
-    assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest"]
+    assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest", f"{image}:builder"]
 
     steps = {step["id"]: step for step in body["steps"]}
-    assert list(steps) == ["check-tag", "pull-previous", "build", "smoke-test"], (
+    assert list(steps) == ["check-tag", "pull-previous", "build-builder", "build", "smoke-test"], (
         "check the tag, pull, build, test; push last"
     )
-    assert f"docker pull {image}:latest" in steps["pull-previous"]["args"][-1]
+    pull = steps["pull-previous"]["args"][-1]
+    assert f"docker pull {image}:$$tag" in pull and "for tag in builder latest;" in pull
+    # The builder stage is built and tagged on its own: an image holds only its last stage,
+    # and the next build needs the compile's layers as a cache.
+    builder = steps["build-builder"]["args"]
+    assert builder[0] == "build" and builder[-1] == "." and "--target=builder" in builder
+    assert {f"--cache-from={image}:builder", f"--tag={image}:builder"} <= set(builder)
     build = steps["build"]["args"]
     assert build[0] == "build" and build[-1] == "."
-    assert f"--cache-from={image}:latest" in build
+    assert {f"--cache-from={image}:builder", f"--cache-from={image}:latest"} <= set(build)
     assert {f"--tag={image}:${{_TAG}}", f"--tag={image}:latest"} <= set(build)
-    assert "--file=docker/Dockerfile" in build
+    assert "--target=builder" not in build
+    for args in (builder, build):
+        assert "--file=docker/Dockerfile" in args and "--build-arg=BUILDKIT_INLINE_CACHE=1" in args
     smoke = steps["smoke-test"]["args"][-1]
     assert f"{image}:${{_TAG}}" in smoke and '-c "$$(cat docker/smoke-test.sh)"' in smoke
     # Every substitution is used and every one used is defined (Cloud Build rejects either).

@@ -1,4 +1,5 @@
-"""Checks the launcher makes about the node itself before it launches anything: GPUs torch
+"""Checks the launcher makes about the node itself before it launches anything: an NVIDIA
+driver too old for torch's CUDA (tests/test_cuda_driver.py has the decision), GPUs torch
 cannot use, a chief whose name does not resolve, and a /dev/shm too small for the loader
 workers. The decisions are pure functions fed made-up inputs; one run of the real
 launcher per guard shows it ends in one `error:` line (or a warning) before any launch.
@@ -10,7 +11,8 @@ import json
 
 import pytest
 
-from trainer import launch
+from tests.test_cuda_driver import TORCH_2_13, proc
+from trainer import cuda_driver, launch
 from trainer.cluster import requested_accelerators
 from trainer.errors import UserError
 from trainer.hardware import GpuEvidence, Hardware, check_gpus_usable, expected_gpus
@@ -132,6 +134,54 @@ def demo_flags(demo_assets) -> list[str]:
     return ["--model_name_or_path", str(demo_assets.model_dir),
             "--dataset_name", str(demo_assets.dataset_dir),
             "--text_column_name", "transcription"]  # fmt: skip
+
+
+@pytest.fixture
+def fake_node(monkeypatch, tmp_path):
+    """A node whose driver file says `version` and whose torch is the CUDA 13.0 build."""
+
+    def node(version: str) -> None:
+        driver_file = tmp_path / "version"
+        driver_file.write_text(proc(version))
+        monkeypatch.setattr(cuda_driver, "DRIVER_VERSION_FILE", driver_file)
+        (tmp_path / "compat").mkdir(exist_ok=True)  # the base image's cuda-compat libraries
+        monkeypatch.setattr(cuda_driver, "COMPAT_DIR", tmp_path / "compat")
+        monkeypatch.setattr("importlib.metadata.requires", lambda name: TORCH_2_13)
+
+    return node
+
+
+def test_an_old_driver_restarts_the_launcher_with_the_compat_libraries(monkeypatch, fake_node):
+    fake_node("550.90.07")
+    started = []
+    monkeypatch.setattr(cuda_driver.os, "execve", lambda *args: started.append(args))
+    env = {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "HF_HOME": "/cache"}
+    cuda_driver.ensure_cuda_driver(["whisper-small.yaml", "--dry-run"], env)
+    [(program, argv, new_env)] = started
+    assert argv == [program, "-m", "trainer", "whisper-small.yaml", "--dry-run"]
+    assert new_env["LD_LIBRARY_PATH"] == f"{cuda_driver.COMPAT_DIR}:/usr/local/nvidia/lib64"
+    assert new_env["HF_HOME"] == "/cache"
+
+    # The restarted launcher finds them in place and goes on.
+    line = cuda_driver.ensure_cuda_driver(["--dry-run"], new_env)
+    assert line.endswith("(in use)") and len(started) == 1
+
+
+def test_a_driver_too_old_stops_the_launcher_before_anything_else(no_launch, fake_node, capsys):
+    fake_node("525.147.05")
+    code, out, err = run_launcher(["--dry-run"], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: NVIDIA driver 525.147.05 is too old: ")
+    assert err.count("\n") == 1
+
+
+def test_the_driver_line_is_logged_with_the_plan(no_launch, capsys, demo_assets, monkeypatch):
+    monkeypatch.setattr(cuda_driver, "DRIVER_VERSION_FILE", demo_assets.model_dir / "absent")
+    monkeypatch.setattr("importlib.metadata.requires", lambda name: TORCH_2_13)
+    code, out, err = run_launcher([*demo_flags(demo_assets), "--dry-run"], capsys)
+    assert code == 0
+    assert err.splitlines()[0] == "NVIDIA driver: none loaded (a CPU run); torch's CUDA 13.0"
+    assert json.loads(out)["hardware"]["gpu_count"] == 0
 
 
 def test_gpu_job_on_a_node_where_torch_sees_none_stops_before_launch(

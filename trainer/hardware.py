@@ -15,6 +15,9 @@ from pathlib import Path
 from trainer.errors import UserError
 
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
+COMPAT_DIR = Path("/usr/local/cuda/compat")
+"""Where the nvidia/cuda base image's `cuda-compat-<major>-<minor>` package puts CUDA's
+forward-compatibility libcuda (trainer.cuda_driver puts it on LD_LIBRARY_PATH if needed)."""
 SHARED_MEMORY = Path("/dev/shm")
 
 
@@ -103,9 +106,16 @@ def check_gpus_usable(
         else f"This node has GPU device files ({', '.join(evidence.device_files)})"
     )
     driver = evidence.driver_version or "none loaded (no /proc/driver/nvidia/version)"
+    compat = str(COMPAT_DIR) in env.get("LD_LIBRARY_PATH", "").split(":")
+    tried = (
+        " CUDA's forward-compatibility libraries were in use and did not help either (they "
+        "work on data-center GPUs only)."
+        if compat
+        else ""
+    )
     raise UserError(
         f"{asked} but torch sees {visible}: CUDA cannot start. "
-        f"NVIDIA driver: {driver}; torch.version.cuda: {evidence.torch_cuda}. "
+        f"NVIDIA driver: {driver}; torch.version.cuda: {evidence.torch_cuda}.{tried} "
         "The host driver must support that CUDA version (CUDA 13 needs driver 580 or newer): "
         "use a machine with a newer driver, or an image built for the node's CUDA."
     )

@@ -52,7 +52,7 @@ GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
 """Vertex AI machine type -> (accelerator type, accelerator counts it can have).
 
 Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
-docker/Dockerfile: T4, A100, L4, H100/H200). Add a row here to use another machine.
+docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here to use another machine.
 """
 
 DEFAULT_ENV = {

@@ -376,11 +376,13 @@ def main(argv: list[str] | None = None) -> None:
         if "-h" in argv or "--help" in argv:
             print_help([a for a in argv if a not in ("-h", "--help")])
             return
+        from trainer.cuda_driver import ensure_cuda_driver
         from trainer.quiet import silence_known_noise
 
+        driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
         silence_known_noise()  # the demo's assets are built here; the environment is inherited
         options, plan = prepare_launch(argv, os.environ)
-        for notice in plan.notices:  # stdout is the plan's JSON in a dry run
+        for notice in [driver, *plan.notices]:  # stdout is the plan's JSON in a dry run
             print(notice, file=sys.stderr if options.dry_run else sys.stdout, flush=True)
         if options.dry_run:
             print(json.dumps(plan.describe(), indent=2))
