@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from datasets import Dataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
     from trainer.arguments import DataArguments, ModelArguments
+    from trainer.data_sources import LocalLayout
 
 
 class Task(ABC):
@@ -57,6 +60,25 @@ class Task(ABC):
         Called after `build_model_and_processor`, so limits that depend on the model (such
         as Whisper's input window) can be applied while loading.
         """
+
+    @classmethod
+    @abstractmethod
+    def detect_local_layout(cls, directory: Path) -> LocalLayout:
+        """Recognise the task's local dataset directory (splits, columns) from its files."""
+
+    @abstractmethod
+    def column_flags(self) -> dict[str, str]:
+        """Flag name -> the source column it names (checked against every source)."""
+
+    def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
+        """Label column -> its distinct values, for tasks whose model needs the label set
+        before a stream could show it (recorded in a shard index); None otherwise."""
+        return None
+
+    @abstractmethod
+    def load_source(self, spec: str) -> Dataset:
+        """A split (or `a+b`) with every column the source holds, media not yet decoded
+        into arrays: what `python -m trainer.shards` writes, and what training selects from."""
 
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:

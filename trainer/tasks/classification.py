@@ -21,14 +21,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from trainer.data_sources import (
-    LocalLayout,
     check_columns,
     check_splits,
     load_split,
@@ -211,11 +209,6 @@ class ClassificationTask(Task):
     _train: Dataset
     _class_weights: torch.Tensor | None = None
 
-    @classmethod
-    @abstractmethod
-    def detect_local_layout(cls, directory: Path) -> LocalLayout:
-        """Recognise the task's local dataset directory (splits, columns) from its files."""
-
     @abstractmethod
     def load_model_and_processor(self, labels: LabelSet) -> tuple[PreTrainedModel, Any]:
         """The pretrained model with a head for `labels` (see `pretrained_kwargs`)."""
@@ -246,6 +239,14 @@ class ClassificationTask(Task):
             "ignore_mismatched_sizes": True,
         }
 
+    def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
+        from datasets import ClassLabel
+
+        column = self.options.label_column_name
+        if isinstance(dataset.features[column], ClassLabel):
+            return None  # its names travel with the features
+        return {column: sorted(dataset.unique(column))}
+
     def check_inputs(self) -> None:
         name = self.data_args.dataset_name
         if name is None or not looks_like_path(name):
@@ -255,7 +256,7 @@ class ClassificationTask(Task):
         check_splits(layout, self.data_args.train_split_name, directory)
         if self.data_args.eval_split_name:
             check_splits(layout, self.data_args.eval_split_name, directory)
-        check_columns(layout.columns, self._column_flags(), str(directory))
+        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def adjust_training_arguments(self, training: Any) -> None:
         # The collator needs the raw input and label columns, which the model does not name.
@@ -302,7 +303,7 @@ class ClassificationTask(Task):
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)
 
-    def _column_flags(self) -> dict[str, str]:
+    def column_flags(self) -> dict[str, str]:
         flags = {
             self.input_flag: getattr(self.options, self.input_flag),
             "label_column_name": self.options.label_column_name,
@@ -313,15 +314,15 @@ class ClassificationTask(Task):
 
     def _load_split(self, spec: str) -> Dataset:
         """One split (or `a+b`), reduced to the input and label columns under fixed names."""
-        dataset = self._load_raw(spec)
+        dataset = self.load_source(spec)
         name = self.data_args.dataset_name
-        check_columns(dataset.column_names, self._column_flags(), f"dataset {name} split {spec}")
+        check_columns(dataset.column_names, self.column_flags(), f"dataset {name} split {spec}")
         source, label = getattr(self.options, self.input_flag), self.options.label_column_name
         dataset = dataset.select_columns([source, label])
         renames = {source: self.input_column, label: LABEL}
         return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
 
-    def _load_raw(self, spec: str) -> Dataset:
+    def load_source(self, spec: str) -> Dataset:
         dataset, _ = load_split(
             self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout
         )

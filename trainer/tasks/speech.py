@@ -165,6 +165,7 @@ class SpeechRecognitionTask(Task):
     default_metric = "wer"
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
+    detect_local_layout = staticmethod(detect_local_layout)
     _length_column: str | None = None
     """Set when the sampling strategy groups by length: where label lengths go."""
     _prompt: Prompt | None = None
@@ -179,7 +180,7 @@ class SpeechRecognitionTask(Task):
         layout = detect_local_layout(directory)
         check_splits(layout, self.data_args.train_split_name, directory)
         check_splits(layout, self.data_args.eval_split_name, directory)
-        check_columns(layout.columns, self._column_flags(), str(directory))
+        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def _check_checkpoint(self) -> None:
         """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
@@ -324,7 +325,7 @@ class SpeechRecognitionTask(Task):
 
         return word_error_rate
 
-    def _column_flags(self) -> dict[str, str]:
+    def column_flags(self) -> dict[str, str]:
         return {
             "audio_column_name": self.options.audio_column_name,
             "text_column_name": self.options.text_column_name,
@@ -348,10 +349,10 @@ class SpeechRecognitionTask(Task):
     def _load_split(self, spec: str, max_samples: int | None) -> Dataset:
         from datasets import Audio
 
-        dataset = self._load_raw(spec)
+        dataset = self.load_source(spec)
         check_columns(
             dataset.column_names,
-            self._column_flags(),
+            self.column_flags(),
             f"dataset {self.data_args.dataset_name} split {spec}",
         )
         audio, text = self.options.audio_column_name, self.options.text_column_name
@@ -362,7 +363,7 @@ class SpeechRecognitionTask(Task):
             dataset = dataset.select(range(min(max_samples, len(dataset))))
         return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
-    def _load_raw(self, spec: str) -> Dataset:
+    def load_source(self, spec: str) -> Dataset:
         from datasets import Audio
 
         dataset, directory = load_split(
