@@ -86,6 +86,27 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for dataset filtering passes."}
     )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the training split instead of copying it to every node: from a "
+            "shard set (python -m trainer.shards; local, gs:// or /gcs/), a hub dataset or a "
+            "local directory. Needs --max_steps. Evaluation splits are still loaded whole."
+        },
+    )
+    shuffle_buffer_size: int = field(
+        default=500,
+        metadata={
+            "help": "Examples in the shuffle buffer of a stream (shard order is shuffled too)."
+        },
+    )
+    stream_audit_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Append the id (__key__) of every training example each process trains "
+            "on, with its step, to DIR/rank-R.txt: an audit of what a stream delivered."
+        },
+    )
 
 
 @dataclass
@@ -146,6 +167,8 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
     task_args = _pop_dataclass(namespace, task_class.arguments_class)
     outputs = _pop_dataclass(namespace, OutputArguments)
     _pop_dataclass(namespace, TaskArguments)
+    if data.streaming:
+        check_streaming(data, namespace)
     return ParsedFlags(
         task=task_class(model, data, task_args),
         model=model,
@@ -153,6 +176,28 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
         outputs=outputs,
         training=namespace,
     )
+
+
+def check_streaming(data: DataArguments, training: argparse.Namespace) -> None:
+    """What a stream, which has no length and no random access, cannot do."""
+    if training.max_steps is None or training.max_steps <= 0:
+        raise UserError(
+            "--streaming needs --max_steps: a stream has no length, so --num_train_epochs "
+            "cannot say when training ends (a shard set's index.json gives the examples "
+            "per epoch: max_steps = examples / (batch size x processes) per epoch)."
+        )
+    if training.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+        raise UserError(
+            f"--train_sampling_strategy {training.train_sampling_strategy} needs every "
+            "example's length before training, which a stream does not have: leave it out."
+        )
+    if training.dataloader_persistent_workers:
+        raise UserError(
+            "--dataloader_persistent_workers cannot be used with --streaming (each epoch's "
+            "shuffle is handed to the loader workers when they start): leave it out."
+        )
+    if data.shuffle_buffer_size < 1:
+        raise UserError("--shuffle_buffer_size must be at least 1.")
 
 
 def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:

@@ -28,12 +28,16 @@ import torch
 
 from trainer.data_sources import (
     check_columns,
+    check_shard_set,
     check_splits,
     load_split,
     local_directory,
     looks_like_path,
+    shard_index_of,
 )
 from trainer.errors import UserError
+from trainer.shards import KEY_COLUMN
+from trainer.streams import is_stream
 from trainer.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -119,6 +123,24 @@ class LabelSet:
                 "classification needs at least two."
             )
         return cls(names, ids, source)
+
+    @classmethod
+    def from_stream(cls, stream, indexed: list | None, source: str) -> LabelSet:
+        """A stream's labels: its ClassLabel, or the values its shard index recorded."""
+        from datasets import ClassLabel
+
+        feature = (stream.features or {}).get(LABEL)
+        if isinstance(feature, ClassLabel):
+            return cls(tuple(feature.names), {i: i for i in range(len(feature.names))}, source)
+        if indexed is None:
+            raise UserError(
+                f"{source} is a stream whose labels are not a ClassLabel, so its label set is "
+                "unknown before training: stream it from shards (python -m trainer.shards "
+                "records the labels), or leave --streaming out."
+            )
+        if len(indexed) < 2:
+            raise UserError(f"{source} has {len(indexed)} label(s); classification needs two.")
+        return cls(tuple(str(v) for v in indexed), {v: i for i, v in enumerate(indexed)}, source)
 
     def describe(self) -> str:
         """One line naming the ids, which `--class_weights` and predictions refer to."""
@@ -219,10 +241,12 @@ class ClassificationTask(Task):
 
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         spec = self.data_args.train_split_name
-        self._train = self._load_split(spec)
-        self.labels = LabelSet.from_split(
-            self._train, f"split {spec} of {self.data_args.dataset_name}"
-        )
+        self._train = self._load_split(spec, streaming=self.data_args.streaming)
+        source = f"split {spec} of {self.data_args.dataset_name}"
+        if is_stream(self._train):
+            self.labels = LabelSet.from_stream(self._train, self._indexed_labels(), source)
+        else:
+            self.labels = LabelSet.from_split(self._train, source)
         if os.environ.get("RANK", "0") == "0":
             print(self.labels.describe(), flush=True)
         return self.load_model_and_processor(self.labels)
@@ -247,8 +271,24 @@ class ClassificationTask(Task):
             return None  # its names travel with the features
         return {column: sorted(dataset.unique(column))}
 
+    def _indexed_labels(self) -> list | None:
+        """The label values a shard set's index recorded for our label column, if any."""
+        index = shard_index_of(self.data_args.dataset_name)
+        labels = (index.labels or {}) if index is not None else {}
+        return labels.get(self.options.label_column_name)
+
     def check_inputs(self) -> None:
+        if self.data_args.streaming and self.options.class_weights == "balanced":
+            raise UserError(
+                "--class_weights balanced counts the training split, which a stream cannot "
+                "do before training: give one weight per label (e.g. 1,2.5,1)."
+            )
         name = self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
+            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
+            return
         if name is None or not looks_like_path(name):
             return  # a hub dataset: checked when it is loaded
         directory = local_directory(name)
@@ -264,7 +304,9 @@ class ClassificationTask(Task):
 
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         spec = self.data_args.train_split_name
-        train = self.prepare_split(self._limit(self._train, self.data_args.max_train_samples), spec)
+        train = self._limit(self._train, self.data_args.max_train_samples)
+        if not is_stream(train):  # a stream cannot be checked before it is read
+            train = self.prepare_split(train, spec)
         if self.options.class_weights is not None:
             self._class_weights = self.labels.class_weights(self.options.class_weights, train)
         evaluation = None
@@ -312,24 +354,30 @@ class ClassificationTask(Task):
             raise UserError(f"--{self.input_flag} and --label_column_name name the same column.")
         return flags
 
-    def _load_split(self, spec: str) -> Dataset:
-        """One split (or `a+b`), reduced to the input and label columns under fixed names."""
-        dataset = self.load_source(spec)
+    def _load_split(self, spec: str, streaming: bool = False):
+        """One split (or `a+b`), reduced to the input and label columns under fixed names
+        (and a shard set's example ids, for `--stream_audit_dir`)."""
+        dataset = self.load_source(spec, streaming)
         name = self.data_args.dataset_name
-        check_columns(dataset.column_names, self.column_flags(), f"dataset {name} split {spec}")
+        columns = dataset.column_names
+        if columns is not None:  # a hub stream may not know them before reading
+            check_columns(columns, self.column_flags(), f"dataset {name} split {spec}")
         source, label = getattr(self.options, self.input_flag), self.options.label_column_name
-        dataset = dataset.select_columns([source, label])
+        keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
+        dataset = dataset.select_columns([source, label, *keys])
         renames = {source: self.input_column, label: LABEL}
         return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
 
-    def load_source(self, spec: str) -> Dataset:
+    def load_source(self, spec: str, streaming: bool = False):
         dataset, _ = load_split(
-            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout
+            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming
         )
         return dataset
 
     @staticmethod
-    def _limit(dataset: Dataset, max_samples: int | None) -> Dataset:
+    def _limit(dataset, max_samples: int | None):
         if max_samples is None:
             return dataset
+        if is_stream(dataset):
+            return dataset.take(max_samples)
         return dataset.select(range(min(max_samples, len(dataset))))

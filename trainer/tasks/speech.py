@@ -19,6 +19,7 @@ import csv
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,13 +29,16 @@ from transformers import Seq2SeqTrainingArguments
 from trainer.data_sources import (
     LocalLayout,
     check_columns,
+    check_shard_set,
     check_splits,
     load_split,
     local_directory,
     looks_like_path,
+    shard_index_of,
     table_header,
 )
 from trainer.errors import UserError
+from trainer.shards import KEY_COLUMN
 from trainer.tasks.base import Task
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -174,6 +178,11 @@ class SpeechRecognitionTask(Task):
     def check_inputs(self) -> None:
         self._check_checkpoint()
         name = self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
+            check_shard_set(index, name, specs, self.column_flags())
+            return
         if name is None or not looks_like_path(name):
             return  # a hub dataset: checked when it is loaded
         directory = local_directory(name)
@@ -220,7 +229,11 @@ class SpeechRecognitionTask(Task):
         max_duration = (
             self.options.max_duration_in_seconds or processor.feature_extractor.chunk_length
         )
-        train = self._load_split(self.data_args.train_split_name, self.data_args.max_train_samples)
+        train = self._load_split(
+            self.data_args.train_split_name,
+            self.data_args.max_train_samples,
+            streaming=self.data_args.streaming,
+        )
         train = _filter_by_duration(
             train, self.options.min_duration_in_seconds, max_duration, self.data_args
         )
@@ -346,28 +359,36 @@ class SpeechRecognitionTask(Task):
 
         return normalize
 
-    def _load_split(self, spec: str, max_samples: int | None) -> Dataset:
+    def _load_split(self, spec: str, max_samples: int | None, streaming: bool = False):
         from datasets import Audio
 
-        dataset = self.load_source(spec)
-        check_columns(
-            dataset.column_names,
-            self.column_flags(),
-            f"dataset {self.data_args.dataset_name} split {spec}",
-        )
+        dataset = self.load_source(spec, streaming)
+        if dataset.column_names is not None:  # a hub stream may not know them before reading
+            check_columns(
+                dataset.column_names,
+                self.column_flags(),
+                f"dataset {self.data_args.dataset_name} split {spec}",
+            )
         audio, text = self.options.audio_column_name, self.options.text_column_name
-        dataset = dataset.select_columns([audio, text]).rename_columns(
+        columns = [audio, text] + (
+            [KEY_COLUMN] if KEY_COLUMN in (dataset.column_names or []) else []
+        )
+        dataset = dataset.select_columns(columns).rename_columns(
             {audio: "audio", text: "text"} if (audio, text) != ("audio", "text") else {}
         )
         if max_samples is not None:
-            dataset = dataset.select(range(min(max_samples, len(dataset))))
+            dataset = (
+                dataset.take(max_samples)
+                if streaming
+                else dataset.select(range(min(max_samples, len(dataset))))
+            )
         return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
-    def load_source(self, spec: str) -> Dataset:
+    def load_source(self, spec: str, streaming: bool = False):
         from datasets import Audio
 
         dataset, directory = load_split(
-            self.data_args, self.model_args.cache_dir, spec, detect_local_layout
+            self.data_args, self.model_args.cache_dir, spec, detect_local_layout, streaming
         )
         if directory is None or detect_local_layout(directory).builder != "csv":
             return dataset  # the hub, or an audiofolder: the audio column is already there
@@ -399,18 +420,29 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     model.config.forced_decoder_ids = None
 
 
-def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) -> Dataset:
-    """Drop clips outside [low, high] seconds, reading only each file's header."""
+def _filter_by_duration(dataset, low: float, high: float, data_args):
+    """Drop clips outside [low, high] seconds, reading only each file's header. A stream
+    is filtered as it is read, in the loader's workers, like its decoding."""
     from datasets import Audio
 
+    from trainer.streams import is_stream
+
     encoded = dataset.cast_column("audio", Audio(decode=False))
-    kept = encoded.filter(
-        lambda audio: low <= _duration_seconds(audio) <= high,
-        input_columns=["audio"],
-        num_proc=data_args.preprocessing_num_workers,
-        desc="Filtering clips by duration",
-    )
+    in_range = partial(_duration_in_range, low, high)
+    if is_stream(encoded):
+        kept = encoded.filter(in_range, input_columns=["audio"])
+    else:
+        kept = encoded.filter(
+            in_range,
+            input_columns=["audio"],
+            num_proc=data_args.preprocessing_num_workers,
+            desc="Filtering clips by duration",
+        )
     return kept.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+
+
+def _duration_in_range(low: float, high: float, audio: dict) -> bool:
+    return low <= _duration_seconds(audio) <= high
 
 
 def _duration_seconds(audio: dict) -> float:
