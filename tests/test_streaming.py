@@ -34,10 +34,13 @@ TRAIN_ROWS = 60
 """tiny_assets' sentiment set: 60 training sentences."""
 
 
-def make_sentiment_shards(root: Path, destination: str, shard_size_mb: float, env=None):
-    source = root / "sentiment"
-    if not source.exists():
-        write_sentiment_csv(source)
+def make_sentiment_shards(
+    root: Path, destination: str, shard_size_mb: float, env=None, source: Path | None = None
+):
+    if source is None:
+        source = root / "sentiment"
+        if not source.exists():
+            write_sentiment_csv(source)
     done = subprocess.run(
         [sys.executable, "-m", "trainer.shards", str(source), destination,
          "--task", "text-classification", *COLUMNS, "--shard_size_mb", str(shard_size_mb)],
@@ -288,3 +291,110 @@ def text_model(tmp_path_factory) -> Path:
     build_tiny_bert(root / "bert", [text for rows in sentiment_sentences().values()
                                     for text, _ in rows])  # fmt: skip
     return root / "bert"
+
+
+def test_interleaved_streams_mix_by_probability_and_read_each_example_once(
+    tmp_path, shard_sets, monkeypatch
+):
+    """Two shard sets (the sentiment set, and the same in capitals), 0.8 / 0.2, over two
+    processes: every example of both once per epoch, the first mostly from the first set."""
+    shouting = tmp_path / "shouting"
+    shouting.mkdir()
+    for split in ("train", "test"):
+        source = Path(shard_sets[max(shard_sets)]).parent / "sentiment" / f"{split}.csv"
+        (shouting / f"{split}.csv").write_text(source.read_text().upper().replace(
+            "SENTENCE,SENTIMENT", "sentence,sentiment"))  # fmt: skip
+    loud = make_sentiment_shards(tmp_path, str(tmp_path / "loud"), 0.00049, source=shouting)
+    assert loud.labels == {"sentiment": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}
+    names = f"{shard_sets[max(shard_sets)]},{tmp_path / 'loud'}"
+    flags = parse_flags(["--task", "text-classification", "--dataset_name", names, *COLUMNS,
+                         "--streaming", "--max_steps", "3", "--seed", "5",
+                         "--interleave_probabilities", "0.8,0.2"])  # fmt: skip
+    for source in flags.task.sources():
+        source.check_inputs()
+    mixed = flags.task.interleaved(lambda source: source._load_split("train", streaming=True))
+    parts = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        parts.append(list(prepare_stream(mixed, seed=5, buffer_size=8, start=None)))
+    seen = Counter((ex["text"].isupper(), ex["__key__"]) for part in parts for ex in part)
+    assert len(seen) == 2 * TRAIN_ROWS and set(seen.values()) == {1}
+    first = [ex["text"].isupper() for ex in parts[0][:20]]
+    assert first.count(False) > first.count(True), first
+    assert flags.task._indexed_labels() == sorted(
+        ["negative", "neutral", "positive", "NEGATIVE", "NEUTRAL", "POSITIVE"]
+    )
+
+
+STREAM_FLAGS = ["--streaming", "--max_steps", "2"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--interleave_probabilities", "0.5,0.5"], "add --streaming true"),
+        ([*STREAM_FLAGS, "--interleave_probabilities", "1"], "1 probabilities for 2"),
+        ([*STREAM_FLAGS, "--interleave_probabilities", "1,x"], "positive numbers"),
+        ([*STREAM_FLAGS, "--interleave_probabilities", "1,1", "--dataset_config_name", "a,b,c"],
+         "3 configs for 2 datasets"),
+    ],
+)  # fmt: skip
+def test_interleaving_flags_are_checked(extra, message):
+    with pytest.raises(UserError, match=message):
+        parse_flags(["--task", "text-classification", "--dataset_name", "a/b,c/d", *extra])
+
+
+def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, tmp_path):
+    """train+test of the demo's speech as a stream: the duration filter keeps what it keeps
+    on the map-style data, and the collator makes Whisper batches from streamed clips."""
+    from tests.test_speech_task import speech_task
+
+    shards = tmp_path / "speech-shards"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.shards", str(demo_assets.dataset_dir), str(shards),
+         "--task", "speech-recognition", "--text_column_name", "transcription",
+         "--shard_size_mb", "0.2"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    flags = ["--text_column_name", "transcription", "--max_duration_in_seconds", "1.4",
+             "--train_split_name", "train+test", "--eval_split_name", "test"]  # fmt: skip
+    task, _, processor = speech_task(demo_assets.model_dir, shards, *flags)
+    whole, evaluation = task.load_datasets(processor)
+    task, _, processor = speech_task(
+        demo_assets.model_dir, shards, *flags, "--streaming", "--max_steps", "1"
+    )
+    stream, streamed_evaluation = task.load_datasets(processor)
+    examples = list(prepare_stream(stream, seed=1, buffer_size=4, start=None))
+    assert sorted(keys_of(examples)) == sorted(whole["__key__"])
+    assert 0 < len(examples) < read_index(open_store(str(shards))).rows("train") + len(evaluation)
+    assert {key.split("/")[0] for key in keys_of(examples)} == {"train", "test"}
+    assert len(streamed_evaluation) == len(evaluation), "evaluation stays map-style"
+    batch = task.data_collator(processor)([{k: v for k, v in ex.items() if k != POSITION}
+                                           for ex in examples[:3]])  # fmt: skip
+    assert batch["input_features"].shape[0] == 3 and batch["labels"].shape[0] == 3
+
+
+def test_image_streams_augment_and_collate(tmp_path):
+    from tests.test_image_task import image_task
+    from trainer.tiny_assets import build_tiny_vit, write_colour_images
+
+    write_colour_images(tmp_path / "images")
+    build_tiny_vit(tmp_path / "vit")
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.shards", str(tmp_path / "images"), str(tmp_path / "s"),
+         "--task", "image-classification", "--shard_size_mb", "0.1"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    task = image_task(tmp_path / "vit", tmp_path / "s", "--streaming", "--max_steps", "1",
+                      "--augment", "true")  # fmt: skip
+    _, processor = task.build_model_and_processor()
+    assert task.labels.names == ("blue", "green", "red")
+    train, evaluation = task.load_datasets(processor)
+    examples = list(prepare_stream(train, seed=1, buffer_size=4, start=None))
+    assert len(examples) == read_index(open_store(str(tmp_path / "s"))).rows("train")
+    batch = task.data_collator(processor)([{k: v for k, v in ex.items() if k != POSITION}
+                                           for ex in examples[:4]])  # fmt: skip
+    assert batch["pixel_values"].shape[0] == 4 and len(evaluation) == 36

@@ -7,11 +7,15 @@ imports the training program, the launcher or storage.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import TrainingArguments
+
+from trainer.errors import UserError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,10 +38,49 @@ class Task(ABC):
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
 
+    seed: int = 42
+    """The training seed (`--seed`; parse_flags sets it), for data orders that need one."""
+
     def __init__(self, model: ModelArguments, data: DataArguments, options: Any) -> None:
         self.model_args = model
         self.data_args = data
         self.options = options
+
+    def sources(self) -> list[Task]:
+        """This task once per dataset of `--dataset_name`: several when they are interleaved
+        (`--interleave_probabilities`), each copy reading only its own dataset and config."""
+        data = self.data_args
+        if not data.interleave_probabilities:
+            return [self]
+        names = data.dataset_name.split(",")
+        configs = data.dataset_config_name.split(",") if data.dataset_config_name else [None]
+        configs = configs * len(names) if len(configs) == 1 else configs
+        copies = []
+        for name, config in zip(names, configs, strict=True):
+            task = copy.copy(self)
+            task.data_args = dataclasses.replace(
+                data, dataset_name=name, dataset_config_name=config, interleave_probabilities=None
+            )
+            copies.append(task)
+        return copies
+
+    def interleaved(self, load: Callable[[Task], Any]) -> Any:
+        """`load` applied to every source; several streams are mixed by their probabilities,
+        each example of each read once per epoch (`all_exhausted_without_replacement`)."""
+        from datasets import interleave_datasets
+
+        parts = [load(task) for task in self.sources()]
+        if len(parts) == 1:
+            return parts[0]
+        try:
+            return interleave_datasets(
+                parts,
+                probabilities=self.data_args.probabilities(),
+                seed=self.seed,
+                stopping_strategy="all_exhausted_without_replacement",
+            )
+        except ValueError as error:
+            raise UserError(f"--dataset_name {self.data_args.dataset_name}: {error}") from None
 
     @property
     def trainer_class(self) -> Callable[..., Trainer]:

@@ -241,7 +241,8 @@ class ClassificationTask(Task):
 
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         spec = self.data_args.train_split_name
-        self._train = self._load_split(spec, streaming=self.data_args.streaming)
+        streaming = self.data_args.streaming
+        self._train = self.interleaved(lambda source: source._load_split(spec, streaming))
         source = f"split {spec} of {self.data_args.dataset_name}"
         if is_stream(self._train):
             self.labels = LabelSet.from_stream(self._train, self._indexed_labels(), source)
@@ -272,10 +273,16 @@ class ClassificationTask(Task):
         return {column: sorted(dataset.unique(column))}
 
     def _indexed_labels(self) -> list | None:
-        """The label values a shard set's index recorded for our label column, if any."""
-        index = shard_index_of(self.data_args.dataset_name)
-        labels = (index.labels or {}) if index is not None else {}
-        return labels.get(self.options.label_column_name)
+        """The label values the shard sets' indexes recorded for our label column (all of
+        them, when streams are interleaved), or None if one did not."""
+        values = set()
+        for source in self.sources():
+            index = shard_index_of(source.data_args.dataset_name)
+            labels = (index.labels or {}).get(self.options.label_column_name) if index else None
+            if labels is None:
+                return None
+            values.update(labels)
+        return sorted(values)
 
     def check_inputs(self) -> None:
         if self.data_args.streaming and self.options.class_weights == "balanced":
@@ -312,7 +319,8 @@ class ClassificationTask(Task):
         evaluation = None
         if self.data_args.eval_split_name:
             spec = self.data_args.eval_split_name
-            evaluation = self._limit(self._load_split(spec), self.data_args.max_eval_samples)
+            first = self.sources()[0]  # interleaved streams: the first dataset's evaluation
+            evaluation = self._limit(first._load_split(spec), self.data_args.max_eval_samples)
             evaluation = self.prepare_split(evaluation, spec)
         return self.for_training(train), evaluation
 

@@ -229,17 +229,18 @@ class SpeechRecognitionTask(Task):
         max_duration = (
             self.options.max_duration_in_seconds or processor.feature_extractor.chunk_length
         )
-        train = self._load_split(
-            self.data_args.train_split_name,
-            self.data_args.max_train_samples,
-            streaming=self.data_args.streaming,
+        data = self.data_args
+        train = self.interleaved(
+            lambda source: source._load_split(
+                data.train_split_name, data.max_train_samples, streaming=data.streaming
+            )
         )
         train = _filter_by_duration(
             train, self.options.min_duration_in_seconds, max_duration, self.data_args
         )
         evaluation = None
         if self.data_args.eval_split_name:
-            evaluation = self._load_split(
+            evaluation = self.sources()[0]._load_split(  # interleaved: the first dataset's
                 self.data_args.eval_split_name, self.data_args.max_eval_samples
             )
         if self._length_column:
@@ -373,8 +374,9 @@ class SpeechRecognitionTask(Task):
         columns = [audio, text] + (
             [KEY_COLUMN] if KEY_COLUMN in (dataset.column_names or []) else []
         )
+        renames = {audio: "audio", text: "text"}
         dataset = dataset.select_columns(columns).rename_columns(
-            {audio: "audio", text: "text"} if (audio, text) != ("audio", "text") else {}
+            {old: new for old, new in renames.items() if old != new}
         )
         if max_samples is not None:
             dataset = (
@@ -421,34 +423,42 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
 
 
 def _filter_by_duration(dataset, low: float, high: float, data_args):
-    """Drop clips outside [low, high] seconds, reading only each file's header. A stream
-    is filtered as it is read, in the loader's workers, like its decoding."""
+    """Drop clips outside [low, high] seconds, reading only each file's header.
+
+    A stream is filtered as it is read, in the loader's workers, on the decoder that
+    decoding makes anyway (it reads the header only; samples are read by the collator).
+    The map-style path filters undecoded files instead, in a pass with its own processes.
+    (datasets 5 does not decode a stream's audio again after a filter on undecoded audio.)
+    """
     from datasets import Audio
 
     from trainer.streams import is_stream
 
+    if is_stream(dataset):
+        decoded = dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+        # a module-level function, not a lambda: loader workers may be spawned (pickled)
+        return decoded.filter(partial(_decoder_in_range, low, high), input_columns=["audio"])
     encoded = dataset.cast_column("audio", Audio(decode=False))
-    in_range = partial(_duration_in_range, low, high)
-    if is_stream(encoded):
-        kept = encoded.filter(in_range, input_columns=["audio"])
-    else:
-        kept = encoded.filter(
-            in_range,
-            input_columns=["audio"],
-            num_proc=data_args.preprocessing_num_workers,
-            desc="Filtering clips by duration",
-        )
+    kept = encoded.filter(
+        lambda audio: low <= _duration_seconds(audio) <= high,
+        input_columns=["audio"],
+        num_proc=data_args.preprocessing_num_workers,
+        desc="Filtering clips by duration",
+    )
     return kept.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
-
-
-def _duration_in_range(low: float, high: float, audio: dict) -> bool:
-    return low <= _duration_seconds(audio) <= high
 
 
 def _duration_seconds(audio: dict) -> float:
     from torchcodec.decoders import AudioDecoder
 
-    decoder = AudioDecoder(audio["bytes"] if audio.get("bytes") else audio["path"])
+    return _decoder_seconds(AudioDecoder(audio["bytes"] if audio.get("bytes") else audio["path"]))
+
+
+def _decoder_in_range(low: float, high: float, decoder) -> bool:
+    return low <= _decoder_seconds(decoder) <= high
+
+
+def _decoder_seconds(decoder) -> float:
     duration = decoder.metadata.duration_seconds_from_header
     if duration is None:
         duration = decoder.get_all_samples().duration_seconds
