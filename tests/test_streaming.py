@@ -237,7 +237,11 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
     #    and nothing of the corpus is written to the nodes' disks.
     (tmp_path / "scratch-a" / "tmp").mkdir(parents=True)
     reference = f"{job}/uninterrupted"
-    finish_all(run("a", reference))
+    chief_log, _ = finish_all(run("a", reference))
+    per_epoch = "60 examples per epoch (shard index; filters may drop some), 20 per optimizer"
+    assert f"streaming train: {per_epoch} step: --max_steps {MAX_STEPS} is 10.00 epochs" in (
+        chief_log
+    )
     consumed = audit(tmp_path / "audit-a")
     assert all(len(lines) == MAX_STEPS * 5 for lines in consumed.values())
     assert_every_epoch_sees_every_example_once(consumed, MAX_STEPS // STEPS_PER_EPOCH)

@@ -323,9 +323,15 @@ def _raise_first(results: list) -> None:
             raise result
 
 
-@cache
 def _client():
-    """One client per process; the emulator (STORAGE_EMULATOR_HOST) needs no credentials."""
+    """One client per process: a forked DataLoader worker (which reads stream shards) must
+    not share its parent's connections."""
+    return _process_client(os.getpid())
+
+
+@cache
+def _process_client(pid: int):
+    """The client of process `pid`; the emulator (STORAGE_EMULATOR_HOST) needs no credentials."""
     from google.cloud import storage
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):

@@ -185,6 +185,23 @@ def stream_start(checkpoint: str | None, rank: int, world_size: int) -> StreamSt
     return StreamStart(state["epoch"], consumed)
 
 
+def epoch_line(task, args) -> str:
+    """What `--max_steps` means in epochs, from the shard indexes (streams have no length)."""
+    from trainer.data_sources import shard_index_of, split_names
+
+    spec = task.data_args.train_split_name
+    per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+    indexes = [shard_index_of(source.data_args.dataset_name) for source in task.sources()]
+    if any(index is None for index in indexes):
+        return f"streaming {spec}: {per_step} examples per optimizer step, {args.max_steps} steps"
+    rows = sum(index.rows(name) for index in indexes for name in split_names(spec))
+    return (
+        f"streaming {spec}: {rows} examples per epoch (shard index; filters may drop some), "
+        f"{per_step} per optimizer step: --max_steps {args.max_steps} is "
+        f"{args.max_steps * per_step / rows:.2f} epochs"
+    )
+
+
 def is_stream(dataset: Dataset | IterableDataset | None) -> bool:
     from datasets import IterableDataset
 

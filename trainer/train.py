@@ -94,7 +94,7 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     from trainer.outputs import resolve_output_locations
     from trainer.progress import DataWaitClock, FirstBatchReport, ProgressLogCallback
     from trainer.stream_training import streaming_trainer
-    from trainer.streams import is_stream, prepare_stream, stream_start
+    from trainer.streams import epoch_line, is_stream, prepare_stream, stream_start
 
     flags = parse_flags(argv)
     task = flags.task
@@ -130,6 +130,8 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
             train_dataset, args.seed, flags.data.shuffle_buffer_size, start
         )
         trainer_class = streaming_trainer(trainer_class, start, flags.data.stream_audit_dir)
+        if place.is_global_main:
+            print(epoch_line(task, args), flush=True)
     startup.mark("data and resume point")
 
     trainer = trainer_class(
