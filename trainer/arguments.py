@@ -217,11 +217,6 @@ def check_streaming(data: DataArguments, training: argparse.Namespace) -> None:
             f"--train_sampling_strategy {training.train_sampling_strategy} needs every "
             "example's length before training, which a stream does not have: leave it out."
         )
-    if training.dataloader_persistent_workers:
-        raise UserError(
-            "--dataloader_persistent_workers cannot be used with --streaming (each epoch's "
-            "shuffle is handed to the loader workers when they start): leave it out."
-        )
     if data.shuffle_buffer_size < 1:
         raise UserError("--shuffle_buffer_size must be at least 1.")
 

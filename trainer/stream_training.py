@@ -27,10 +27,12 @@ class StreamingTrainerMixin:
         self.audit_dir = Path(audit_dir) if audit_dir else None
 
     def get_train_dataloader(self):
-        """This process's loader. It draws its workers' seeds from its own generator: from
-        the global one, each new epoch's iterator would move the RNG state that a
-        checkpoint restores (dropout), and a resumed run would drift from an
-        uninterrupted one."""
+        """This process's loader. Its workers start afresh each epoch, whatever
+        `--dataloader_persistent_workers` says (which still applies to evaluation): the
+        epoch, which reseeds the shuffle, reaches them when they start. They draw their seeds
+        from the loader's own generator: from the global one, each new epoch's iterator
+        would move the RNG state that a checkpoint restores (dropout), and a resumed run
+        would drift from an uninterrupted one."""
         import torch
         from accelerate.data_loader import prepare_data_loader
         from torch.utils.data import DataLoader
