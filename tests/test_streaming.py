@@ -129,6 +129,17 @@ def test_a_stream_resumes_at_the_example_after_the_last_one_trained(shard_sets, 
     assert keys_of(resumed) == keys_of(next_epoch)
 
 
+def test_a_checkpoint_at_the_end_of_an_epoch_resumes_at_the_next(shard_sets, monkeypatch):
+    location = shard_sets[max(shard_sets)]
+    epoch = rank_stream(location, 0, 1, monkeypatch)
+    epoch.set_epoch(4)
+    size = len(list(epoch))
+    resumed = rank_stream(location, 0, 1, monkeypatch, start=StreamStart(3, {0: size}))
+    assert (resumed.start.epoch, resumed.start.consumed) == (4, {})
+    resumed.set_epoch(0)
+    assert keys_of(resumed) == keys_of(epoch)
+
+
 def test_streaming_flags_are_checked_before_launch(shard_sets):
     location = shard_sets[max(shard_sets)]
     base = ["--task", "text-classification", "--dataset_name", location, *COLUMNS, "--streaming"]
@@ -402,3 +413,36 @@ def test_image_streams_augment_and_collate(tmp_path):
     batch = task.data_collator(processor)([{k: v for k, v in ex.items() if k != POSITION}
                                            for ex in examples[:4]])  # fmt: skip
     assert batch["pixel_values"].shape[0] == 4 and len(evaluation) == 36
+
+
+@pytest.mark.slow
+def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs):
+    """The speech task through `python -m trainer`: train+test streamed from the bucket by
+    two processes, each reading its own examples, and the final evaluation from the same
+    shard set's test split (map-style)."""
+    from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer
+
+    uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
+    env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.shards", str(demo_assets.dataset_dir), uri,
+         "--task", "speech-recognition", "--text_column_name", "transcription",
+         "--shard_size_mb", "0.2"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    audit_dir = tmp_path / "audit"
+    code, output = run_trainer(
+        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+         "--dataset_name", uri, *DEMO_SPEECH_FLAGS, "--streaming", "true",
+         "--train_split_name", "train+test", "--max_steps", "3",
+         "--per_device_train_batch_size", "4", "--save_strategy", "no",
+         "--eval_strategy", "no", "--max_eval_samples", "4", "--generation_max_length", "4",
+         "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    consumed = audit(audit_dir)
+    keys = [key for lines in consumed.values() for _, key in lines]
+    assert sorted(consumed) == [0, 1] and len(keys) == 2 * 3 * 4 == len(set(keys)), consumed
+    assert "eval_wer" in (tmp_path / "out" / "eval_results.json").read_text()

@@ -124,7 +124,24 @@ def prepare_stream(
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     shuffled = stream.shuffle(seed=seed, buffer_size=buffer_size)
-    return ResumableStream(split_dataset_by_node(shuffled, rank=rank, world_size=world), start)
+    mine = split_dataset_by_node(shuffled, rank=rank, world_size=world)
+    return ResumableStream(mine, past_finished_epoch(mine, start or StreamStart()))
+
+
+def past_finished_epoch(stream: IterableDataset, start: StreamStart) -> StreamStart:
+    """`start`, or the next epoch's beginning when `start` is the end of its epoch.
+
+    A checkpoint taken right after a process's last batch of an epoch records the whole
+    epoch as trained; resumed there, its loader would yield nothing, and the Trainer stops
+    at an empty epoch. Whether anything is left is read once from the stream (at most the
+    examples the replay skips anyway)."""
+    trained = sum(start.consumed.values())
+    if trained == 0:
+        return start
+    stream.set_epoch(start.epoch)
+    if next(islice(iter(stream), trained, None), None) is None:
+        return StreamStart(start.epoch + 1)
+    return start
 
 
 @dataclass

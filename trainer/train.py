@@ -129,7 +129,9 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
         train_dataset = prepare_stream(
             train_dataset, args.seed, flags.data.shuffle_buffer_size, start
         )
-        trainer_class = streaming_trainer(trainer_class, start, flags.data.stream_audit_dir)
+        trainer_class = streaming_trainer(
+            trainer_class, train_dataset.start, flags.data.stream_audit_dir
+        )
         if place.is_global_main:
             print(epoch_line(task, args), flush=True)
     startup.mark("data and resume point")
