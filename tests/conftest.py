@@ -314,9 +314,9 @@ def gcs(gcs_emulator, monkeypatch):
     from trainer import storage
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
-    storage._client.cache_clear()
+    storage._process_client.cache_clear()
     yield gcs_emulator
-    storage._client.cache_clear()
+    storage._process_client.cache_clear()
 
 
 def assert_manifest_matches_store(checkpoint) -> None:

@@ -61,8 +61,8 @@ COMMAND_LINES = [
     pytest.param("--nproc_per_node 2 " + WHISPER_SINGLE_GPU.replace(
         '--gradient_accumulation_steps="2" ', ""), None, id="whisper-multi-gpu"),
     # 3. EVENT_README, "Python Script" run.sh with streaming mode (the event's default)
-    pytest.param(WHISPER_EVENT_STREAMING.format(streaming="--streaming"),
-                 "--streaming is an example-script flag", id="event-streaming"),
+    pytest.param(WHISPER_EVENT_STREAMING.format(streaming="--streaming"), None,
+                 id="event-streaming"),
     # 4. EVENT_README: "for a very small dataset (< 10 hours) ... --streaming=False"
     pytest.param(WHISPER_EVENT_STREAMING.format(streaming='--streaming="False"'), None,
                  id="event-streaming-false"),
@@ -269,3 +269,15 @@ def test_seed_recipes_hold_the_examples_hyperparameters(recipe, expected):
     assert "README" in locate_config_file(recipe).read_text() or "blog" in (
         locate_config_file(recipe).read_text()
     ), "the recipe names its source"
+
+
+def test_the_events_streaming_flag_reaches_the_training_program(
+    example_hub_cache, two_ampere_gpus, capsys
+):
+    code, out, err = dry_run(WHISPER_EVENT_STREAMING.format(streaming="--streaming"), capsys)
+    assert code == 0, err
+    assert "--streaming" in json.loads(out)["command"]
+    without_steps = WHISPER_EVENT_STREAMING.replace('--max_steps="5000"', "")
+    code, out, err = dry_run(without_steps.format(streaming="--streaming"), capsys)
+    assert code == 2 and err.startswith("error: --streaming needs --max_steps"), err
+    assert len(err.strip().splitlines()) == 1

@@ -57,7 +57,7 @@ def test_upload_download_round_trip_is_verified(gcs, tmp_path, kind):
 def test_uploads_survive_an_unreliable_service(gcs, tmp_path, monkeypatch):
     proxy = FlakyProxy(gcs, failure_rate=0.3, seed=7)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    storage._client.cache_clear()
+    storage._process_client.cache_clear()
     try:
         source = make_files(tmp_path / "src", {f"f{i}.bin": os.urandom(5000) for i in range(12)})
         store = open_store(fresh_prefix())

@@ -86,6 +86,49 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for dataset filtering passes."}
     )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the training split instead of copying it to every node: from a "
+            "shard set (python -m trainer.shards; local, gs:// or /gcs/), a hub dataset or a "
+            "local directory. Needs --max_steps. Evaluation splits are still loaded whole."
+        },
+    )
+    shuffle_buffer_size: int = field(
+        default=500,
+        metadata={
+            "help": "Examples in the shuffle buffer of a stream (shard order is shuffled too)."
+        },
+    )
+    interleave_probabilities: str | None = field(
+        default=None,
+        metadata={
+            "help": "Mix several streamed datasets: --dataset_name A,B (and optionally "
+            "--dataset_config_name X,Y) with one probability each, e.g. 0.7,0.3. Each "
+            "example of each dataset is read once per epoch; evaluation uses the first."
+        },
+    )
+    stream_audit_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Append the id (__key__) of every training example each process trains "
+            "on, with its step, to DIR/rank-R.txt: an audit of what a stream delivered."
+        },
+    )
+
+    def probabilities(self) -> list[float]:
+        """`--interleave_probabilities` as numbers (UserError if they are not)."""
+        try:
+            values = [float(part) for part in (self.interleave_probabilities or "").split(",")]
+        except ValueError:
+            values = []
+        if not values or any(not value > 0 for value in values):
+            raise UserError(
+                f'--interleave_probabilities "{self.interleave_probabilities}": give positive '
+                "numbers separated by commas, e.g. 0.7,0.3."
+            )
+        total = sum(values)
+        return [value / total for value in values]
 
 
 @dataclass
@@ -146,13 +189,56 @@ def parse_flags(argv: list[str]) -> ParsedFlags:
     task_args = _pop_dataclass(namespace, task_class.arguments_class)
     outputs = _pop_dataclass(namespace, OutputArguments)
     _pop_dataclass(namespace, TaskArguments)
+    if data.streaming:
+        check_streaming(data, namespace)
+    if data.interleave_probabilities:
+        check_interleaving(data)
+    task = task_class(model, data, task_args)
+    task.seed = namespace.seed
     return ParsedFlags(
-        task=task_class(model, data, task_args),
+        task=task,
         model=model,
         data=data,
         outputs=outputs,
         training=namespace,
     )
+
+
+def check_streaming(data: DataArguments, training: argparse.Namespace) -> None:
+    """What a stream, which has no length and no random access, cannot do."""
+    if training.max_steps is None or training.max_steps <= 0:
+        raise UserError(
+            "--streaming needs --max_steps: a stream has no length, so --num_train_epochs "
+            "cannot say when training ends (a shard set's index.json gives the examples "
+            "per epoch: max_steps = examples / (batch size x processes) per epoch)."
+        )
+    if training.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+        raise UserError(
+            f"--train_sampling_strategy {training.train_sampling_strategy} needs every "
+            "example's length before training, which a stream does not have: leave it out."
+        )
+    if data.shuffle_buffer_size < 1:
+        raise UserError("--shuffle_buffer_size must be at least 1.")
+
+
+def check_interleaving(data: DataArguments) -> None:
+    """Several datasets need one probability each (and one config each, if any)."""
+    if not data.streaming:
+        raise UserError("--interleave_probabilities mixes streams: add --streaming true.")
+    names = (data.dataset_name or "").split(",")
+    probabilities = data.probabilities()
+    if len(names) < 2 or len(probabilities) != len(names):
+        raise UserError(
+            f"--interleave_probabilities gives {len(probabilities)} probabilities for "
+            f"{len(names)} dataset(s) in --dataset_name: give two or more datasets, "
+            "separated by commas, and one probability each."
+        )
+    configs = data.dataset_config_name.split(",") if data.dataset_config_name else []
+    if len(configs) not in (0, 1, len(names)):
+        raise UserError(
+            f"--dataset_config_name gives {len(configs)} configs for {len(names)} datasets: "
+            "give one, or one per dataset (separated by commas)."
+        )
 
 
 def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:

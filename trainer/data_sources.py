@@ -1,9 +1,9 @@
 """Where a dataset comes from: the Hugging Face hub, or a local directory in a known layout.
 
 `--dataset_name` names either. A value that looks like a path (absolute, relative with
-./ or ../, or an existing directory) is a local dataset and must exist; anything else is
-a hub id. Split specs such as `train+validation` work for both, because both end up in
-`datasets.load_dataset(..., split=spec)`.
+./ or ../, gs://, or an existing directory) is a local dataset and must exist; anything
+else is a hub id. A path holding an `index.json` is a shard set (trainer/shards.py),
+read through trainer/streams.py. Split specs such as `train+validation` work for all.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 from trainer.errors import UserError
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
+
+    from trainer.shards import ShardIndex
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,18 @@ def check_splits(layout: LocalLayout, spec: str, directory: Path) -> None:
             raise UserError(f'Split "{name}" not found in {directory}: it has {available}.')
 
 
+def check_shard_set(
+    index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
+) -> None:
+    """A shard set's splits and columns, from its index alone (no shard is opened)."""
+    for spec in specs:
+        for name in split_names(spec):
+            if name not in index.splits:
+                available = ", ".join(sorted(index.splits))
+                raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
+    check_columns(index.columns, wanted, location)
+
+
 def check_columns(available: Iterable[str], wanted: dict[str, str], where: str) -> None:
     """`wanted` maps flag name -> column name; each must be among `available`."""
     available = sorted(available)
@@ -105,24 +119,58 @@ def table_header(path: Path) -> list[str]:
     return next(csv.reader([first_line], delimiter=delimiter), [])
 
 
-def load_split(
-    data_args, cache_dir: str | None, spec: str, detect_layout: Callable[[Path], LocalLayout]
-) -> tuple[Dataset, Path | None]:
-    """One split spec (e.g. `train+validation`) from the hub or a local directory.
+def shard_index_of(name: str | None) -> ShardIndex | None:
+    """The index of the shard set `--dataset_name` names (local, gs:// or /gcs/), or None
+    when it names something else (a hub id, a plain dataset directory)."""
+    from trainer.shards import read_index
+    from trainer.storage import open_store
 
-    Returns the dataset and, for local data, its directory. The files of every local split
-    are declared, not only the requested ones, so that labels inferred from folder names
-    agree across splits.
+    if name is None or not looks_like_path(name):
+        return None
+    return read_index(open_store(name))
+
+
+def load_split(
+    data_args,
+    cache_dir: str | None,
+    spec: str,
+    detect_layout: Callable[[Path], LocalLayout],
+    streaming: bool = False,
+) -> tuple[Dataset | IterableDataset, Path | None]:
+    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
+    directory; with `streaming`, as an IterableDataset that copies nothing whole.
+
+    Returns the dataset and, for a local directory, the directory. The files of every local
+    split are declared, not only the requested ones, so that labels inferred from folder
+    names agree across splits. Streams of several splits are concatenated, one after the
+    other, as `split="a+b"` concatenates map-style splits.
     """
-    from datasets import load_dataset
+    from datasets import concatenate_datasets, load_dataset
+
+    from trainer.streams import shard_split
 
     name = data_args.dataset_name
+    index = shard_index_of(name)
+    if index is not None:
+        return shard_split(name, index, spec, streaming), None
     if not looks_like_path(name):
         config = data_args.dataset_config_name
+        if streaming:
+            parts = [
+                load_or_explain(name, lambda split=split: load_dataset(
+                    name, config, split=split, cache_dir=cache_dir, streaming=True))
+                for split in split_names(spec)
+            ]  # fmt: skip
+            return concatenate_datasets(parts), None
         hub = load_or_explain(
             name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir)
         )
         return hub, None
+    if streaming and name.startswith("gs://"):
+        raise UserError(
+            f"--streaming reads gs:// data from Parquet shards, and {name} holds no index.json: "
+            f"make them with python -m trainer.shards SRC {name.rstrip('/')}-shards --task ..."
+        )
     directory = local_directory(name)
     layout = detect_layout(directory)
     check_splits(layout, spec, directory)
@@ -130,6 +178,14 @@ def load_split(
         split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
         for split, paths in layout.splits.items()
     }
+    if streaming:
+        parts = [
+            load_or_explain(name, lambda split=split: load_dataset(
+                layout.builder, data_files=data_files, split=split, streaming=True,
+                **layout.load_kwargs))
+            for split in split_names(spec)
+        ]  # fmt: skip
+        return concatenate_datasets(parts), directory
     local = load_or_explain(
         name,
         lambda: load_dataset(layout.builder, data_files=data_files, split=spec,

@@ -40,8 +40,6 @@ TAKES_VALUE = {"--model_index_name", "--task_name", "--text_column_delimiter", "
                "--remove_splits"}  # fmt: skip
 
 REFUSED = {
-    "--streaming": "datasets are downloaded once per node and read from local disk, which "
-    "also makes runs resumable; leave --streaming out (--max_train_samples limits the data)",
     "--task_name": "GLUE tasks are not built in; give --task text-classification "
     "--dataset_name nyu-mll/glue --dataset_config_name NAME --text_column_name COLUMN "
     "(sentence-pair tasks such as mrpc are not supported)",

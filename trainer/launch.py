@@ -233,9 +233,13 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> tuple[LauncherArg
     if flags.model.model_name_or_path is None or flags.data.dataset_name is None:
         training_argv = with_demo_defaults(flags, training_argv)
         flags = parse_flags(training_argv)
-    flags.task.check_inputs()
+    sources = flags.task.sources()  # several when streams are interleaved
+    for source in sources:
+        source.check_inputs()
     if not options.skip_hub_check:
-        ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
+        ids = hub_ids(flags.model.model_name_or_path, None) + [
+            repo for source in sources for repo in hub_ids(None, source.data_args.dataset_name)
+        ]
         check_hub_ids(ids, env, flags.model.cache_dir)
     if not options.dry_run:  # a dry run writes nothing, not even a probe file
         check_output_locations(

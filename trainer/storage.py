@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import BinaryIO
 
 import google_crc32c
 
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 TRANSFER_ATTEMPTS = 5
 TRANSFER_THREADS = 8
+READ_CHUNK = 8 << 20
+"""Bytes one ranged GET fetches when a stream reads an object (a Parquet row group of
+audio is a few MB): large enough that requests cost little, small enough to hold."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ class Store(ABC):
 
     @abstractmethod
     def write_text(self, name: str, text: str) -> None: ...
+
+    @abstractmethod
+    def open_read(self, name: str) -> BinaryIO:
+        """A seekable binary reader of one file that fetches only the ranges read (a
+        stream reads Parquet row groups this way: nothing lands on local disk)."""
 
     @abstractmethod
     def delete(self) -> None:
@@ -191,6 +200,9 @@ class LocalStore(Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
+    def open_read(self, name: str) -> BinaryIO:
+        return (self.root / name).open("rb")
+
     def delete(self) -> None:
         if self.root.is_dir():
             shutil.rmtree(self.root)
@@ -254,6 +266,9 @@ class GcsStore(Store):
     def write_text(self, name: str, text: str) -> None:
         self._bucket.blob(self._key(name)).upload_from_string(text, retry=_retry())
 
+    def open_read(self, name: str) -> BinaryIO:
+        return self._bucket.blob(self._key(name)).open("rb", chunk_size=READ_CHUNK, retry=_retry())
+
     def delete(self) -> None:
         from google.api_core.exceptions import NotFound
 
@@ -308,9 +323,15 @@ def _raise_first(results: list) -> None:
             raise result
 
 
-@cache
 def _client():
-    """One client per process; the emulator (STORAGE_EMULATOR_HOST) needs no credentials."""
+    """One client per process: a forked DataLoader worker (which reads stream shards) must
+    not share its parent's connections."""
+    return _process_client(os.getpid())
+
+
+@cache
+def _process_client(pid: int):
+    """The client of process `pid`; the emulator (STORAGE_EMULATOR_HOST) needs no credentials."""
     from google.cloud import storage
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):

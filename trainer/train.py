@@ -112,6 +112,8 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
         before_after_line,
         evaluation_logged_at,
     )
+    from trainer.stream_training import streaming_trainer
+    from trainer.streams import epoch_line, is_stream, prepare_stream, stream_start
 
     flags = parse_flags(argv)
     task = flags.task
@@ -127,6 +129,10 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
     model, processor = task.build_model_and_processor()
     choose_gradient_checkpointing(flags, model, argv)
+    if flags.data.streaming:
+        # The stream resumes at its own recorded position (trainer/streams.py); the
+        # Trainer's skipping of already-trained batches would read them a second time.
+        flags.training.ignore_data_skip = True
     args = build_training_arguments(flags)
     startup.mark("model")
     place = ProcessPlace.from_env()
@@ -136,9 +142,20 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
     with args.main_process_first(desc="loading datasets"):
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
+    trainer_class = task.trainer_class
+    if is_stream(train_dataset):
+        start = stream_start(resume_from, args.process_index, args.world_size)
+        train_dataset = prepare_stream(
+            train_dataset, args.seed, flags.data.shuffle_buffer_size, start
+        )
+        trainer_class = streaming_trainer(
+            trainer_class, train_dataset.start, flags.data.stream_audit_dir
+        )
+        if place.is_global_main:
+            print(epoch_line(task, args), flush=True)
     startup.mark("data and resume point")
 
-    trainer = task.trainer_class(
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=train_dataset,

@@ -7,17 +7,24 @@ imports the training program, the launcher or storage.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import TrainingArguments
 
+from trainer.errors import UserError
+
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from datasets import Dataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
     from trainer.arguments import DataArguments, ModelArguments
+    from trainer.data_sources import LocalLayout
 
 
 class Task(ABC):
@@ -31,10 +38,49 @@ class Task(ABC):
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
 
+    seed: int = 42
+    """The training seed (`--seed`; parse_flags sets it), for data orders that need one."""
+
     def __init__(self, model: ModelArguments, data: DataArguments, options: Any) -> None:
         self.model_args = model
         self.data_args = data
         self.options = options
+
+    def sources(self) -> list[Task]:
+        """This task once per dataset of `--dataset_name`: several when they are interleaved
+        (`--interleave_probabilities`), each copy reading only its own dataset and config."""
+        data = self.data_args
+        if not data.interleave_probabilities:
+            return [self]
+        names = data.dataset_name.split(",")
+        configs = data.dataset_config_name.split(",") if data.dataset_config_name else [None]
+        configs = configs * len(names) if len(configs) == 1 else configs
+        copies = []
+        for name, config in zip(names, configs, strict=True):
+            task = copy.copy(self)
+            task.data_args = dataclasses.replace(
+                data, dataset_name=name, dataset_config_name=config, interleave_probabilities=None
+            )
+            copies.append(task)
+        return copies
+
+    def interleaved(self, load: Callable[[Task], Any]) -> Any:
+        """`load` applied to every source; several streams are mixed by their probabilities,
+        each example of each read once per epoch (`all_exhausted_without_replacement`)."""
+        from datasets import interleave_datasets
+
+        parts = [load(task) for task in self.sources()]
+        if len(parts) == 1:
+            return parts[0]
+        try:
+            return interleave_datasets(
+                parts,
+                probabilities=self.data_args.probabilities(),
+                seed=self.seed,
+                stopping_strategy="all_exhausted_without_replacement",
+            )
+        except ValueError as error:
+            raise UserError(f"--dataset_name {self.data_args.dataset_name}: {error}") from None
 
     @property
     def trainer_class(self) -> Callable[..., Trainer]:
@@ -57,6 +103,25 @@ class Task(ABC):
         Called after `build_model_and_processor`, so limits that depend on the model (such
         as Whisper's input window) can be applied while loading.
         """
+
+    @classmethod
+    @abstractmethod
+    def detect_local_layout(cls, directory: Path) -> LocalLayout:
+        """Recognise the task's local dataset directory (splits, columns) from its files."""
+
+    @abstractmethod
+    def column_flags(self) -> dict[str, str]:
+        """Flag name -> the source column it names (checked against every source)."""
+
+    def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
+        """Label column -> its distinct values, for tasks whose model needs the label set
+        before a stream could show it (recorded in a shard index); None otherwise."""
+        return None
+
+    @abstractmethod
+    def load_source(self, spec: str) -> Dataset:
+        """A split (or `a+b`) with every column the source holds, media not yet decoded
+        into arrays: what `python -m trainer.shards` writes, and what training selects from."""
 
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:

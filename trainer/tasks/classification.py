@@ -21,21 +21,23 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from trainer.data_sources import (
-    LocalLayout,
     check_columns,
+    check_shard_set,
     check_splits,
     load_split,
     local_directory,
     looks_like_path,
+    shard_index_of,
 )
 from trainer.errors import UserError
+from trainer.shards import KEY_COLUMN
+from trainer.streams import is_stream
 from trainer.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -121,6 +123,24 @@ class LabelSet:
                 "classification needs at least two."
             )
         return cls(names, ids, source)
+
+    @classmethod
+    def from_stream(cls, stream, indexed: list | None, source: str) -> LabelSet:
+        """A stream's labels: its ClassLabel, or the values its shard index recorded."""
+        from datasets import ClassLabel
+
+        feature = (stream.features or {}).get(LABEL)
+        if isinstance(feature, ClassLabel):
+            return cls(tuple(feature.names), {i: i for i in range(len(feature.names))}, source)
+        if indexed is None:
+            raise UserError(
+                f"{source} is a stream whose labels are not a ClassLabel, so its label set is "
+                "unknown before training: stream it from shards (python -m trainer.shards "
+                "records the labels), or leave --streaming out."
+            )
+        if len(indexed) < 2:
+            raise UserError(f"{source} has {len(indexed)} label(s); classification needs two.")
+        return cls(tuple(str(v) for v in indexed), {v: i for i, v in enumerate(indexed)}, source)
 
     def describe(self) -> str:
         """One line naming the ids, which `--class_weights` and predictions refer to."""
@@ -211,11 +231,6 @@ class ClassificationTask(Task):
     _train: Dataset
     _class_weights: torch.Tensor | None = None
 
-    @classmethod
-    @abstractmethod
-    def detect_local_layout(cls, directory: Path) -> LocalLayout:
-        """Recognise the task's local dataset directory (splits, columns) from its files."""
-
     @abstractmethod
     def load_model_and_processor(self, labels: LabelSet) -> tuple[PreTrainedModel, Any]:
         """The pretrained model with a head for `labels` (see `pretrained_kwargs`)."""
@@ -226,10 +241,13 @@ class ClassificationTask(Task):
 
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         spec = self.data_args.train_split_name
-        self._train = self._load_split(spec)
-        self.labels = LabelSet.from_split(
-            self._train, f"split {spec} of {self.data_args.dataset_name}"
-        )
+        streaming = self.data_args.streaming
+        self._train = self.interleaved(lambda source: source._load_split(spec, streaming))
+        source = f"split {spec} of {self.data_args.dataset_name}"
+        if is_stream(self._train):
+            self.labels = LabelSet.from_stream(self._train, self._indexed_labels(), source)
+        else:
+            self.labels = LabelSet.from_split(self._train, source)
         if os.environ.get("RANK", "0") == "0":
             print(self.labels.describe(), flush=True)
         return self.load_model_and_processor(self.labels)
@@ -246,8 +264,38 @@ class ClassificationTask(Task):
             "ignore_mismatched_sizes": True,
         }
 
+    def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
+        from datasets import ClassLabel
+
+        column = self.options.label_column_name
+        if isinstance(dataset.features[column], ClassLabel):
+            return None  # its names travel with the features
+        return {column: sorted(dataset.unique(column))}
+
+    def _indexed_labels(self) -> list | None:
+        """The label values the shard sets' indexes recorded for our label column (all of
+        them, when streams are interleaved), or None if one did not."""
+        values = set()
+        for source in self.sources():
+            index = shard_index_of(source.data_args.dataset_name)
+            labels = (index.labels or {}).get(self.options.label_column_name) if index else None
+            if labels is None:
+                return None
+            values.update(labels)
+        return sorted(values)
+
     def check_inputs(self) -> None:
+        if self.data_args.streaming and self.options.class_weights == "balanced":
+            raise UserError(
+                "--class_weights balanced counts the training split, which a stream cannot "
+                "do before training: give one weight per label (e.g. 1,2.5,1)."
+            )
         name = self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
+            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
+            return
         if name is None or not looks_like_path(name):
             return  # a hub dataset: checked when it is loaded
         directory = local_directory(name)
@@ -255,7 +303,7 @@ class ClassificationTask(Task):
         check_splits(layout, self.data_args.train_split_name, directory)
         if self.data_args.eval_split_name:
             check_splits(layout, self.data_args.eval_split_name, directory)
-        check_columns(layout.columns, self._column_flags(), str(directory))
+        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def adjust_training_arguments(self, training: Any) -> None:
         # The collator needs the raw input and label columns, which the model does not name.
@@ -263,13 +311,16 @@ class ClassificationTask(Task):
 
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         spec = self.data_args.train_split_name
-        train = self.prepare_split(self._limit(self._train, self.data_args.max_train_samples), spec)
+        train = self._limit(self._train, self.data_args.max_train_samples)
+        if not is_stream(train):  # a stream cannot be checked before it is read
+            train = self.prepare_split(train, spec)
         if self.options.class_weights is not None:
             self._class_weights = self.labels.class_weights(self.options.class_weights, train)
         evaluation = None
         if self.data_args.eval_split_name:
             spec = self.data_args.eval_split_name
-            evaluation = self._limit(self._load_split(spec), self.data_args.max_eval_samples)
+            first = self.sources()[0]  # interleaved streams: the first dataset's evaluation
+            evaluation = self._limit(first._load_split(spec), self.data_args.max_eval_samples)
             evaluation = self.prepare_split(evaluation, spec)
         return self.for_training(train), evaluation
 
@@ -302,7 +353,7 @@ class ClassificationTask(Task):
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)
 
-    def _column_flags(self) -> dict[str, str]:
+    def column_flags(self) -> dict[str, str]:
         flags = {
             self.input_flag: getattr(self.options, self.input_flag),
             "label_column_name": self.options.label_column_name,
@@ -311,24 +362,30 @@ class ClassificationTask(Task):
             raise UserError(f"--{self.input_flag} and --label_column_name name the same column.")
         return flags
 
-    def _load_split(self, spec: str) -> Dataset:
-        """One split (or `a+b`), reduced to the input and label columns under fixed names."""
-        dataset = self._load_raw(spec)
+    def _load_split(self, spec: str, streaming: bool = False):
+        """One split (or `a+b`), reduced to the input and label columns under fixed names
+        (and a shard set's example ids, for `--stream_audit_dir`)."""
+        dataset = self.load_source(spec, streaming)
         name = self.data_args.dataset_name
-        check_columns(dataset.column_names, self._column_flags(), f"dataset {name} split {spec}")
+        columns = dataset.column_names
+        if columns is not None:  # a hub stream may not know them before reading
+            check_columns(columns, self.column_flags(), f"dataset {name} split {spec}")
         source, label = getattr(self.options, self.input_flag), self.options.label_column_name
-        dataset = dataset.select_columns([source, label])
+        keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
+        dataset = dataset.select_columns([source, label, *keys])
         renames = {source: self.input_column, label: LABEL}
         return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
 
-    def _load_raw(self, spec: str) -> Dataset:
+    def load_source(self, spec: str, streaming: bool = False):
         dataset, _ = load_split(
-            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout
+            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming
         )
         return dataset
 
     @staticmethod
-    def _limit(dataset: Dataset, max_samples: int | None) -> Dataset:
+    def _limit(dataset, max_samples: int | None):
         if max_samples is None:
             return dataset
+        if is_stream(dataset):
+            return dataset.take(max_samples)
         return dataset.select(range(min(max_samples, len(dataset))))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.data_sources import LocalLayout
 from trainer.errors import UserError
+from trainer.streams import is_stream
 from trainer.tasks.classification import (
     LABEL,
     ClassificationArguments,
@@ -117,7 +118,11 @@ class ImageClassificationTask(ClassificationTask):
         )
 
     def for_training(self, dataset: Dataset) -> Dataset:
-        return dataset.with_transform(augment_images) if self.options.augment else dataset
+        if not self.options.augment:
+            return dataset
+        if is_stream(dataset):
+            return dataset.map(augment_images, batched=True)  # as it is read, like decoding
+        return dataset.with_transform(augment_images)
 
     def input_encoder(self, processor) -> Callable[[list], Any]:
         return partial(_pixel_values, processor)

@@ -19,6 +19,7 @@ import csv
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,13 +29,16 @@ from transformers import Seq2SeqTrainingArguments
 from trainer.data_sources import (
     LocalLayout,
     check_columns,
+    check_shard_set,
     check_splits,
     load_split,
     local_directory,
     looks_like_path,
+    shard_index_of,
     table_header,
 )
 from trainer.errors import UserError
+from trainer.shards import KEY_COLUMN
 from trainer.tasks.base import Task
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -165,6 +169,7 @@ class SpeechRecognitionTask(Task):
     default_metric = "wer"
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
+    detect_local_layout = staticmethod(detect_local_layout)
     _length_column: str | None = None
     """Set when the sampling strategy groups by length: where label lengths go."""
     _prompt: Prompt | None = None
@@ -173,13 +178,18 @@ class SpeechRecognitionTask(Task):
     def check_inputs(self) -> None:
         self._check_checkpoint()
         name = self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
+            check_shard_set(index, name, specs, self.column_flags())
+            return
         if name is None or not looks_like_path(name):
             return  # a hub dataset: checked when it is loaded
         directory = local_directory(name)
         layout = detect_local_layout(directory)
         check_splits(layout, self.data_args.train_split_name, directory)
         check_splits(layout, self.data_args.eval_split_name, directory)
-        check_columns(layout.columns, self._column_flags(), str(directory))
+        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def _check_checkpoint(self) -> None:
         """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
@@ -219,13 +229,18 @@ class SpeechRecognitionTask(Task):
         max_duration = (
             self.options.max_duration_in_seconds or processor.feature_extractor.chunk_length
         )
-        train = self._load_split(self.data_args.train_split_name, self.data_args.max_train_samples)
+        data = self.data_args
+        train = self.interleaved(
+            lambda source: source._load_split(
+                data.train_split_name, data.max_train_samples, streaming=data.streaming
+            )
+        )
         train = _filter_by_duration(
             train, self.options.min_duration_in_seconds, max_duration, self.data_args
         )
         evaluation = None
         if self.data_args.eval_split_name:
-            evaluation = self._load_split(
+            evaluation = self.sources()[0]._load_split(  # interleaved: the first dataset's
                 self.data_args.eval_split_name, self.data_args.max_eval_samples
             )
         if self._length_column:
@@ -324,7 +339,7 @@ class SpeechRecognitionTask(Task):
 
         return word_error_rate
 
-    def _column_flags(self) -> dict[str, str]:
+    def column_flags(self) -> dict[str, str]:
         return {
             "audio_column_name": self.options.audio_column_name,
             "text_column_name": self.options.text_column_name,
@@ -345,28 +360,37 @@ class SpeechRecognitionTask(Task):
 
         return normalize
 
-    def _load_split(self, spec: str, max_samples: int | None) -> Dataset:
+    def _load_split(self, spec: str, max_samples: int | None, streaming: bool = False):
         from datasets import Audio
 
-        dataset = self._load_raw(spec)
-        check_columns(
-            dataset.column_names,
-            self._column_flags(),
-            f"dataset {self.data_args.dataset_name} split {spec}",
-        )
+        dataset = self.load_source(spec, streaming)
+        if dataset.column_names is not None:  # a hub stream may not know them before reading
+            check_columns(
+                dataset.column_names,
+                self.column_flags(),
+                f"dataset {self.data_args.dataset_name} split {spec}",
+            )
         audio, text = self.options.audio_column_name, self.options.text_column_name
-        dataset = dataset.select_columns([audio, text]).rename_columns(
-            {audio: "audio", text: "text"} if (audio, text) != ("audio", "text") else {}
+        columns = [audio, text] + (
+            [KEY_COLUMN] if KEY_COLUMN in (dataset.column_names or []) else []
+        )
+        renames = {audio: "audio", text: "text"}
+        dataset = dataset.select_columns(columns).rename_columns(
+            {old: new for old, new in renames.items() if old != new}
         )
         if max_samples is not None:
-            dataset = dataset.select(range(min(max_samples, len(dataset))))
+            dataset = (
+                dataset.take(max_samples)
+                if streaming
+                else dataset.select(range(min(max_samples, len(dataset))))
+            )
         return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
-    def _load_raw(self, spec: str) -> Dataset:
+    def load_source(self, spec: str, streaming: bool = False):
         from datasets import Audio
 
         dataset, directory = load_split(
-            self.data_args, self.model_args.cache_dir, spec, detect_local_layout
+            self.data_args, self.model_args.cache_dir, spec, detect_local_layout, streaming
         )
         if directory is None or detect_local_layout(directory).builder != "csv":
             return dataset  # the hub, or an audiofolder: the audio column is already there
@@ -398,10 +422,22 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     model.config.forced_decoder_ids = None
 
 
-def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) -> Dataset:
-    """Drop clips outside [low, high] seconds, reading only each file's header."""
+def _filter_by_duration(dataset, low: float, high: float, data_args):
+    """Drop clips outside [low, high] seconds, reading only each file's header.
+
+    A stream is filtered as it is read, in the loader's workers, on the decoder that
+    decoding makes anyway (it reads the header only; samples are read by the collator).
+    The map-style path filters undecoded files instead, in a pass with its own processes.
+    (datasets 5 does not decode a stream's audio again after a filter on undecoded audio.)
+    """
     from datasets import Audio
 
+    from trainer.streams import is_stream
+
+    if is_stream(dataset):
+        decoded = dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+        # a module-level function, not a lambda: loader workers may be spawned (pickled)
+        return decoded.filter(partial(_decoder_in_range, low, high), input_columns=["audio"])
     encoded = dataset.cast_column("audio", Audio(decode=False))
     kept = encoded.filter(
         lambda audio: low <= _duration_seconds(audio) <= high,
@@ -415,7 +451,14 @@ def _filter_by_duration(dataset: Dataset, low: float, high: float, data_args) ->
 def _duration_seconds(audio: dict) -> float:
     from torchcodec.decoders import AudioDecoder
 
-    decoder = AudioDecoder(audio["bytes"] if audio.get("bytes") else audio["path"])
+    return _decoder_seconds(AudioDecoder(audio["bytes"] if audio.get("bytes") else audio["path"]))
+
+
+def _decoder_in_range(low: float, high: float, decoder) -> bool:
+    return low <= _decoder_seconds(decoder) <= high
+
+
+def _decoder_seconds(decoder) -> float:
     duration = decoder.metadata.duration_seconds_from_header
     if duration is None:
         duration = decoder.get_all_samples().duration_seconds

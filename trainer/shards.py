@@ -1,0 +1,207 @@
+"""`python -m trainer.shards SRC DEST --task TASK`: a local dataset as Parquet shards plus an
+index, for training with `--streaming true` from Cloud Storage.
+
+A corpus bigger than a node's disk cannot be copied to every node; it can be read as a
+stream, if it is stored as a few hundred files of a few hundred MB each (the unit that
+processes divide among themselves, shuffle, and resume in) rather than as millions of
+clips. The shards are Parquet files with the audio or image bytes embedded, written the
+way `datasets`' `push_to_hub` writes them (same size estimate, same embedding), so
+`load_dataset("parquet", ...)` and the Hub's viewer read them too. `index.json`, written
+last, lists each split's shards with their row counts, the features (columns and types)
+and, for classification, the label values: the trainer sizes epochs and checks columns
+and labels from it at launch, without opening a shard. A DEST without `index.json` is
+not a shard set (an interrupted run leaves none).
+
+SRC is any local layout the task reads (audiofolder, Common Voice directory, imagefolder,
+a directory of CSV/TSV/JSONL files), or a gs:// copy of one; DEST is a local directory,
+a gs:// URI or a /gcs/ path. Each shard is written to a temporary file, uploaded through
+trainer/storage.py (verified by CRC32C) and deleted, so making shards needs local disk
+for one shard beyond the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.errors import UserError
+
+if TYPE_CHECKING:
+    from datasets import Dataset, Features
+
+    from trainer.storage import Store
+    from trainer.tasks import Task
+
+INDEX = "index.json"
+KEY_COLUMN = "__key__"
+"""A stable id per example (`SPLIT/ROW`), as WebDataset names its samples: what a stream
+consumed can be named and checked (`--stream_audit_dir`)."""
+DEFAULT_SHARD_SIZE_MB = 256
+
+
+@dataclass(frozen=True)
+class Shard:
+    file: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """What `index.json` says about a shard set."""
+
+    task: str
+    features: dict
+    """`datasets.Features.to_dict()` of every shard."""
+    splits: dict[str, list[Shard]]
+    labels: dict[str, list] | None = None
+    """Classification: label column -> its distinct values (when they are not a ClassLabel)."""
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.features)
+
+    def rows(self, split: str) -> int:
+        return sum(shard.rows for shard in self.splits[split])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShardIndex:
+        data = json.loads(text)
+        splits = {name: [Shard(**s) for s in shards] for name, shards in data["splits"].items()}
+        return cls(data["task"], data["features"], splits, data.get("labels"))
+
+    def datasets_features(self) -> Features:
+        from datasets import Features
+
+        return Features.from_dict(self.features)
+
+
+def read_index(store: Store) -> ShardIndex | None:
+    """The shard set's index, or None if `store` holds none."""
+    text = store.read_text(INDEX)
+    return None if text is None else ShardIndex.from_json(text)
+
+
+def write_shards(
+    task_name: str, task: Task, source: str, store: Store, shard_size_mb: float
+) -> ShardIndex:
+    """Every split of the local dataset `source` as Parquet shards in `store`; the index last."""
+    from trainer.data_sources import check_columns, local_directory
+
+    directory = local_directory(source)
+    layout = task.detect_local_layout(directory)
+    splits: dict[str, list[Shard]] = {}
+    features = None
+    labels = None
+    for split in sorted(layout.splits):
+        dataset = task.load_source(split)
+        if len(dataset) == 0:
+            raise UserError(f"Split {split} of {source} holds no examples.")
+        check_columns(dataset.column_names, task.column_flags(), f"{source} split {split}")
+        if features is None:
+            features = dataset.features
+        labels = task.source_label_values(dataset) if split == "train" else labels
+        splits[split] = _write_split(dataset, split, store, shard_size_mb * 1e6)
+    assert features is not None  # a layout has at least one split
+    features = features.copy()
+    features[KEY_COLUMN] = _key_feature()
+    index = ShardIndex(task_name, features.to_dict(), splits, labels)
+    store.write_text(INDEX, index.to_json())
+    return index
+
+
+def _key_feature():
+    from datasets import Value
+
+    return Value("string")
+
+
+def _write_split(dataset: Dataset, split: str, store: Store, shard_bytes: float) -> list[Shard]:
+    from datasets.table import embed_table_storage
+
+    # push_to_hub's own estimate: table bytes, plus the sizes of media files it will embed
+    count = max(1, math.ceil(dataset._estimate_nbytes() / shard_bytes))
+    count = min(count, len(dataset))
+    shards = []
+    offset = 0
+    with tempfile.TemporaryDirectory(prefix="shards-") as staging:
+        for index in range(count):
+            part = dataset.shard(num_shards=count, index=index, contiguous=True)
+            part = part.map(
+                partial(_keys, f"{split}/", offset),
+                with_indices=True,
+                batched=True,
+                keep_in_memory=True,
+            )
+            part = part.with_format("arrow").map(
+                embed_table_storage, batched=True, keep_in_memory=True
+            )
+            name = f"{split}-{index:05d}-of-{count:05d}.parquet"
+            local = Path(staging) / name
+            part.with_format(None).to_parquet(str(local))
+            (entry,) = store.upload(Path(staging), [name])
+            shards.append(Shard(file=name, rows=len(part), bytes=entry.size))
+            local.unlink()
+            offset += len(part)
+    return shards
+
+
+def _keys(prefix: str, offset: int, batch: dict, rows: list[int]) -> dict[str, list[str]]:
+    return {KEY_COLUMN: [f"{prefix}{offset + row}" for row in rows]}
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.shards",
+        description="Write a local dataset (audiofolder, Common Voice dir, imagefolder, "
+        "CSV/TSV/JSONL dir) as Parquet shards plus index.json, locally or in Cloud Storage, "
+        "for --streaming true. Other flags are the task's column flags "
+        "(--text_column_name, --label_column_name, ...), checked against the data.",
+    )
+    parser.add_argument("source", help="Local dataset directory (or gs:// copy of one).")
+    parser.add_argument("destination", help="Directory, gs://BUCKET/PATH or /gcs/BUCKET/PATH.")
+    parser.add_argument("--task", required=True, help="The training task the data is for.")
+    parser.add_argument(
+        "--shard_size_mb",
+        type=float,
+        default=DEFAULT_SHARD_SIZE_MB,
+        help=f"Target size of one shard (default {DEFAULT_SHARD_SIZE_MB}).",
+    )
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trainer.arguments import parse_flags
+    from trainer.quiet import silence_known_noise
+    from trainer.storage import open_store
+
+    silence_known_noise()
+    args, task_flags = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.shard_size_mb <= 0:
+            raise UserError("--shard_size_mb must be positive.")
+        flags = parse_flags(["--task", args.task, "--dataset_name", args.source, *task_flags])
+        store = open_store(args.destination)
+        index = write_shards(args.task, flags.task, args.source, store, args.shard_size_mb)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    for split, shards in index.splits.items():
+        rows = sum(shard.rows for shard in shards)
+        size = sum(shard.bytes for shard in shards) / 1e6
+        print(f"{split}: {rows} examples in {len(shards)} shard(s), {size:.1f} MB", flush=True)
+    print(f"wrote {store.uri}/{INDEX}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
