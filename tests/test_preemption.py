@@ -8,21 +8,12 @@ import signal
 import subprocess
 import sys
 
-import torch
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from tests.conftest import REPO_ROOT
+from tests.tiny_regression import Regression, regression_arguments, regression_rows
 from trainer.callbacks import SaveOnStopOrInterval
 from trainer.preemption import StopRequest
-
-
-class Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, labels):
-        return {"loss": ((self.linear(inputs).squeeze(-1) - labels) ** 2).mean()}
 
 
 class Minutes:
@@ -47,12 +38,8 @@ class Tick(TrainerCallback):
 
 def train(tmp_path, saver_for, max_steps=12, signal_at_step=None, **extra) -> list[int]:
     """Train a tiny model; return the steps of the checkpoints the Trainer wrote."""
-    rows = [{"inputs": [float(i), 1.0], "labels": float(i)} for i in range(8)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2,
-        report_to=[], disable_tqdm=True, use_cpu=True, **{"save_strategy": "no", **extra},
-    )  # fmt: skip
-    trainer = Trainer(model=Regression(), args=args, train_dataset=rows)
+    args = regression_arguments(tmp_path, max_steps, **extra)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_rows(8))
     trainer.remove_callback(PrinterCallback)
     clock = Minutes(per_step=4)
     trainer.add_callback(Tick(clock, signal_at_step))
@@ -100,12 +87,8 @@ def test_rank_zero_decides_for_every_rank(tmp_path):
         def on_step_begin(self, args, state, control, **kwargs):
             state.is_world_process_zero = False
 
-    rows = [{"inputs": [float(i), 1.0], "labels": float(i)} for i in range(8)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=10, per_device_train_batch_size=2, report_to=[],
-        disable_tqdm=True, use_cpu=True, save_strategy="no",
-    )  # fmt: skip
-    trainer = Trainer(model=Regression(), args=args, train_dataset=rows)
+    args = regression_arguments(tmp_path, max_steps=10)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_rows(8))
     trainer.remove_callback(PrinterCallback)
     clock = Minutes(per_step=4)  # this rank's own clock says "due" after every step
     trainer.add_callback(Tick(clock))

@@ -9,8 +9,9 @@ from itertools import pairwise
 
 import pytest
 import torch
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
+from tests.tiny_regression import Regression, regression_arguments, regression_rows
 from trainer.progress import (
     DataWaitClock,
     ProgressLogCallback,
@@ -22,15 +23,6 @@ from trainer.progress import (
 LOADER_DELAY = 0.2
 
 
-class Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, labels):
-        return {"loss": ((self.linear(inputs).squeeze(-1) - labels) ** 2).mean()}
-
-
 def slow_collator(examples):
     time.sleep(LOADER_DELAY)  # stands in for decoding audio in the training process
     return {
@@ -40,14 +32,11 @@ def slow_collator(examples):
 
 
 def test_data_wait_counts_the_loader_time_of_every_step(tmp_path, capsys):
-    rows = [{"inputs": [float(i), 1.0], "labels": float(i)} for i in range(16)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=3, logging_steps=1, per_device_train_batch_size=2,
-        report_to=[], disable_tqdm=True, use_cpu=True, save_strategy="no",
-    )  # fmt: skip
+    args = regression_arguments(tmp_path, max_steps=3, logging_steps=1)
     trainer = Trainer(
-        model=Regression(), args=args, train_dataset=rows, data_collator=slow_collator
-    )
+        model=Regression(), args=args, train_dataset=regression_rows(16),
+        data_collator=slow_collator,
+    )  # fmt: skip
     clock = DataWaitClock()
     clock.attach(trainer)
     trainer.add_callback(ProgressLogCallback(clock))
@@ -91,12 +80,8 @@ def train_with_fake_clock(
     tmp_path, step_seconds: float, max_steps: int, timed: bool, agree=lambda s: s, **extra
 ):
     """A real Trainer on a tiny model; returns the progress lines' (step, fake time)."""
-    rows = [{"inputs": [float(i), 1.0], "labels": float(i)} for i in range(8)]
-    args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2,
-        report_to=[], disable_tqdm=True, use_cpu=True, save_strategy="no", **extra,
-    )  # fmt: skip
-    trainer = Trainer(model=Regression(), args=args, train_dataset=rows)
+    args = regression_arguments(tmp_path, max_steps, **extra)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_rows(8))
     trainer.remove_callback(PrinterCallback)
     clock = FakeClock(step_seconds)
     recorder = LineTimes(clock)
