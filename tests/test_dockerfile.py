@@ -346,15 +346,22 @@ def test_image_check_is_a_make_target_of_its_own():
     assert not re.search(r"^test:.*image-check", makefile, re.M), "not run by every CI run"
 
 
-def test_check_stack_refuses_a_python_other_than_the_images(tmp_path):
-    other = tmp_path / "python3.11"
-    other.write_text("#!/bin/sh\necho 3.11\n")  # what `python -c ...version...` prints
-    other.chmod(0o755)
+def run_check_stack(tmp_path, python_version: str, check_dir):
+    """check-stack.sh with a stand-in Python that reports `python_version`: the refusals
+    come before anything is built, so the stand-in is never asked for more."""
+    python = tmp_path / f"python{python_version}"
+    python.write_text(f"#!/bin/sh\necho {python_version}\n")
+    python.chmod(0o755)
     result = subprocess.run(
         [str(CHECK_STACK)],
-        env={**os.environ, "PYTHON": str(other), "IMAGE_CHECK_DIR": str(tmp_path / "check")},
+        env={**os.environ, "PYTHON": str(python), "IMAGE_CHECK_DIR": str(check_dir)},
         capture_output=True, text=True,
     )  # fmt: skip
+    return python, result
+
+
+def test_check_stack_refuses_a_python_other_than_the_images(tmp_path):
+    other, result = run_check_stack(tmp_path, "3.11", tmp_path / "check")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"error: {other} is Python 3.11; the image runs 3.12")
     assert result.stderr.count("\n") == 1
@@ -362,14 +369,7 @@ def test_check_stack_refuses_a_python_other_than_the_images(tmp_path):
 
 
 def test_check_stack_refuses_to_build_inside_the_repository(tmp_path):
-    image_python = tmp_path / "python3.12"
-    image_python.write_text("#!/bin/sh\necho 3.12\n")
-    image_python.chmod(0o755)
-    result = subprocess.run(
-        [str(CHECK_STACK)],
-        env={**os.environ, "PYTHON": str(image_python), "IMAGE_CHECK_DIR": str(REPO_ROOT / "x")},
-        capture_output=True, text=True,
-    )  # fmt: skip
+    _, result = run_check_stack(tmp_path, "3.12", REPO_ROOT / "x")
     assert result.returncode == 2 and "is inside the repository" in result.stderr
     assert not (REPO_ROOT / "x").exists()
 

@@ -261,13 +261,32 @@ def test_cloud_build_refuses_to_push_without_a_commit_tag():
         assert check_tag_step(tag).returncode == 0, tag
 
 
-def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
-    """--flex_start: the custom job and the tuning trials ask for FLEX_START with a wait."""
-    jobspec.main(["--flex_start", "--max_wait_hours", "6", "--dest", str(tmp_path / "job")])
+def send_generated_job(capture, tmp_path, flags: list[str], name: str):
+    """`trainer.jobspec FLAGS`, then its config.yaml sent by the real gcloud CLI: the request
+    body, and its strict parse (checked equal to the written file's). Then its hptuning.yaml:
+    the trial spec sent, strictly parsed."""
+    jobspec.main([*flags, "--dest", str(tmp_path / "job")])
     _, _, body = gcloud(
         capture, tmp_path, "ai", "custom-jobs", "create", f"--region={REGION}",
-        "--display-name=flex", f"--config={tmp_path / 'job' / 'config.yaml'}",
+        f"--display-name={name}", f"--config={tmp_path / 'job' / 'config.yaml'}",
     )  # fmt: skip
+    sent = parse_strictly(body["jobSpec"], CustomJobSpec)
+    written = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
+    assert sent == parse_strictly(written, CustomJobSpec)
+
+    capture.requests.clear()
+    _, _, tuning = gcloud(
+        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
+        f"--display-name={name}-tuning", f"--config={tmp_path / 'job' / 'hptuning.yaml'}",
+    )  # fmt: skip
+    return body, sent, parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec
+
+
+def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
+    """--flex_start: the custom job and the tuning trials ask for FLEX_START with a wait."""
+    body, sent, trial = send_generated_job(
+        capture, tmp_path, ["--flex_start", "--max_wait_hours", "6"], "flex"
+    )
     assert body["jobSpec"]["scheduling"] == {
         "timeout": "86400s",
         "restartJobOnWorkerRestart": True,
@@ -275,29 +294,17 @@ def test_flex_start_job_is_sent_with_its_scheduling_strategy(capture, tmp_path):
         "strategy": "FLEX_START",
         "maxWaitDuration": "21600s",
     }
-    sent = parse_strictly(body["jobSpec"], CustomJobSpec)
-    written = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
-    assert sent == parse_strictly(written, CustomJobSpec)
     assert sent.scheduling.strategy.name == "FLEX_START"
     assert sent.scheduling.max_wait_duration.total_seconds() == 6 * 3600
-
-    capture.requests.clear()
-    _, _, tuning = gcloud(
-        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
-        "--display-name=flex-tuning", f"--config={tmp_path / 'job' / 'hptuning.yaml'}",
-    )  # fmt: skip
-    trial = parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec
-    assert trial.scheduling.strategy.name == "FLEX_START" and trial == sent
+    assert trial == sent
 
 
 def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_path):
     """--spot: Spot VMs, the whole job restarted when a worker is, retries left on, a
     bounded wait for capacity, and every node saving at least every 15 minutes."""
-    jobspec.main(["--spot", "--max_wait_hours", "4", "--dest", str(tmp_path / "job")])
-    _, _, body = gcloud(
-        capture, tmp_path, "ai", "custom-jobs", "create", f"--region={REGION}",
-        "--display-name=spot", f"--config={tmp_path / 'job' / 'config.yaml'}",
-    )  # fmt: skip
+    body, sent, trial = send_generated_job(
+        capture, tmp_path, ["--spot", "--max_wait_hours", "4"], "spot"
+    )
     assert body["jobSpec"]["scheduling"] == {
         "timeout": "86400s",
         "restartJobOnWorkerRestart": True,
@@ -308,16 +315,7 @@ def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_pa
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         args = pool["containerSpec"]["args"]
         assert args[args.index("--save_interval_minutes") + 1] == "15"
-    sent = parse_strictly(body["jobSpec"], CustomJobSpec)
-    written = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
-    assert sent == parse_strictly(written, CustomJobSpec)
     assert sent.scheduling.strategy.name == "SPOT"
     assert sent.scheduling.restart_job_on_worker_restart and not sent.scheduling.disable_retries
     assert sent.scheduling.max_wait_duration.total_seconds() == 4 * 3600
-
-    capture.requests.clear()
-    _, _, tuning = gcloud(
-        capture, tmp_path, "ai", "hp-tuning-jobs", "create", f"--region={REGION}",
-        "--display-name=spot-tuning", f"--config={tmp_path / 'job' / 'hptuning.yaml'}",
-    )  # fmt: skip
-    assert parse_strictly(tuning, HyperparameterTuningJob).trial_job_spec == sent
+    assert trial == sent
