@@ -140,6 +140,7 @@ class SaveOnStopOrInterval(TrainerCallback):
         self._clock = clock
         self._agree = agree
         self._last_save = clock()
+        self._node = int(os.environ.get("GROUP_RANK", "0"))
         self.stopped_at_step: int | None = None
         self.stop_origin_node: int | None = None
         self.agreed_at: float | None = None
@@ -148,8 +149,7 @@ class SaveOnStopOrInterval(TrainerCallback):
         self._last_save = self._clock()
 
     def on_step_end(self, args, state, control, **kwargs):
-        node = int(os.environ.get("GROUP_RANK", "0"))
-        stop_here = node + 1 if self._stop.requested else 0
+        stop_here = self._node + 1 if self._stop.requested else 0
         due = bool(
             self._interval is not None
             and state.is_world_process_zero
