@@ -9,9 +9,12 @@ google-cloud-storage client, with the output locations Vertex AI derives from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
+import threading
 import time
 import uuid
 
@@ -37,6 +40,7 @@ from trainer.checkpoints import (
     find_resumable_checkpoint,
 )
 from trainer.preemption import PREEMPTED_EXIT_CODE
+from trainer.start_deadline import MARGIN_SECONDS
 from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
@@ -65,6 +69,11 @@ PEER_EXIT_BOUND = 120
 """Seconds a node may take to stop once a peer is gone. gloo reports a closed connection
 within seconds; a peer that hangs instead is bounded by --ddp_timeout (60 s in RUN), then
 the failure report waits 5 s and torchrun up to 30 s for its workers: 95 s at worst."""
+
+START_GIVE_UP_BOUND = 180
+"""Seconds a worker facing a wedged chief may take to exit in the test: the launcher's checks
+(about 20 s here), --rdzv_timeout (5 s in the test) and the start deadline's margin (30 s),
+with room for a busy 2-core machine. Without the deadline it never exits."""
 
 STOP_EXIT_BOUND = 90
 """Seconds from SIGTERM until both nodes have exited: the step in flight, the save, at
@@ -203,6 +212,60 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
     steps = [int(r["global_step"]) for r in reports]
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, reports
     assert all(float(r["wer"]) >= 0 for r in reports)
+
+
+class WedgedChief:
+    """A chief address that accepts connections and never answers: a chief machine that is
+    up but stuck. torch's store client waits on it past its own timeout, for ever."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._hold, daemon=True).start()
+
+    def _hold(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.listener.accept()[0])
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeout(
+    tmp_path, demo_assets
+):
+    """A worker restarted alone (or started) while its chief is wedged must not hold its
+    machine for ever: it exits 1 with one line once --rdzv_timeout plus the margin has passed
+    without a training process, and Vertex AI restarts it (with restartJobOnWorkerRestart,
+    the whole job)."""
+    rdzv_timeout = 5
+    chief = WedgedChief()
+    started = time.monotonic()
+    try:
+        flags = [*RUN, "--rdzv_timeout", str(rdzv_timeout)]
+        inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
+        worker = start_node(tmp_path, 1, 2, chief.port, *inputs, flags)
+        code, log = worker.finish(timeout=START_GIVE_UP_BOUND)
+    finally:
+        chief.close()
+    seconds = time.monotonic() - started
+    assert chief.held, "the worker never reached the chief's address"
+    assert code == 1, f"the worker did not give up (exit {code}):\n{log[-3000:]}"
+    deadline = rdzv_timeout + MARGIN_SECONDS
+    expected = (
+        f"error: node 1 started no training process within {deadline} s: "
+        f"its rendezvous with the chief at 127.0.0.1:{chief.port} did not complete"
+    )
+    assert expected in log, log[-3000:]
+    assert "step 1/" not in log
+    print(
+        f"wedged chief: the worker gave up {seconds:.1f}s after it started "
+        f"(--rdzv_timeout {rdzv_timeout} + {MARGIN_SECONDS} s margin + launcher checks)"
+    )
 
 
 PREEMPTED_LINE = re.compile(r"^preempted: SIGTERM on node (\d+) .*?: (checkpoint-\d+) ", re.M)

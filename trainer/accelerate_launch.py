@@ -5,7 +5,8 @@ a training process fails, torchrun raises ChildFailedError, whose traceback box 
 node, in every node's log) repeats what the training process has already said in its own
 `error:` line (trainer/failures.py). So: a process that reported itself (exit code 1 or 2)
 gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
-a preempted machine) gets one `error:` line naming its rank and node.
+a preempted machine) gets one `error:` line naming its rank and node. A node whose
+rendezvous never completes gives up after --rdzv_timeout (trainer/start_deadline.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     quiet_agent_failure_logs()
+    watch_the_start(args)
     try:
         launch_command(args)
     except ChildFailedError as error:
@@ -36,6 +38,24 @@ def main(argv: list[str] | None = None) -> None:
         # and waited for the training processes, which saved and said so themselves (or,
         # stopped before their first step, had nothing to save).
         sys.exit(PREEMPTED_EXIT_CODE)
+
+
+def watch_the_start(args) -> None:
+    """Arm the start deadline with the rendezvous timeout the launcher put in the command."""
+    from trainer.start_deadline import (
+        MARGIN_SECONDS,
+        StartDeadline,
+        give_up,
+        training_process_started,
+    )
+
+    conf = dict(item.split("=", 1) for item in (args.rdzv_conf or "").split(",") if "=" in item)
+    if "timeout" not in conf:  # not launched by trainer.launch: torch's defaults apply
+        return
+    timeout = float(conf["timeout"])
+    chief = f"{args.main_process_ip}:{args.main_process_port}"
+    expire = give_up(args.machine_rank or 0, chief, timeout)
+    StartDeadline(timeout + MARGIN_SECONDS, training_process_started, expire).start_watching()
 
 
 def report(error, node_rank: int | None) -> int:

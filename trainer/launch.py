@@ -69,7 +69,9 @@ class LauncherArguments:
         default=1800,
         metadata={
             "help": "Seconds the nodes wait for each other at start-up (Vertex AI replicas may "
-            "start minutes apart). Collectives during training time out after --ddp_timeout."
+            "start minutes apart). A node whose training processes have not started 30 s "
+            "after that exits 1, even if torch's rendezvous keeps waiting (a wedged chief). "
+            "Collectives during training time out after --ddp_timeout."
         },
     )
     chief_resolve_timeout: int = field(
