@@ -94,8 +94,8 @@ def online_env(hub, scratch: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def hub_reads(hub, text_model, tmp_path_factory) -> tuple[dict, Path]:
     """What one child read from the Hub (see `read_from_hub`), and its scratch directory."""
-    scratch = tmp_path_factory.mktemp("child")
-    out = scratch / "reads.json"
+    child = tmp_path_factory.mktemp("child")
+    scratch, out = child / "scratch", child / "reads.json"
     done = subprocess.run(
         [sys.executable, "-m", "tests.test_hub_streaming", str(text_model), str(out)],
         cwd=REPO_ROOT, env=online_env(hub, scratch), capture_output=True, text=True,
@@ -143,22 +143,34 @@ def test_a_hub_stream_resumes_at_the_example_after_the_last_one_trained(hub_read
     assert resume["next epoch after the resume"] == resume["next epoch"]
 
 
-def test_streaming_from_the_hub_writes_no_data_file_to_disk(hub, hub_reads):
-    """The client's caches and temporary files hold no Parquet file and, all together,
-    fewer bytes than the smallest data file; only the data files' bytes were read."""
+def test_the_evaluation_split_is_loaded_whole_from_its_own_files(hub_reads):
+    assert hub_reads[0]["evaluation"] == sorted(f"test/{i}" for i in range(18))
+
+
+def test_streaming_from_the_hub_copies_no_training_example_to_disk(hub, hub_reads):
+    """No file the client wrote (caches, temporary files) holds a training example, while
+    the evaluation split is in the cache; every Parquet file was read in byte ranges,
+    none fetched whole into the Hub cache (`hf_hub_download` asks HEAD first)."""
     _, scratch = hub_reads
-    repository = hub.repositories[DATASET]
-    data = {path: len(content) for path, content in repository.files.items()
-            if path.endswith(".parquet")}  # fmt: skip
-    written = [path for path in scratch.rglob("*") if path.is_file() and path.name != "reads.json"]
-    parquet = [path for path in written if path.read_bytes()[:4] == b"PAR1"]
+    assert_no_training_example_in(scratch)
+    assert files_holding(scratch / "datasets", b"test/17"), "the evaluation split is cached"
+    reads = [(method, byte_range) for method, path, byte_range in hub.requests
+             if path.endswith(".parquet")]  # fmt: skip
+    assert reads and all(method == "GET" and byte_range for method, byte_range in reads), reads
+
+
+def files_holding(root: Path, content: bytes) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file() and content in path.read_bytes()]
+
+
+def assert_no_training_example_in(root: Path) -> None:
+    """No file under `root` is a Parquet file or holds a training example's `__key__`
+    (Arrow files, as the `datasets` cache writes them, hold strings as they are)."""
+    parquet = [path for path in root.rglob("*") if path.is_file()
+               and path.read_bytes()[:4] == b"PAR1"]  # fmt: skip
     assert not parquet, f"data files written to disk: {parquet}"
-    total = sum(path.stat().st_size for path in written)
-    assert total < min(data.values()), f"{total} bytes written: {sorted(map(str, written))}"
-    read = {path.split("/", 6)[-1] for method, path, _ in hub.requests if "/resolve/" in path}
-    assert {path for path in read if path.endswith(".parquet")} == {
-        path for path in data if path.startswith("data/train-")
-    }, "the test split is not read when only train is streamed"
+    holding = files_holding(root, b"train/")
+    assert not holding, f"training examples written to disk: {holding}"
 
 
 @pytest.mark.slow
@@ -170,7 +182,7 @@ def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path)
     code, output = run_trainer(
         [*FLAGS, "--model_name_or_path", str(text_model), "--nproc_per_node", "2",
          "--per_device_train_batch_size", "5", "--shuffle_buffer_size", str(BUFFER),
-         "--eval_split_name", "", "--save_strategy", "no", "--max_seq_length", "16",
+         "--eval_strategy", "no", "--save_strategy", "no", "--max_seq_length", "16",
          "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
         cwd=tmp_path, env=online_env(hub, tmp_path / "scratch"), timeout=300,
     )  # fmt: skip
@@ -182,19 +194,21 @@ def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path)
     assert all(len(part) == 2 * 5 for part in keys.values()), consumed
     assert not keys["rank-0.txt"] & keys["rank-1.txt"], "both processes trained on one example"
     assert all(key.startswith("train/") for part in keys.values() for key in part)
+    assert "on 18 eval examples" in output
+    assert_no_training_example_in(tmp_path / "scratch")
 
 
 def read_from_hub(model_dir: str) -> dict:
-    """Build the text task from flags, load its training stream from the Hub, and read it
-    as 4 processes (seeds 3, 3, 4), in a later epoch, as 2 processes with 2 loader workers,
-    and across a mid-epoch resume."""
+    """Build the text task from flags, load its training stream and evaluation split from
+    the Hub, and read the stream as 4 processes (seeds 3, 3, 4), in a later epoch, as 2
+    processes with 2 loader workers, and across a mid-epoch resume."""
     import datasets
     from torch.utils.data import DataLoader
 
     from trainer.arguments import parse_flags
     from trainer.streams import POSITION, StreamPositions, StreamStart, prepare_stream
 
-    flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir, "--eval_split_name", ""])
+    flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir])
     # A shuffled Parquet stream sleeps 5 s after each whole pass (datasets' workaround for
     # apache/arrow#45214, which it applies only up to pyarrow 24 elsewhere); this reads ~20
     # passes, and the pause changes nothing that is read.
@@ -202,7 +216,7 @@ def read_from_hub(model_dir: str) -> dict:
     task = flags.task
     task.check_inputs()
     _, tokenizer = task.build_model_and_processor()
-    train, _ = task.load_datasets(tokenizer)
+    train, evaluation = task.load_datasets(tokenizer)
 
     def stream(rank: int, world: int, seed: int = 3, start: StreamStart | None = None):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
@@ -211,7 +225,8 @@ def read_from_hub(model_dir: str) -> dict:
     def keys(examples) -> list[str]:
         return [example["__key__"] for example in examples]
 
-    reads = {"labels": list(task.labels.names), "parts": {}}
+    reads = {"labels": list(task.labels.names), "parts": {},
+             "evaluation": sorted(evaluation["__key__"])}  # fmt: skip
     for name, seed in (("3", 3), ("3 again", 3), ("4", 4)):
         reads["parts"][name] = [keys(stream(rank, 4, seed)) for rank in range(4)]
     later = stream(0, 4)
