@@ -77,7 +77,7 @@ def text_model(tmp_path_factory) -> Path:
     return root / "bert"
 
 
-def online_env(hub, scratch: Path, **extra: str) -> dict[str, str]:
+def online_env(hub, scratch: Path) -> dict[str, str]:
     """A child's environment that asks the loopback Hub, with caches and temporary files
     of its own under `scratch` (so that what it writes can be measured)."""
     for name in ("home", "datasets", "tmp"):
@@ -87,7 +87,7 @@ def online_env(hub, scratch: Path, **extra: str) -> dict[str, str]:
         HF_DATASETS_OFFLINE="0", HF_HOME=str(scratch / "home"),
         HF_HUB_CACHE=str(scratch / "home" / "hub"),
         HF_DATASETS_CACHE=str(scratch / "datasets"), TMPDIR=str(scratch / "tmp"),
-        OMP_NUM_THREADS="1", **extra,
+        OMP_NUM_THREADS="1",
     )  # fmt: skip
 
 
