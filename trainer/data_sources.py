@@ -155,13 +155,16 @@ def load_split(
         return shard_split(name, index, spec, streaming), None
     if not looks_like_path(name):
         config = data_args.dataset_config_name
-        if streaming:
+        if streaming or data_args.streaming:
             parts = [
                 load_or_explain(name, lambda split=split: load_dataset(
                     name, config, split=split, cache_dir=cache_dir, streaming=True))
                 for split in split_names(spec)
             ]  # fmt: skip
-            return concatenate_datasets(parts), None
+            stream = concatenate_datasets(parts)
+            if streaming:
+                return stream, None
+            return split_from_stream(stream, name, config, spec, cache_dir), None
         hub = load_or_explain(
             name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir)
         )
@@ -192,6 +195,34 @@ def load_split(
                              **layout.load_kwargs),
     )  # fmt: skip
     return local, directory
+
+
+def split_from_stream(stream: IterableDataset, name: str, config: str | None, spec: str,
+                      cache_dir: str | None) -> Dataset:  # fmt: skip
+    """A map-style split of a hub dataset (an evaluation split of a streaming run), written
+    from its stream to the `datasets` cache.
+
+    A map-style `load_dataset` of a hub dataset downloads and prepares every split of it:
+    loading the evaluation split that way would copy the whole training split, which the
+    run streams, to every node's disk. Media are read undecoded and stored as they came.
+    The copy is named after the dataset's commit, so that every process of a node, and
+    every later run, reuses it until the dataset changes."""
+    from datasets import Dataset
+    from datasets.fingerprint import Hasher
+    from huggingface_hub import HfApi
+
+    revision = HfApi().dataset_info(name).sha
+    return Dataset.from_generator(
+        _examples_of,
+        features=stream.features,
+        gen_kwargs={"stream": stream.decode(False)},
+        cache_dir=cache_dir,
+        fingerprint=Hasher.hash([name, config, spec, revision]),
+    )
+
+
+def _examples_of(stream: IterableDataset) -> Iterable[dict]:
+    yield from stream
 
 
 def load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:

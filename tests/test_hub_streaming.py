@@ -1,0 +1,259 @@
+"""`--streaming true --dataset_name ORG/NAME`: a Hub dataset streamed by the real
+`datasets` and `huggingface_hub` clients from a loopback Hub (tests/loopback_hub.py),
+divided among processes exactly once, resumed at the exact example, and never copied whole
+to the local disk.
+
+The clients read `HF_ENDPOINT` and the offline switches when they are imported, and this
+test session runs offline (tests/conftest.py), so the reading happens in a child Python
+started with the online environment: `python -m tests.test_hub_streaming MODEL OUT` runs
+`read_from_hub` below and writes what it read as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, run_trainer, trainer_env
+from tests.loopback_hub import Repository, running_hub
+
+DATASET = "org/sentiment"
+SENTIMENTS = ["negative", "neutral", "positive"]
+TRAIN_FILES, TEST_FILES = 4, 2
+TRAIN_ROWS = 60
+"""tiny_assets' sentiment set: 60 training sentences, 18 test sentences."""
+FLAGS = ["--task", "text-classification", "--dataset_name", DATASET,
+         "--text_column_name", "sentence", "--label_column_name", "sentiment",
+         "--streaming", "true", "--max_steps", "2"]  # fmt: skip
+BUFFER = 8
+
+
+def write_hub_repository(root: Path) -> Path:
+    """The sentiment set as a Hub dataset repository: Parquet files named as `push_to_hub`
+    names them (`data/SPLIT-0000K-of-0000N.parquet`, from which `datasets` infers the
+    splits), a ClassLabel label column and a unique `__key__` per example."""
+    import pyarrow.parquet as pq
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    from trainer.tiny_assets import sentiment_sentences
+
+    features = Features({"__key__": Value("string"), "sentence": Value("string"),
+                         "sentiment": ClassLabel(names=SENTIMENTS)})  # fmt: skip
+    for split, rows in sentiment_sentences().items():
+        columns = {"__key__": [f"{split}/{i}" for i in range(len(rows))],
+                   "sentence": [text for text, _ in rows],
+                   "sentiment": [SENTIMENTS.index(label) for _, label in rows]}  # fmt: skip
+        table = Dataset.from_dict(columns, features=features).data.table
+        files = TRAIN_FILES if split == "train" else TEST_FILES
+        for k in range(files):
+            part = table.slice(k * len(rows) // files, len(rows) // files)
+            path = root / "data" / f"{split}-{k:05d}-of-{files:05d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(part.cast(features.arrow_schema), path)
+    (root / "README.md").write_text("# Sentiment\n\nShort financial sentences.\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    repository = Repository.from_directory(write_hub_repository(tmp_path_factory.mktemp("repo")))
+    with running_hub({DATASET: repository}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory) -> Path:
+    from trainer.tiny_assets import build_tiny_bert, sentiment_sentences
+
+    root = tmp_path_factory.mktemp("bert")
+    texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
+    build_tiny_bert(root / "bert", texts)
+    return root / "bert"
+
+
+def online_env(hub, scratch: Path) -> dict[str, str]:
+    """A child's environment that asks the loopback Hub, with caches and temporary files
+    of its own under `scratch` (so that what it writes can be measured)."""
+    for name in ("home", "datasets", "tmp"):
+        (scratch / name).mkdir(parents=True, exist_ok=True)
+    return trainer_env(
+        scratch / "trainer-cache", HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0",
+        HF_DATASETS_OFFLINE="0", HF_HOME=str(scratch / "home"),
+        HF_HUB_CACHE=str(scratch / "home" / "hub"),
+        HF_DATASETS_CACHE=str(scratch / "datasets"), TMPDIR=str(scratch / "tmp"),
+        OMP_NUM_THREADS="1",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hub_reads(hub, text_model, tmp_path_factory) -> tuple[dict, Path]:
+    """What one child read from the Hub (see `read_from_hub`), and its scratch directory."""
+    child = tmp_path_factory.mktemp("child")
+    scratch, out = child / "scratch", child / "reads.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.test_hub_streaming", str(text_model), str(out)],
+        cwd=REPO_ROOT, env=online_env(hub, scratch), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), scratch
+
+
+def test_the_clients_ask_only_routes_the_loopback_hub_serves(hub, hub_reads):
+    assert set(hub.unknown) <= {"GET /api/agent-harnesses"}, hub.unknown
+
+
+def test_four_processes_read_every_hub_example_once_with_labels_from_its_class_label(hub_reads):
+    reads, _ = hub_reads
+    assert reads["labels"] == SENTIMENTS
+    parts = reads["parts"]["3"]
+    seen = Counter(key for part in parts for key in part)
+    assert sorted(seen) == sorted(f"train/{i}" for i in range(TRAIN_ROWS))
+    assert set(seen.values()) == {1}, f"repeated: {seen.most_common(3)}"
+    assert [len(part) for part in parts] == [TRAIN_ROWS // 4] * 4, "one Parquet file each"
+
+
+def test_the_hub_stream_shuffle_is_seeded_and_changes_with_the_epoch(hub_reads):
+    reads, _ = hub_reads
+    parts = reads["parts"]
+    assert parts["3"] == parts["3 again"], "same seed, same order"
+    assert parts["3"] != parts["4"], "another seed, another order"
+    assert sorted(map(sorted, parts["3"])) == sorted(map(sorted, parts["4"]))
+    epoch_one = reads["epoch 1 of rank 0"]
+    assert epoch_one != parts["3"][0] and sorted(epoch_one) == sorted(parts["3"][0])
+
+
+def test_loader_workers_split_a_process_part_of_the_hub_stream(hub_reads):
+    reads, _ = hub_reads
+    workers = reads["two loader workers, rank 1 of 2"]
+    assert sorted(key for key, _ in workers) == sorted(reads["rank 1 of 2"])
+    assert {worker for _, worker in workers} == {0, 1}, "both workers read"
+
+
+def test_a_hub_stream_resumes_at_the_example_after_the_last_one_trained(hub_reads):
+    resume = hub_reads[0]["resume"]
+    assert resume["trained"] == {"epoch": 2, "consumed": {"0": 11}}
+    assert resume["resumed"] == resume["whole"][11:]
+    assert resume["next epoch after the resume"] == resume["next epoch"]
+
+
+def test_the_evaluation_split_is_loaded_whole_from_its_own_files(hub_reads):
+    assert hub_reads[0]["evaluation"] == sorted(f"test/{i}" for i in range(18))
+
+
+def test_streaming_from_the_hub_copies_no_training_example_to_disk(hub, hub_reads):
+    """No file the client wrote (caches, temporary files) holds a training example, while
+    the evaluation split is in the cache; every Parquet file was read in byte ranges,
+    none fetched whole into the Hub cache (`hf_hub_download` asks HEAD first)."""
+    _, scratch = hub_reads
+    assert_no_training_example_in(scratch)
+    assert files_holding(scratch / "datasets", b"test/17"), "the evaluation split is cached"
+    reads = [(method, byte_range) for method, path, byte_range in hub.requests
+             if path.endswith(".parquet")]  # fmt: skip
+    assert reads and all(method == "GET" and byte_range for method, byte_range in reads), reads
+
+
+def files_holding(root: Path, content: bytes) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file() and content in path.read_bytes()]
+
+
+def assert_no_training_example_in(root: Path) -> None:
+    """No file under `root` is a Parquet file or holds a training example's `__key__`
+    (Arrow files, as the `datasets` cache writes them, hold strings as they are)."""
+    parquet = [path for path in root.rglob("*") if path.is_file()
+               and path.read_bytes()[:4] == b"PAR1"]  # fmt: skip
+    assert not parquet, f"data files written to disk: {parquet}"
+    holding = files_holding(root, b"train/")
+    assert not holding, f"training examples written to disk: {holding}"
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path):
+    """`python -m trainer` with two processes streams the Hub dataset: the launcher's hub
+    check asks the loopback Hub too, and the audit shows each process trained on its own
+    examples."""
+    audit_dir = tmp_path / "audit"
+    code, output = run_trainer(
+        [*FLAGS, "--model_name_or_path", str(text_model), "--nproc_per_node", "2",
+         "--per_device_train_batch_size", "5", "--shuffle_buffer_size", str(BUFFER),
+         "--eval_strategy", "no", "--save_strategy", "no", "--max_seq_length", "16",
+         "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
+        cwd=tmp_path, env=online_env(hub, tmp_path / "scratch"), timeout=300,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert "labels from split train of org/sentiment: 0 negative, 1 neutral, 2 positive" in output
+    consumed = {path.name: path.read_text().split() for path in audit_dir.glob("rank-*.txt")}
+    keys = {name: set(words[1::2]) for name, words in consumed.items()}
+    assert sorted(keys) == ["rank-0.txt", "rank-1.txt"]
+    assert all(len(part) == 2 * 5 for part in keys.values()), consumed
+    assert not keys["rank-0.txt"] & keys["rank-1.txt"], "both processes trained on one example"
+    assert all(key.startswith("train/") for part in keys.values() for key in part)
+    assert "on 18 eval examples" in output
+    assert_no_training_example_in(tmp_path / "scratch")
+
+
+def read_from_hub(model_dir: str) -> dict:
+    """Build the text task from flags, load its training stream and evaluation split from
+    the Hub, and read the stream as 4 processes (seeds 3, 3, 4), in a later epoch, as 2
+    processes with 2 loader workers, and across a mid-epoch resume."""
+    import datasets
+    from torch.utils.data import DataLoader
+
+    from trainer.arguments import parse_flags
+    from trainer.streams import POSITION, StreamPositions, StreamStart, prepare_stream
+
+    flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir])
+    # A shuffled Parquet stream sleeps 5 s after each whole pass (datasets' workaround for
+    # apache/arrow#45214, which it applies only up to pyarrow 24 elsewhere); this reads ~20
+    # passes, and the pause changes nothing that is read.
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
+    task = flags.task
+    task.check_inputs()
+    _, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
+
+    def stream(rank: int, world: int, seed: int = 3, start: StreamStart | None = None):
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+        return prepare_stream(train, seed=seed, buffer_size=BUFFER, start=start)
+
+    def keys(examples) -> list[str]:
+        return [example["__key__"] for example in examples]
+
+    reads = {"labels": list(task.labels.names), "parts": {},
+             "evaluation": sorted(evaluation["__key__"])}  # fmt: skip
+    for name, seed in (("3", 3), ("3 again", 3), ("4", 4)):
+        reads["parts"][name] = [keys(stream(rank, 4, seed)) for rank in range(4)]
+    later = stream(0, 4)
+    later.set_epoch(1)
+    reads["epoch 1 of rank 0"] = keys(later)
+    reads["rank 1 of 2"] = keys(stream(1, 2))
+    loader = DataLoader(stream(1, 2), batch_size=None, num_workers=2)
+    reads["two loader workers, rank 1 of 2"] = [(ex["__key__"], ex[POSITION][0]) for ex in loader]
+
+    whole = stream(1, 2)
+    whole.set_epoch(2)
+    whole = list(whole)
+    positions = StreamPositions()
+    positions.trained([example[POSITION] for example in whole[:11]])
+    resumed = stream(1, 2, start=StreamStart(positions.epoch, positions.consumed))
+    resumed.set_epoch(0)  # the Trainer counts epochs afresh after a resume
+    first = keys(resumed)
+    resumed.set_epoch(1)
+    next_epoch = stream(1, 2)
+    next_epoch.set_epoch(3)
+    reads["resume"] = {
+        "trained": {"epoch": positions.epoch, "consumed": positions.consumed},
+        "whole": keys(whole), "resumed": first,
+        "next epoch after the resume": keys(resumed), "next epoch": keys(next_epoch),
+    }  # fmt: skip
+    return reads
+
+
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(json.dumps(read_from_hub(sys.argv[1])))
