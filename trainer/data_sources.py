@@ -197,8 +197,9 @@ def load_split(
     return local, directory
 
 
-def split_from_stream(stream: IterableDataset, name: str, config: str | None, spec: str,
-                      cache_dir: str | None) -> Dataset:  # fmt: skip
+def split_from_stream(
+    stream: IterableDataset, name: str, config: str | None, spec: str, cache_dir: str | None
+) -> Dataset:
     """A map-style split of a hub dataset (an evaluation split of a streaming run), written
     from its stream to the `datasets` cache.
 
