@@ -7,7 +7,9 @@ import csv
 import io
 import subprocess
 import sys
+import tarfile
 import uuid
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +19,7 @@ from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
 from trainer.shards import INDEX, KEY_COLUMN, read_index
 from trainer.storage import open_store
+from trainer.streams import shard_split
 from trainer.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
 
 
@@ -125,3 +128,76 @@ def test_bad_input_is_one_error_line(tmp_path, layout, args, message):
     assert done.returncode == 2
     assert len(error_lines(done)) == 1 and message in error_lines(done)[0], done.stderr
     assert not (tmp_path / "out" / INDEX).exists()
+
+
+def streamed(location: Path, split: str) -> list[dict]:
+    index = read_index(open_store(str(location)))
+    return list(shard_split(str(location), index, split, streaming=True))
+
+
+def few_clips(demo_assets, target: Path, per_split: int) -> Path:
+    """An audiofolder of the demo speech's first `per_split` clips of each split."""
+    for split in ("train", "test"):
+        with (demo_assets.dataset_dir / split / "metadata.csv").open() as handle:
+            rows = list(csv.DictReader(handle))[:per_split]
+        (target / split).mkdir(parents=True)
+        with (target / split / "metadata.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        for row in rows:
+            (target / split / row["file_name"]).hardlink_to(
+                demo_assets.dataset_dir / split / row["file_name"]
+            )
+    return target
+
+
+def test_webdataset_shards_hold_the_clips_as_files_and_stream_as_parquet_does(
+    demo_assets, tmp_path
+):
+    """Demo speech as tars: `KEY.wav` (the source file) + `KEY.json` per sample, KEY the
+    example's `__key__`; the same examples, audio and texts as the Parquet shards of the
+    same source; a second run writes the same bytes."""
+    source = few_clips(demo_assets, tmp_path / "speech", per_split=30)
+    flags = ["--task", "speech-recognition", "--text_column_name", "transcription",
+             "--shard_size_mb", "0.5"]  # fmt: skip
+    for name, shard_format in (
+        ("parquet", "parquet"),
+        ("tar", "webdataset"),
+        ("again", "webdataset"),
+    ):
+        done = make_shards(source, tmp_path / name, *flags, "--format", shard_format,
+                           env=trainer_env(tmp_path / "cache"))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    parquet, tars = (read_index(open_store(str(tmp_path / name))) for name in ("parquet", "tar"))
+    assert tars.features == parquet.features and tars.labels is None
+
+    for split, shards in tars.splits.items():
+        assert [s.rows for s in shards] == [s.rows for s in parquet.splits[split]]
+        assert len(shards) > 1
+        members = []
+        for shard in shards:
+            path = tmp_path / "tar" / shard.file
+            assert shard.file.endswith(".tar") and path.stat().st_size == shard.bytes
+            assert path.read_bytes() == (tmp_path / "again" / shard.file).read_bytes()
+            with tarfile.open(path) as tar:
+                members += tar.getmembers()
+        with tarfile.open(tmp_path / "tar" / shards[0].file) as tar:
+            first_clip = tar.extractfile(f"{split}/0.wav").read()
+        assert first_clip == (source / split / "0000.wav").read_bytes()
+        assert [m.name for m in members] == [
+            f"{split}/{row}{extension}" for row in range(tars.rows(split))
+            for extension in (".wav", ".json")
+        ]  # fmt: skip
+        assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(0, 0, 0, "", 0o644)}
+
+        expected, examples = (
+            streamed(tmp_path / "parquet", split),
+            streamed(tmp_path / "tar", split),
+        )
+        assert [(e["__key__"], e["transcription"]) for e in examples] == [
+            (e["__key__"], e["transcription"]) for e in expected
+        ]
+        for mine, theirs in zip(examples, expected, strict=True):
+            mine, theirs = mine["audio"].get_all_samples(), theirs["audio"].get_all_samples()
+            assert mine.sample_rate == theirs.sample_rate and (mine.data == theirs.data).all()
