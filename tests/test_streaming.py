@@ -252,6 +252,59 @@ def written_bytes(root: Path, skip: set[str]) -> int:
     )
 
 
+READ_WHOLE_SPLIT = """
+import sys
+from trainer.shards import read_index
+from trainer.storage import open_store
+from trainer.streams import shard_split
+
+uri = sys.argv[1]
+stream = shard_split(uri, read_index(open_store(uri)), "train", streaming=True)
+print(sum(example["audio"].get_all_samples().data.numel() > 0 for example in stream))
+"""
+
+
+@pytest.mark.parametrize("shard_format", FORMATS)
+def test_streaming_from_cloud_storage_writes_no_shard_to_local_disk(
+    demo_assets, tmp_path, gcs, shard_format
+):
+    """A process that streams (and decodes) a whole gs:// shard set, eight times the size of
+    its largest shard, leaves its cache, temporary and working directories as they were:
+    Parquet row groups and tar members are read through the store, never saved."""
+    from tests.test_shards import few_clips
+
+    uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
+    source = few_clips(demo_assets, tmp_path / "speech", per_split=24)
+    env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.shards", str(source), uri, "--task",
+         "speech-recognition", "--text_column_name", "transcription", "--shard_size_mb", "0.2",
+         "--format", shard_format],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    index = read_index(open_store(uri))
+    train = index.splits["train"]
+    largest, corpus = max(s.bytes for s in train), sum(s.bytes for s in train)
+    assert len(train) == 8 and corpus > 6 * largest
+
+    scratch = tmp_path / "scratch"
+    folders = {name: scratch / name for name in ("hf", "tmp", "cache", "xdg", "work")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    reader = {**env, "TRAINER_CACHE_DIR": str(folders["cache"]), "TMPDIR": str(folders["tmp"]),
+              "HF_HOME": str(folders["hf"]), "HF_DATASETS_CACHE": str(folders["hf"] / "datasets"),
+              "XDG_CACHE_HOME": str(folders["xdg"])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", READ_WHOLE_SPLIT, uri], cwd=folders["work"],
+                          env=reader, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == index.rows("train"), "every clip read and decoded"
+    on_disk = written_bytes(scratch, set())
+    print(f"{shard_format}: {corpus} bytes in {len(train)} shards streamed; {on_disk} bytes "
+          "written to local disk")  # fmt: skip
+    assert on_disk < largest, f"{on_disk} bytes written while streaming {corpus}"
+
+
 @pytest.mark.slow
 def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
     tmp_path, gcs, text_model
