@@ -213,7 +213,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "SPLIT-0000i-of-0000n.tar, for tools that read WebDataset; a sample is the members "
         "KEY.EXT (KEY the __key__ SPLIT/ROW, e.g. train/17.wav + train/17.json): the "
         "audio or image file as it is, under its own extension, and the other columns in "
-        "KEY.json.",
+        "KEY.json. Both train the same; choose webdataset when other tools in your pipeline "
+        "read or write tars (docs/storage.md compares them).",
     )
     parser.add_argument(
         "--index_only",
