@@ -152,9 +152,18 @@ def sample_columns(fields: dict[str, tuple[str, bytes]], where: str) -> dict[str
         elif media_feature(name) is not None:
             columns[name] = {"bytes": data, "path": member}
         else:
-            decode = DECODERS.get(name.rsplit(".", 1)[-1].lower())
-            columns[name] = decode(data) if decode else data
+            columns[name] = _decoded(DECODERS, name, data, f"{where}: {member}")
     return columns
+
+
+def _decoded(decoders: dict, name: str, data: bytes, where: str) -> Any:
+    """A member's value as the `datasets` builder decodes its extension (`txt` text, `cls`
+    an integer, ...); the bytes as they are for an extension it does not know."""
+    decode = decoders.get(name.rsplit(".", 1)[-1].lower())
+    try:
+        return decode(data) if decode else data
+    except ValueError as error:
+        raise UserError(f"{where} cannot be read as .{name}: {error}") from None
 
 
 def _json_object(data: bytes, where: str) -> dict:
@@ -193,7 +202,7 @@ class TarSummary:
     file: str
     rows: int = 0
     columns: dict[str, Any] = field(default_factory=dict)
-    """Column -> its first value that is not None."""
+    """Every column a sample has -> its first value that is not None (None if none is)."""
     media: dict[str, Any] = field(default_factory=dict)
     """Media column -> its Audio() or Image() (told by the member's extension)."""
     labels: set = field(default_factory=set)
@@ -212,7 +221,7 @@ def index_in_place(store: Store, task_name: str, task: Task) -> ShardIndex:
         raise UserError(f"No {TAR_SUFFIX} files under {store.uri}.")
     label_column = task.label_column()
     with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-        summaries = list(pool.map(partial(summarise_tar, store, label_column), files))
+        summaries = list(pool.map(partial(_summarise_tar, store, label_column), files))
     features = _features(summaries)
     check_columns(features, task.column_flags(), store.uri)
     splits: dict[str, list[Shard]] = {}
@@ -228,7 +237,7 @@ def index_in_place(store: Store, task_name: str, task: Task) -> ShardIndex:
     return index
 
 
-def summarise_tar(store: Store, label_column: str | None, file: str) -> TarSummary:
+def _summarise_tar(store: Store, label_column: str | None, file: str) -> TarSummary:
     summary = TarSummary(file)
     where = f"{store.uri}/{file}"
     try:
@@ -237,7 +246,7 @@ def summarise_tar(store: Store, label_column: str | None, file: str) -> TarSumma
                 summary.rows += 1
                 columns = sample_columns(fields, where)
                 for name, value in columns.items():
-                    if value is not None and name not in summary.columns:
+                    if summary.columns.get(name) is None:
                         summary.columns[name] = value
                 summary.media.update(
                     (name, media_feature(name)) for name in fields if media_feature(name)
@@ -252,8 +261,9 @@ def summarise_tar(store: Store, label_column: str | None, file: str) -> TarSumma
 
 
 def _features(summaries: list[TarSummary]) -> Features:
-    """The columns every tar holds, typed from their first values (media: by extension);
-    tars that disagree on columns are refused (a stream needs one schema)."""
+    """The columns every tar holds, typed by their first values that are not None (tars in
+    path order; media by extension); tars that disagree on columns are refused (a stream
+    needs one schema)."""
     import pyarrow as pa
     from datasets import Features, Value
     from datasets.features.features import cast_to_python_objects
@@ -267,7 +277,11 @@ def _features(summaries: list[TarSummary]) -> Features:
                 "must hold the same fields."
             )
     media = first.media
-    values = {name: value for name, value in first.columns.items() if name not in media}
+    values = {
+        name: next((s.columns[name] for s in summaries if s.columns[name] is not None), None)
+        for name in first.columns
+        if name not in media
+    }
     table = pa.Table.from_pylist(cast_to_python_objects([values], only_1d_for_numpy=True))
     inferred = Features.from_arrow_schema(table.schema)
     features = Features({name: media.get(name) or inferred[name] for name in first.columns})
