@@ -95,7 +95,12 @@ def read_index(store: Store) -> ShardIndex | None:
 
 
 def write_shards(
-    task_name: str, task: Task, source: str, store: Store, shard_size_mb: float, shard_format: str
+    task_name: str,
+    task: Task,
+    source: str,
+    store: Store,
+    shard_size_mb: float,
+    shard_format: str = "parquet",
 ) -> ShardIndex:
     """Every split of the local dataset `source` as shards of `shard_format` (FORMATS) in `store`;
     the index last."""
