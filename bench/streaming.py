@@ -1,7 +1,7 @@
 """Streaming from Cloud Storage vs a local copy: does `--streaming` cost loader throughput?
 
 The same speech corpus (distinct spoken sentences, 48 kHz MP3 as Common Voice ships them,
-built as in bench/preprocessing.py) is read by the training loader three ways, with the
+built as in bench/preprocessing.py) is read by the training loader four ways, with the
 project's own code end to end: the speech task's `_load_split` and duration filter, the
 `SpeechCollator` (decode, resample to 16 kHz, log-mel features: all in the loader's
 workers), W workers, batch size B.
@@ -12,8 +12,10 @@ workers), W workers, batch size B.
 - **stream, GCS**: `--streaming true` from the same corpus as Parquet shards
   (`python -m trainer.shards`) in the bucket: shuffled, split for rank 0 of 1, row groups
   fetched by ranged reads through trainer/storage.py.
-- **stream, local shards**: the same shards on local disk (what the stream costs without
-  the network).
+- **stream, GCS tars**: the same, from WebDataset tar shards (`--format webdataset`), each
+  read front to back as one stream.
+- **stream, local shards**: the Parquet shards on local disk (what the stream costs
+  without the network).
 
 The bucket is the GCS emulator (pure Python, on this machine): its throughput is not
 Cloud Storage's, so the figures say what streaming costs in CPU and protocol overhead, not
@@ -43,7 +45,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.preprocessing import build_corpus, build_processor, describe_corpus  # noqa: E402
 from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
 
-PATHS = ("local copy", "stream, GCS", "stream, local shards")
+PATHS = ("local copy", "stream, GCS", "stream, GCS tars", "stream, local shards")
 
 
 def task_for(dataset: str, streaming: bool):
@@ -124,7 +126,10 @@ def main() -> None:
                              open_store(f"{bucket}/shards"), args.shard_size_mb)  # fmt: skip
         write_shards("speech-recognition", task, str(corpus), open_store(str(tmp / "shards")),
                      args.shard_size_mb)  # fmt: skip
+        write_shards("speech-recognition", task, str(corpus), open_store(f"{bucket}/tars"),
+                     args.shard_size_mb, "webdataset")  # fmt: skip
         sources = {"local copy": f"{bucket}/corpus", "stream, GCS": f"{bucket}/shards",
+                   "stream, GCS tars": f"{bucket}/tars",
                    "stream, local shards": str(tmp / "shards")}  # fmt: skip
         processor = build_processor()
         results: dict[str, list[dict]] = {path: [] for path in PATHS}

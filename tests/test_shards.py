@@ -7,7 +7,9 @@ import csv
 import io
 import subprocess
 import sys
+import tarfile
 import uuid
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +19,7 @@ from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
 from trainer.shards import INDEX, KEY_COLUMN, read_index
 from trainer.storage import open_store
+from trainer.streams import shard_split
 from trainer.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
 
 
@@ -125,3 +128,222 @@ def test_bad_input_is_one_error_line(tmp_path, layout, args, message):
     assert done.returncode == 2
     assert len(error_lines(done)) == 1 and message in error_lines(done)[0], done.stderr
     assert not (tmp_path / "out" / INDEX).exists()
+
+
+def streamed(location: Path, split: str) -> list[dict]:
+    index = read_index(open_store(str(location)))
+    return list(shard_split(str(location), index, split, streaming=True))
+
+
+def few_clips(demo_assets, target: Path, per_split: int) -> Path:
+    """An audiofolder of the demo speech's first `per_split` clips of each split."""
+    for split in ("train", "test"):
+        with (demo_assets.dataset_dir / split / "metadata.csv").open() as handle:
+            rows = list(csv.DictReader(handle))[:per_split]
+        (target / split).mkdir(parents=True)
+        with (target / split / "metadata.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        for row in rows:
+            (target / split / row["file_name"]).hardlink_to(
+                demo_assets.dataset_dir / split / row["file_name"]
+            )
+    return target
+
+
+def test_webdataset_shards_hold_the_clips_as_files_and_stream_as_parquet_does(
+    demo_assets, tmp_path
+):
+    """Demo speech as tars: `KEY.wav` (the source file) + `KEY.json` per sample, KEY the
+    example's `__key__`; the same examples, audio and texts as the Parquet shards of the
+    same source; a second run writes the same bytes."""
+    source = few_clips(demo_assets, tmp_path / "speech", per_split=30)
+    flags = ["--task", "speech-recognition", "--text_column_name", "transcription",
+             "--shard_size_mb", "0.5"]  # fmt: skip
+    for name, shard_format in (
+        ("parquet", "parquet"),
+        ("tar", "webdataset"),
+        ("again", "webdataset"),
+    ):
+        done = make_shards(source, tmp_path / name, *flags, "--format", shard_format,
+                           env=trainer_env(tmp_path / "cache"))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    parquet, tars = (read_index(open_store(str(tmp_path / name))) for name in ("parquet", "tar"))
+    assert tars.features == parquet.features and tars.labels is None
+
+    for split, shards in tars.splits.items():
+        assert [s.rows for s in shards] == [s.rows for s in parquet.splits[split]]
+        assert len(shards) > 1
+        members = []
+        for shard in shards:
+            path = tmp_path / "tar" / shard.file
+            assert shard.file.endswith(".tar") and path.stat().st_size == shard.bytes
+            assert path.read_bytes() == (tmp_path / "again" / shard.file).read_bytes()
+            with tarfile.open(path) as tar:
+                members += tar.getmembers()
+        with tarfile.open(tmp_path / "tar" / shards[0].file) as tar:
+            first_clip = tar.extractfile(f"{split}/0.wav").read()
+        assert first_clip == (source / split / "0000.wav").read_bytes()
+        assert [m.name for m in members] == [
+            f"{split}/{row}{extension}" for row in range(tars.rows(split))
+            for extension in (".wav", ".json")
+        ]  # fmt: skip
+        assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(0, 0, 0, "", 0o644)}
+
+        expected, examples = (
+            streamed(tmp_path / "parquet", split),
+            streamed(tmp_path / "tar", split),
+        )
+        assert [(e["__key__"], e["transcription"]) for e in examples] == [
+            (e["__key__"], e["transcription"]) for e in expected
+        ]
+        for mine, theirs in zip(examples, expected, strict=True):
+            mine, theirs = mine["audio"].get_all_samples(), theirs["audio"].get_all_samples()
+            assert mine.sample_rate == theirs.sample_rate and (mine.data == theirs.data).all()
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A tar as a user's own tools would make it (plain `tarfile`, members in order)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def flac_samples(demo_assets, split: str, rows: range) -> list[tuple[str, bytes]]:
+    """`clipN.flac` + `clipN.txt` members from the demo's clips (converted by ffmpeg)."""
+    with (demo_assets.dataset_dir / split / "metadata.csv").open() as handle:
+        metadata = list(csv.DictReader(handle))
+    members = []
+    for row in rows:
+        wav = demo_assets.dataset_dir / split / metadata[row]["file_name"]
+        flac = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(wav), "-f", "flac", "-"],
+                              capture_output=True, check=True).stdout  # fmt: skip
+        text = metadata[row]["transcription"].encode()
+        members += [(f"{split}/clip{row}.flac", flac), (f"{split}/clip{row}.txt", text)]
+    return members
+
+
+def test_users_speech_tars_in_cloud_storage_are_indexed_in_place_and_streamed(
+    demo_assets, tmp_path, gcs
+):
+    """KEY.flac + KEY.txt tars, as the webdataset library writes them, in the bucket:
+    `--index_only` reads each once and writes index.json beside them; the speech task
+    streams train from them and loads test whole, with the extensions as column names."""
+    from tests.test_speech_task import speech_task
+    from trainer.streams import POSITION, prepare_stream
+
+    local = tmp_path / "wds"
+    write_tar(local / "train-00000.tar", flac_samples(demo_assets, "train", range(0, 5)))
+    write_tar(local / "train-00001.tar", flac_samples(demo_assets, "train", range(5, 9)))
+    write_tar(local / "test" / "00000.tar", flac_samples(demo_assets, "test", range(3)))
+    uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/wds"
+    open_store(uri).upload(local)
+    columns = ["--audio_column_name", "flac", "--text_column_name", "txt"]
+    done = make_shards(uri, "--index_only", "--task", "speech-recognition", *columns,
+                       env=trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"wrote {uri}/{INDEX}" in done.stdout
+
+    index = read_index(open_store(uri))
+    assert {
+        split: [(s.file, s.rows) for s in shards] for split, shards in index.splits.items()
+    } == {
+        "train": [("train-00000.tar", 5), ("train-00001.tar", 4)],
+        "test": [("test/00000.tar", 3)],
+    }
+    assert index.features == {
+        "flac": {"_type": "Audio"},
+        "txt": {"dtype": "string", "_type": "Value"},
+        KEY_COLUMN: {"dtype": "string", "_type": "Value"},
+    }
+    task, _, processor = speech_task(demo_assets.model_dir, uri, *columns, "--streaming",
+                                     "--max_steps", "1", "--eval_split_name", "test")  # fmt: skip
+    train, evaluation = task.load_datasets(processor)
+    examples = list(prepare_stream(train, seed=1, buffer_size=4, start=None))
+    assert sorted(e[KEY_COLUMN] for e in examples) == sorted(f"train/clip{i}" for i in range(9))
+    assert len(evaluation) == 3 and evaluation[0]["audio"]["sampling_rate"] == 16_000
+    batch = task.data_collator(processor)([{k: v for k, v in ex.items() if k != POSITION}
+                                           for ex in examples[:3]])  # fmt: skip
+    assert batch["input_features"].shape[0] == 3 and batch["labels"].shape[0] == 3
+
+
+def png_samples(prefix: str, count: int) -> list[tuple[str, bytes]]:
+    """`KEY.png` + `KEY.cls` members: image i is a plain colour of class i % 3."""
+    members = []
+    for i in range(count):
+        colour = list(COLOURS.values())[i % 3]
+        image = io.BytesIO()
+        Image.new("RGB", (40, 40), colour).save(image, format="PNG")
+        members += [
+            (f"{prefix}{i:04d}.png", image.getvalue()),
+            (f"{prefix}{i:04d}.cls", b"%d" % (i % 3)),
+        ]
+    return members
+
+
+def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs):
+    """KEY.png + KEY.cls tars: splits from folder and file names, the class ids recorded as
+    the label values, and the image task builds its head from them and streams."""
+    from tests.test_image_task import image_task
+    from trainer.streams import prepare_stream
+    from trainer.tiny_assets import build_tiny_vit
+
+    local = tmp_path / "wds"
+    write_tar(local / "train" / "part-0.tar", png_samples("a", 9))
+    write_tar(local / "train" / "part-1.tar", png_samples("b", 6))
+    write_tar(local / "colours-valid-0.tar", png_samples("v", 3))
+    uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/wds"
+    open_store(uri).upload(local)
+    columns = ["--image_column_name", "png", "--label_column_name", "cls"]
+    done = make_shards(uri, "--index_only", "--task", "image-classification", *columns,
+                       env=trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    index = read_index(open_store(uri))
+    assert (index.rows("train"), index.rows("validation")) == (15, 3)
+    assert index.labels == {"cls": [0, 1, 2]} and index.features["png"] == {"_type": "Image"}
+
+    build_tiny_vit(tmp_path / "vit")
+    task = image_task(tmp_path / "vit", uri, *columns, "--streaming", "--max_steps", "1",
+                      "--eval_split_name", "validation")  # fmt: skip
+    _, processor = task.build_model_and_processor()
+    assert task.labels.names == ("0", "1", "2")
+    train, evaluation = task.load_datasets(processor)
+    examples = list(prepare_stream(train, seed=1, buffer_size=4, start=None))
+    assert sorted(e[KEY_COLUMN] for e in examples) == sorted(
+        f"{p}{i:04d}" for p, n in (("a", 9), ("b", 6)) for i in range(n)
+    )
+    assert all(
+        ex["image"].getpixel((0, 0)) == list(COLOURS.values())[ex["label"]] for ex in examples
+    )
+    assert len(evaluation) == 3
+
+
+ONE_TAR = {"train-0.tar": [("a.flac", b"fLaC"), ("a.txt", b"hi")]}
+
+
+@pytest.mark.parametrize(
+    ("tars", "args", "message"),
+    [
+        ({}, [], "No .tar files under"),
+        (ONE_TAR, ["--text_column_name", "sentence"],
+         'Column "sentence" (--text_column_name) not found'),
+        ({**ONE_TAR, "train-1.tar": [("b.flac", b"fLaC"), ("b.json", b'{"text": "hi"}')]},
+         ["--text_column_name", "txt"], "every tar of a set must hold the same fields"),
+        (ONE_TAR, ["elsewhere", "--text_column_name", "txt"], "SOURCE alone with --index_only"),
+    ],
+)  # fmt: skip
+def test_bad_webdataset_sets_are_one_error_line(tmp_path, tars, args, message):
+    source = tmp_path / "wds"
+    source.mkdir()
+    (source / "README.md").write_text("not a tar")
+    for name, members in tars.items():
+        write_tar(source / name, members)
+    done = make_shards(source, *args, "--index_only", "--task", "speech-recognition",
+                       "--audio_column_name", "flac")  # fmt: skip
+    assert done.returncode == 2
+    assert len(error_lines(done)) == 1 and message in error_lines(done)[0], done.stderr
+    assert not (source / INDEX).exists()

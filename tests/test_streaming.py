@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,17 @@ TRAIN_ROWS = 60
 """tiny_assets' sentiment set: 60 training sentences."""
 
 
+FORMATS = ["parquet", "webdataset"]
+"""`trainer.shards --format` values: a test parametrized over them reads both kinds of shards."""
+
+
 def make_sentiment_shards(
-    root: Path, destination: str, shard_size_mb: float, env=None, source: Path | None = None
+    root: Path,
+    destination: str,
+    shard_size_mb: float,
+    env=None,
+    source: Path | None = None,
+    shard_format: str = "parquet",
 ):
     if source is None:
         source = root / "sentiment"
@@ -43,7 +53,8 @@ def make_sentiment_shards(
             write_sentiment_csv(source)
     done = subprocess.run(
         [sys.executable, "-m", "trainer.shards", str(source), destination,
-         "--task", "text-classification", *COLUMNS, "--shard_size_mb", str(shard_size_mb)],
+         "--task", "text-classification", *COLUMNS, "--shard_size_mb", str(shard_size_mb),
+         "--format", shard_format],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -51,15 +62,27 @@ def make_sentiment_shards(
 
 
 @pytest.fixture(scope="module")
-def shard_sets(tmp_path_factory) -> dict[int, str]:
-    """Number of training shards -> a local sentiment shard set with that many."""
-    root = tmp_path_factory.mktemp("stream-shards")
-    sets = {}
-    for size in (0.00049, 0.00065):  # 8 and 6 shards of the 3.9 kB set
-        location = str(root / f"shards-{size}")
-        index = make_sentiment_shards(root, location, size)
-        sets[len(index.splits["train"])] = location
-    return sets
+def shard_sets_in(tmp_path_factory) -> Callable[[str], dict[int, str]]:
+    """Format -> (number of training shards -> a local sentiment shard set with that many),
+    each made once."""
+    made = {}
+
+    def shard_sets(shard_format: str) -> dict[int, str]:
+        if shard_format not in made:
+            root = tmp_path_factory.mktemp(f"stream-shards-{shard_format}")
+            made[shard_format] = {}
+            for size in (0.00049, 0.00065):  # 8 and 6 shards of the 3.9 kB set
+                location = str(root / f"shards-{size}")
+                index = make_sentiment_shards(root, location, size, shard_format=shard_format)
+                made[shard_format][len(index.splits["train"])] = location
+        return made[shard_format]
+
+    return shard_sets
+
+
+@pytest.fixture(scope="module")
+def shard_sets(shard_sets_in) -> dict[int, str]:
+    return shard_sets_in("parquet")
 
 
 def rank_stream(location: str, rank: int, world: int, monkeypatch, seed=3, start=None):
@@ -73,9 +96,11 @@ def keys_of(examples) -> list[str]:
     return [example["__key__"] for example in examples]
 
 
+@pytest.mark.parametrize("shard_format", FORMATS)
 def test_four_processes_read_every_example_once_whether_or_not_shards_divide(
-    shard_sets, monkeypatch
+    shard_sets_in, shard_format, monkeypatch
 ):
+    shard_sets = shard_sets_in(shard_format)
     assert (
         len(shard_sets) == 2
         and any(n % 4 for n in shard_sets)
@@ -89,7 +114,11 @@ def test_four_processes_read_every_example_once_whether_or_not_shards_divide(
         assert max(map(len, parts)) - min(map(len, parts)) <= TRAIN_ROWS // 4, shards
 
 
-def test_loader_workers_split_a_process_part_without_overlap(shard_sets, monkeypatch):
+@pytest.mark.parametrize("shard_format", FORMATS)
+def test_loader_workers_split_a_process_part_without_overlap(
+    shard_sets_in, shard_format, monkeypatch
+):
+    shard_sets = shard_sets_in(shard_format)
     location = shard_sets[max(shard_sets)]
     alone = keys_of(rank_stream(location, 1, 2, monkeypatch))
     loader = DataLoader(rank_stream(location, 1, 2, monkeypatch), batch_size=None, num_workers=2)
@@ -109,9 +138,13 @@ def test_the_shuffle_is_seeded_and_changes_with_the_epoch(shard_sets, monkeypatc
     assert second_epoch != first and sorted(second_epoch) == sorted(first)
 
 
-def test_a_stream_resumes_at_the_example_after_the_last_one_trained(shard_sets, monkeypatch):
+@pytest.mark.parametrize("shard_format", FORMATS)
+def test_a_stream_resumes_at_the_example_after_the_last_one_trained(
+    shard_sets_in, shard_format, monkeypatch
+):
     """Positions recorded from trained batches, saved and read back, restart the stream
     (same seed, same epoch, full shuffle buffer) exactly after them."""
+    shard_sets = shard_sets_in(shard_format)
     location = shard_sets[max(shard_sets)]
     stream = rank_stream(location, 0, 1, monkeypatch)
     stream.set_epoch(2)
@@ -217,6 +250,59 @@ def written_bytes(root: Path, skip: set[str]) -> int:
         for path in root.rglob("*")
         if path.is_file() and not skip & set(path.relative_to(root).parts)
     )
+
+
+READ_WHOLE_SPLIT = """
+import sys
+from trainer.shards import read_index
+from trainer.storage import open_store
+from trainer.streams import shard_split
+
+uri = sys.argv[1]
+stream = shard_split(uri, read_index(open_store(uri)), "train", streaming=True)
+print(sum(example["audio"].get_all_samples().data.numel() > 0 for example in stream))
+"""
+
+
+@pytest.mark.parametrize("shard_format", FORMATS)
+def test_streaming_from_cloud_storage_writes_no_shard_to_local_disk(
+    demo_assets, tmp_path, gcs, shard_format
+):
+    """A process that streams (and decodes) a whole gs:// shard set, eight times the size of
+    its largest shard, leaves its cache, temporary and working directories as they were:
+    Parquet row groups and tar members are read through the store, never saved."""
+    from tests.test_shards import few_clips
+
+    uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
+    source = few_clips(demo_assets, tmp_path / "speech", per_split=24)
+    env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.shards", str(source), uri, "--task",
+         "speech-recognition", "--text_column_name", "transcription", "--shard_size_mb", "0.2",
+         "--format", shard_format],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    index = read_index(open_store(uri))
+    train = index.splits["train"]
+    largest, corpus = max(s.bytes for s in train), sum(s.bytes for s in train)
+    assert len(train) == 8 and corpus > 6 * largest
+
+    scratch = tmp_path / "scratch"
+    folders = {name: scratch / name for name in ("hf", "tmp", "cache", "xdg", "work")}
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+    reader = {**env, "TRAINER_CACHE_DIR": str(folders["cache"]), "TMPDIR": str(folders["tmp"]),
+              "HF_HOME": str(folders["hf"]), "HF_DATASETS_CACHE": str(folders["hf"] / "datasets"),
+              "XDG_CACHE_HOME": str(folders["xdg"])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", READ_WHOLE_SPLIT, uri], cwd=folders["work"],
+                          env=reader, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == index.rows("train"), "every clip read and decoded"
+    on_disk = written_bytes(scratch, set())
+    print(f"{shard_format}: {corpus} bytes in {len(train)} shards streamed; {on_disk} bytes "
+          "written to local disk")  # fmt: skip
+    assert on_disk < largest, f"{on_disk} bytes written while streaming {corpus}"
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 `--dataset_name` names either. A value that looks like a path (absolute, relative with
 ./ or ../, gs://, or an existing directory) is a local dataset and must exist; anything
-else is a hub id. A path holding an `index.json` is a shard set (trainer/shards.py),
-read through trainer/streams.py. Split specs such as `train+validation` work for all.
+else is a hub id. A path holding an `index.json` is a shard set (trainer/shards.py:
+Parquet or WebDataset tars), read through trainer/streams.py. Split specs such as
+`train+validation` work for all.
 """
 
 from __future__ import annotations
@@ -171,8 +172,10 @@ def load_split(
         return hub, None
     if streaming and name.startswith("gs://"):
         raise UserError(
-            f"--streaming reads gs:// data from Parquet shards, and {name} holds no index.json: "
-            f"make them with python -m trainer.shards SRC {name.rstrip('/')}-shards --task ..."
+            f"--streaming reads gs:// data from shard sets, and {name} holds no index.json: "
+            f"make one with python -m trainer.shards SRC {name.rstrip('/')}-shards --task ..., "
+            f"or index the WebDataset tars it holds with python -m trainer.shards {name} "
+            "--index_only --task ..."
         )
     directory = local_directory(name)
     layout = detect_layout(directory)

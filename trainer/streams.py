@@ -1,9 +1,10 @@
 """Training data as a stream: read from shards or the Hub, divided among all processes,
 shuffled reproducibly, and resumable at the exact example where a checkpoint was taken.
 
-With `--streaming true` nothing is copied whole to a node. A shard set (made by
-`python -m trainer.shards`) is read row group by row group through trainer/storage.py, a
-ranged read at a time, from a local directory, gs:// or /gcs/; a Hub dataset through
+With `--streaming true` nothing is copied whole to a node. A shard set (made or indexed
+by `python -m trainer.shards`) is read through trainer/storage.py from a local directory,
+gs:// or /gcs/: Parquet shards row group by row group, a ranged read at a time, WebDataset
+tars front to back (trainer/tar_shards.py); a Hub dataset through
 `load_dataset(..., streaming=True)`. The pipeline is `datasets`' own:
 `shuffle(seed, buffer_size)` (shard order and a buffer of examples, reseeded each epoch
 with `set_epoch`), then `split_dataset_by_node` with the global rank and world size
@@ -57,23 +58,28 @@ def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
             available = ", ".join(sorted(index.splits))
             raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
         files += [shard.file for shard in index.splits[name]]
-    kwargs = {"location": location, "files": files}
+    kwargs = {"location": location, "files": files, "features": index.features}
     features = index.datasets_features()
     if streaming:
         return IterableDataset.from_generator(read_shards, features=features, gen_kwargs=kwargs)
     return Dataset.from_generator(read_shards, features=features, gen_kwargs=kwargs)
 
 
-def read_shards(location: str, files: list[str]) -> Iterator[dict]:
-    """Rows of Parquet shards, a row group at a time (datasets passes each DataLoader
-    worker and each process its own `files`)."""
+def read_shards(location: str, files: list[str], features: dict) -> Iterator[dict]:
+    """Rows of shards, read as streams through the store: Parquet a row group at a time,
+    WebDataset tars (`.tar`) a member at a time, grouped into samples with the index's
+    `features` (datasets passes each DataLoader worker and each process its own `files`)."""
     import pyarrow.parquet as pq
 
     from trainer.storage import open_store
+    from trainer.tar_shards import TAR_SUFFIX, read_tar
 
     store = open_store(location)
     for name in files:
         with store.open_read(name) as handle:
+            if name.endswith(TAR_SUFFIX):
+                yield from read_tar(handle, features, f"{location}/{name}")
+                continue
             for batch in pq.ParquetFile(handle).iter_batches():
                 yield from batch.to_pylist()
 

@@ -113,9 +113,14 @@ class Task(ABC):
     def column_flags(self) -> dict[str, str]:
         """Flag name -> the source column it names (checked against every source)."""
 
+    def label_column(self) -> str | None:
+        """The source column holding the labels, for tasks whose model needs the label set
+        before a stream could show it (a shard index records its values); None otherwise."""
+        return None
+
     def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
-        """Label column -> its distinct values, for tasks whose model needs the label set
-        before a stream could show it (recorded in a shard index); None otherwise."""
+        """`label_column()` -> its distinct values in `dataset`, unless its feature carries
+        them (a ClassLabel); None for tasks without one."""
         return None
 
     @abstractmethod

@@ -264,10 +264,13 @@ class ClassificationTask(Task):
             "ignore_mismatched_sizes": True,
         }
 
+    def label_column(self) -> str | None:
+        return self.options.label_column_name
+
     def source_label_values(self, dataset: Dataset) -> dict[str, list] | None:
         from datasets import ClassLabel
 
-        column = self.options.label_column_name
+        column = self.label_column()
         if isinstance(dataset.features[column], ClassLabel):
             return None  # its names travel with the features
         return {column: sorted(dataset.unique(column))}
