@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from trainer.log_lines import write_whole_lines
 from trainer.preemption import PREEMPTED_EXIT_CODE
 
 REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    write_whole_lines()  # this agent's lines share the log with its training processes'
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     quiet_agent_failure_logs()
     watch_the_start(args)

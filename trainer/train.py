@@ -28,6 +28,7 @@ from trainer.failures import (
     report_failure,
 )
 from trainer.launch import LAUNCHED_AT_VARIABLE
+from trainer.log_lines import write_whole_lines
 from trainer.preemption import PREEMPTED_EXIT_CODE, Stopped
 from trainer.quiet import silence_known_noise
 
@@ -58,6 +59,7 @@ class ProcessPlace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    write_whole_lines()  # every rank of the node prints to the same stdout and stderr
     launched_at = os.environ.get(LAUNCHED_AT_VARIABLE)
     argv = expand_config_file_or_exit(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
