@@ -5,12 +5,14 @@ to the local disk.
 
 The clients read `HF_ENDPOINT` and the offline switches when they are imported, and this
 test session runs offline (tests/conftest.py), so the reading happens in a child Python
-started with the online environment: `python -m tests.test_hub_streaming MODEL OUT` runs
-`read_from_hub` below and writes what it read as JSON.
+started with the online environment: `python -m tests.test_hub_streaming READER MODEL OUT`
+runs `read_from_hub` (READER `text`) or `read_speech_from_hub` (`speech`) below and writes
+what it read as JSON.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -32,6 +34,12 @@ FLAGS = ["--task", "text-classification", "--dataset_name", DATASET,
          "--text_column_name", "sentence", "--label_column_name", "sentiment",
          "--streaming", "true", "--max_steps", "2"]  # fmt: skip
 BUFFER = 8
+SPEECH = "org/speech"
+SPEECH_CLIPS = {"train": (12, 2), "test": (4, 1)}
+"""Split -> (clips of the demo speech set, Parquet files holding them)."""
+SPEECH_FLAGS = ["--task", "speech-recognition", "--dataset_name", SPEECH,
+                "--text_column_name", "transcription", "--language", "en", "--streaming",
+                "--max_steps", "1", "--eval_split_name", "test"]  # fmt: skip
 
 
 def write_hub_repository(root: Path) -> Path:
@@ -53,11 +61,40 @@ def write_hub_repository(root: Path) -> Path:
         files = TRAIN_FILES if split == "train" else TEST_FILES
         for k in range(files):
             part = table.slice(k * len(rows) // files, len(rows) // files)
-            path = root / "data" / f"{split}-{k:05d}-of-{files:05d}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(part.cast(features.arrow_schema), path)
+            pq.write_table(part.cast(features.arrow_schema), data_file(root, split, k, files))
     (root / "README.md").write_text("# Sentiment\n\nShort financial sentences.\n")
     return root
+
+
+def write_speech_repository(root: Path, dataset_dir: Path) -> Path:
+    """The first clips of the demo speech set (an audiofolder) as `push_to_hub` writes an
+    audio dataset such as Common Voice: Parquet files whose `audio` column (feature
+    `Audio()`) holds each clip's bytes, beside its `transcription` and a unique `__key__`."""
+    from datasets import Audio, Dataset, Features, Value
+
+    from trainer.shards import _write_parquet
+
+    features = Features({"__key__": Value("string"), "audio": Audio(),
+                         "transcription": Value("string")})  # fmt: skip
+    for split, (clips, files) in SPEECH_CLIPS.items():
+        with (dataset_dir / split / "metadata.csv").open(newline="") as handle:
+            rows = list(csv.DictReader(handle))[:clips]
+        columns = {"__key__": [f"{split}/clip{i}" for i in range(clips)],
+                   "audio": [str(dataset_dir / split / row["file_name"]) for row in rows],
+                   "transcription": [row["transcription"] for row in rows]}  # fmt: skip
+        table = Dataset.from_dict(columns, features=features)
+        for k in range(files):
+            _write_parquet(table.shard(files, k, contiguous=True), data_file(root, split, k, files))
+    (root / "README.md").write_text("# Speech\n\nShort English sentences, spoken.\n")
+    return root
+
+
+def data_file(root: Path, split: str, k: int, files: int) -> Path:
+    """Where `push_to_hub` puts part `k` of a split's `files` (`datasets` infers the split
+    from the name)."""
+    path = root / "data" / f"{split}-{k:05d}-of-{files:05d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +128,22 @@ def online_env(hub, scratch: Path) -> dict[str, str]:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def hub_reads(hub, text_model, tmp_path_factory) -> tuple[dict, Path]:
-    """What one child read from the Hub (see `read_from_hub`), and its scratch directory."""
-    child = tmp_path_factory.mktemp("child")
+def read_in_child(hub, reader: str, model: Path, child: Path) -> tuple[dict, Path]:
+    """What a child running READERS[reader] read from the Hub, and its scratch directory."""
     scratch, out = child / "scratch", child / "reads.json"
     done = subprocess.run(
-        [sys.executable, "-m", "tests.test_hub_streaming", str(text_model), str(out)],
+        [sys.executable, "-m", "tests.test_hub_streaming", reader, str(model), str(out)],
         cwd=REPO_ROOT, env=online_env(hub, scratch), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), scratch
+
+
+@pytest.fixture(scope="module")
+def hub_reads(hub, text_model, tmp_path_factory) -> tuple[dict, Path]:
+    """What one child read from the Hub (see `read_from_hub`), and its scratch directory."""
+    return read_in_child(hub, "text", text_model, tmp_path_factory.mktemp("child"))
 
 
 def test_the_clients_ask_only_routes_the_loopback_hub_serves(hub, hub_reads):
@@ -173,6 +214,24 @@ def assert_no_training_example_in(root: Path) -> None:
     assert not holding, f"training examples written to disk: {holding}"
 
 
+def test_whisper_streams_a_hub_speech_dataset_to_two_processes(demo_assets, tmp_path):
+    """Whisper fine-tuning streamed from a Hub speech dataset, as users stream Common
+    Voice: each process reads its own Parquet file's clips, decoded from the embedded
+    bytes into Whisper batches, and the test split is evaluated at 16 kHz, while no
+    training clip is written to disk."""
+    repo = write_speech_repository(tmp_path / "repo", demo_assets.dataset_dir)
+    with running_hub({SPEECH: Repository.from_directory(repo)}) as hub:
+        reads, scratch = read_in_child(hub, "speech", demo_assets.model_dir, tmp_path)
+    first, second = map(set, reads["parts"])
+    assert not first & second, "both processes read one clip"
+    assert first | second == {f"train/clip{i}" for i in range(SPEECH_CLIPS["train"][0])}
+    config = json.loads((demo_assets.model_dir / "config.json").read_text())
+    mels, frames = config["num_mel_bins"], 2 * config["max_source_positions"]
+    assert reads["input_features"] == [3, mels, frames] and reads["labels"][0] == 3
+    assert reads["evaluation"] == {"examples": 4, "sampling rate": 16_000}
+    assert_no_training_example_in(scratch)
+
+
 @pytest.mark.slow
 def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path):
     """`python -m trainer` with two processes streams the Hub dataset: the launcher's hub
@@ -202,17 +261,12 @@ def read_from_hub(model_dir: str) -> dict:
     """Build the text task from flags, load its training stream and evaluation split from
     the Hub, and read the stream as 4 processes (seeds 3, 3, 4), in a later epoch, as 2
     processes with 2 loader workers, and across a mid-epoch resume."""
-    import datasets
     from torch.utils.data import DataLoader
 
     from trainer.arguments import parse_flags
     from trainer.streams import POSITION, StreamPositions, StreamStart, prepare_stream
 
     flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir])
-    # A shuffled Parquet stream sleeps 5 s after each whole pass (datasets' workaround for
-    # apache/arrow#45214, which it applies only up to pyarrow 24 elsewhere); this reads ~20
-    # passes, and the pause changes nothing that is read.
-    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
     task = flags.task
     task.check_inputs()
     _, tokenizer = task.build_model_and_processor()
@@ -255,5 +309,40 @@ def read_from_hub(model_dir: str) -> dict:
     return reads
 
 
+def read_speech_from_hub(model_dir: str) -> dict:
+    """Build the speech task from flags, load its training stream and evaluation split from
+    the Hub, read the stream as 2 processes and collate 3 of the first one's clips."""
+    from trainer.arguments import parse_flags
+    from trainer.streams import POSITION, prepare_stream
+
+    task = parse_flags([*SPEECH_FLAGS, "--model_name_or_path", model_dir]).task
+    task.check_inputs()
+    _, processor = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(processor)
+    parts = []
+    for rank in range(2):
+        os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+        parts.append(list(prepare_stream(train, seed=3, buffer_size=BUFFER, start=None)))
+    batch = task.data_collator(processor)([{k: v for k, v in ex.items() if k != POSITION}
+                                           for ex in parts[0][:3]])  # fmt: skip
+    return {
+        "parts": [[example["__key__"] for example in part] for part in parts],
+        "input_features": list(batch["input_features"].shape),
+        "labels": list(batch["labels"].shape),
+        "evaluation": {"examples": len(evaluation),
+                       "sampling rate": evaluation[0]["audio"]["sampling_rate"]},
+    }  # fmt: skip
+
+
+READERS = {"text": read_from_hub, "speech": read_speech_from_hub}
+
+
 if __name__ == "__main__":
-    Path(sys.argv[2]).write_text(json.dumps(read_from_hub(sys.argv[1])))
+    import datasets
+
+    # A shuffled Parquet stream sleeps 5 s after each whole pass (datasets' workaround for
+    # apache/arrow#45214, which it applies only up to pyarrow 24 elsewhere); the readers
+    # read up to ~20 passes, and the pause changes nothing that is read.
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
+    reader, model_dir, out = sys.argv[1:]
+    Path(out).write_text(json.dumps(READERS[reader](model_dir)))
