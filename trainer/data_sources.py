@@ -110,6 +110,37 @@ def check_columns(available: Iterable[str], wanted: dict[str, str], where: str) 
             )
 
 
+def select_source_columns(
+    dataset: Dataset | IterableDataset, flags: dict[str, str], renames: dict[str, str], where: str
+) -> Dataset | IterableDataset:
+    """The columns a task reads, under the names it reads them by (`renames`: source column
+    -> task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`).
+
+    `flags` (flag name -> column) are checked first where the dataset knows its columns
+    before it is read; a Hub stream may not, and then fails on its first example."""
+    from trainer.shards import KEY_COLUMN
+
+    columns = dataset.column_names
+    if columns is not None:
+        check_columns(columns, flags, where)
+    keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
+    dataset = dataset.select_columns([*renames, *keys])
+    return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
+
+
+def first_examples(
+    dataset: Dataset | IterableDataset, max_samples: int | None
+) -> Dataset | IterableDataset:
+    """`--max_train_samples` / `--max_eval_samples`: the first examples of a split or stream."""
+    from datasets import IterableDataset
+
+    if max_samples is None:
+        return dataset
+    if isinstance(dataset, IterableDataset):
+        return dataset.take(max_samples)
+    return dataset.select(range(min(max_samples, len(dataset))))
+
+
 def table_header(path: Path) -> list[str]:
     """Column names of a CSV, TSV or JSON Lines file, read from its first line only."""
     with path.open(newline="", encoding="utf-8") as handle:

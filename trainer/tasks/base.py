@@ -20,7 +20,7 @@ from trainer.errors import UserError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
     from trainer.arguments import DataArguments, ModelArguments
@@ -124,9 +124,10 @@ class Task(ABC):
         return None
 
     @abstractmethod
-    def load_source(self, spec: str) -> Dataset:
+    def load_source(self, spec: str, streaming: bool = False) -> Dataset | IterableDataset:
         """A split (or `a+b`) with every column the source holds, media not yet decoded
-        into arrays: what `python -m trainer.shards` writes, and what training selects from."""
+        into arrays: what `python -m trainer.shards` writes, and what training selects from
+        (with `streaming`, as a stream)."""
 
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:

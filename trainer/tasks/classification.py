@@ -30,13 +30,14 @@ from trainer.data_sources import (
     check_columns,
     check_shard_set,
     check_splits,
+    first_examples,
     load_split,
     local_directory,
     looks_like_path,
+    select_source_columns,
     shard_index_of,
 )
 from trainer.errors import UserError
-from trainer.shards import KEY_COLUMN
 from trainer.streams import is_stream
 from trainer.tasks.base import Task
 
@@ -314,7 +315,7 @@ class ClassificationTask(Task):
 
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         spec = self.data_args.train_split_name
-        train = self._limit(self._train, self.data_args.max_train_samples)
+        train = first_examples(self._train, self.data_args.max_train_samples)
         if not is_stream(train):  # a stream cannot be checked before it is read
             train = self.prepare_split(train, spec)
         if self.options.class_weights is not None:
@@ -323,7 +324,7 @@ class ClassificationTask(Task):
         if self.data_args.eval_split_name:
             spec = self.data_args.eval_split_name
             first = self.sources()[0]  # interleaved streams: the first dataset's evaluation
-            evaluation = self._limit(first._load_split(spec), self.data_args.max_eval_samples)
+            evaluation = first_examples(first._load_split(spec), self.data_args.max_eval_samples)
             evaluation = self.prepare_split(evaluation, spec)
         return self.for_training(train), evaluation
 
@@ -368,27 +369,16 @@ class ClassificationTask(Task):
     def _load_split(self, spec: str, streaming: bool = False):
         """One split (or `a+b`), reduced to the input and label columns under fixed names
         (and a shard set's example ids, for `--stream_audit_dir`)."""
-        dataset = self.load_source(spec, streaming)
-        name = self.data_args.dataset_name
-        columns = dataset.column_names
-        if columns is not None:  # a hub stream may not know them before reading
-            check_columns(columns, self.column_flags(), f"dataset {name} split {spec}")
         source, label = getattr(self.options, self.input_flag), self.options.label_column_name
-        keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
-        dataset = dataset.select_columns([source, label, *keys])
-        renames = {source: self.input_column, label: LABEL}
-        return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
+        return select_source_columns(
+            self.load_source(spec, streaming),
+            self.column_flags(),
+            {source: self.input_column, label: LABEL},
+            f"dataset {self.data_args.dataset_name} split {spec}",
+        )
 
     def load_source(self, spec: str, streaming: bool = False):
         dataset, _ = load_split(
             self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming
         )
         return dataset
-
-    @staticmethod
-    def _limit(dataset, max_samples: int | None):
-        if max_samples is None:
-            return dataset
-        if is_stream(dataset):
-            return dataset.take(max_samples)
-        return dataset.select(range(min(max_samples, len(dataset))))

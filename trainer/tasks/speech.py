@@ -31,14 +31,15 @@ from trainer.data_sources import (
     check_columns,
     check_shard_set,
     check_splits,
+    first_examples,
     load_split,
     local_directory,
     looks_like_path,
+    select_source_columns,
     shard_index_of,
     table_header,
 )
 from trainer.errors import UserError
-from trainer.shards import KEY_COLUMN
 from trainer.tasks.base import Task
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -364,26 +365,14 @@ class SpeechRecognitionTask(Task):
         from datasets import Audio
 
         dataset = self.load_source(spec, streaming)
-        if dataset.column_names is not None:  # a hub stream may not know them before reading
-            check_columns(
-                dataset.column_names,
-                self.column_flags(),
-                f"dataset {self.data_args.dataset_name} split {spec}",
-            )
         audio, text = self.options.audio_column_name, self.options.text_column_name
-        columns = [audio, text] + (
-            [KEY_COLUMN] if KEY_COLUMN in (dataset.column_names or []) else []
+        dataset = select_source_columns(
+            dataset,
+            self.column_flags(),
+            {audio: "audio", text: "text"},
+            f"dataset {self.data_args.dataset_name} split {spec}",
         )
-        renames = {audio: "audio", text: "text"}
-        dataset = dataset.select_columns(columns).rename_columns(
-            {old: new for old, new in renames.items() if old != new}
-        )
-        if max_samples is not None:
-            dataset = (
-                dataset.take(max_samples)
-                if streaming
-                else dataset.select(range(min(max_samples, len(dataset))))
-            )
+        dataset = first_examples(dataset, max_samples)
         return dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
     def load_source(self, spec: str, streaming: bool = False):
