@@ -276,13 +276,19 @@ def report(results: dict[str, list[dict]], args, max_diff: float, corpus_info: s
     print("\nmedian over repeats (min-max); ratios of the medians")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def corpus_loader_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of the loader benchmarks over one synthetic corpus (this one and
+    bench/streaming.py): corpus size, batch size, loader workers, repeats."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--clips", type=int, default=240)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = corpus_loader_parser(__doc__.splitlines()[0]).parse_args()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     transformers.logging.set_verbosity_error()

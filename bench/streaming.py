@@ -30,7 +30,6 @@ rate after the first batch leaves it and every path's start-up out.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -42,7 +41,12 @@ from statistics import median
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.preprocessing import build_corpus, build_processor, describe_corpus  # noqa: E402
+from bench.preprocessing import (  # noqa: E402
+    build_corpus,
+    build_processor,
+    corpus_loader_parser,
+    describe_corpus,
+)
 from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
 
 PATHS = ("local copy", "stream, GCS", "stream, GCS tars", "stream, local shards")
@@ -100,11 +104,7 @@ def run_once(path: str, sources: dict[str, str], processor, args, scratch: Path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clips", type=int, default=240)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = corpus_loader_parser(__doc__.splitlines()[0])
     parser.add_argument("--shard-size-mb", type=float, default=1.0)
     args = parser.parse_args()
 
