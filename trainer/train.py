@@ -223,6 +223,19 @@ def train(argv: list[str], launched_at: float | None = None) -> None:
                 raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
     if place.is_global_main:
         print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
+    release_process_group()
+
+
+def release_process_group() -> None:
+    """Destroy the process group at the end of a run, as torch asks every training process
+    to. Left to the interpreter's exit, gloo's worker threads can abort a finished process
+    ("terminate called without an active exception", SIGABRT: pytorch/pytorch#179291), and
+    torchrun then reports a run that delivered its model as failed. Only after success: a
+    failed run's peers may still be inside a collective."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> Stopped:
