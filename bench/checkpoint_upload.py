@@ -6,7 +6,7 @@
    gs://...`), once with the same saves kept local (no upload). Runs alternate; the
    Trainer's own `train_runtime` is compared. The local save itself is in both runs, so
    the ratio isolates what the background upload adds.
-2. Upload throughput through `trainer.storage` against the emulator: one large file vs
+2. Upload throughput through `trainer.storage.store` against the emulator: one large file vs
    many small files of the same total size. The emulator is a pure-Python server on
    loopback, so absolute MB/s say little about Cloud Storage; the ratio shows what
    per-request overhead costs, which is what the transfer manager's parallelism is for.
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
-from trainer import storage  # noqa: E402
+from trainer.storage import store as storage  # noqa: E402
 
 
 def train_runtime(workdir: Path, steps: int, save_steps: int, checkpoint_dir: str | None,

@@ -51,8 +51,8 @@ from datasets import Audio, load_dataset
 from torch.utils.data import DataLoader
 from transformers import WhisperFeatureExtractor, WhisperProcessor
 
-from trainer.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
-from trainer.tasks.speech import SpeechCollator, _filter_by_duration
+from trainer.launcher.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
+from trainer.tasks.speech import SpeechCollator, filter_by_duration
 
 # 8 x 6 x 6 x 5 = 1,440 distinct sentences of 10-14 words (3-5 s of speech), as in Common Voice.
 SUBJECTS = "the old farmer|my younger sister|a tired student|the village doctor|our new neighbour|the quiet librarian|a young sailor|the city mayor"  # noqa: E501
@@ -166,7 +166,7 @@ def project_loader(raw, processor: WhisperProcessor, args) -> DataLoader:
     ds = ds.cast_column("audio", Audio(sampling_rate=16000))
     window = processor.feature_extractor.chunk_length
     workers = SimpleNamespace(preprocessing_num_workers=args.workers)
-    ds = _filter_by_duration(ds, 0.0, window, workers)
+    ds = filter_by_duration(ds, 0.0, window, workers)
     collator = SpeechCollator(
         processor=processor, normalize_target=lambda t: t.strip(), max_label_length=448
     )

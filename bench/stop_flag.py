@@ -1,4 +1,4 @@
-"""What the per-step stop/save agreement costs (trainer/preemption.py `agree`).
+"""What the per-step stop/save agreement costs (trainer/training/preemption.py `agree`).
 
 Every optimizer step, every rank joins one all-reduce (MAX) of two numbers so that a SIGTERM
 on any node, or rank 0's save clock, stops or saves every rank at the same step. This runs
@@ -44,12 +44,12 @@ def rank_main(rank: int, port: int, options: argparse.Namespace, results) -> Non
     from torch.nn.parallel import DistributedDataParallel
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from trainer.demo_assets import TINY_DIMENSIONS
-    from trainer.preemption import agree
+    from trainer.launcher.demo_assets import TINY_DIMENSIONS
+    from trainer.training.preemption import agree
 
     torch.set_num_threads(1)
-    PartialState(backend="gloo")  # as trainer/train.py sets up CPU ranks
-    chunk_seconds = 6  # the demo model's window (trainer/demo_assets.py)
+    PartialState(backend="gloo")  # as trainer/training/main.py sets up CPU ranks
+    chunk_seconds = 6  # the demo model's window (trainer/launcher/demo_assets.py)
     config = WhisperConfig(vocab_size=51865, num_mel_bins=80, **TINY_DIMENSIONS,
                            max_source_positions=chunk_seconds * 50)  # fmt: skip
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ workers), W workers, batch size B.
   it on every fresh start), prepared by `datasets` as Arrow, then read from local disk.
 - **stream, GCS**: `--streaming true` from the same corpus as Parquet shards
   (`python -m trainer.shards`) in the bucket: shuffled, split for rank 0 of 1, row groups
-  fetched by ranged reads through trainer/storage.py.
+  fetched by ranged reads through trainer/storage/store.py.
 - **stream, GCS tars**: the same, from WebDataset tar shards (`--format webdataset`), each
   read front to back as one stream.
 - **stream, local shards**: the Parquet shards on local disk (what the stream costs
@@ -53,7 +53,7 @@ PATHS = ("local copy", "stream, GCS", "stream, GCS tars", "stream, local shards"
 
 
 def task_for(dataset: str, streaming: bool):
-    from trainer.arguments import parse_flags
+    from trainer.config.flags import parse_flags
 
     extra = ["--streaming", "--max_steps", "1"] if streaming else []
     return parse_flags(["--dataset_name", dataset, "--text_column_name", "sentence", *extra]).task
@@ -63,13 +63,13 @@ def loader(path: str, sources: dict[str, str], processor, args):
     """The training loader of one path (the model is not needed to read data)."""
     from torch.utils.data import DataLoader
 
-    from trainer.streams import POSITION, prepare_stream
-    from trainer.tasks.speech import SpeechCollator, _filter_by_duration
+    from trainer.data.streams import POSITION, prepare_stream
+    from trainer.tasks.speech import SpeechCollator, filter_by_duration
 
     streaming = path.startswith("stream")
     task = task_for(sources[path], streaming)
     dataset = task._load_split("train", None, streaming=streaming)
-    dataset = _filter_by_duration(dataset, 0.0, 30.0, task.data_args)
+    dataset = filter_by_duration(dataset, 0.0, 30.0, task.data_args)
     collate = SpeechCollator(processor, lambda text: text.strip(), 448)
     if streaming:
         dataset = prepare_stream(dataset, seed=1, buffer_size=64, start=None)
@@ -108,14 +108,14 @@ def main() -> None:
     parser.add_argument("--shard-size-mb", type=float, default=1.0)
     args = parser.parse_args()
 
-    from trainer.quiet import silence_known_noise
+    from trainer.common.quiet import silence_known_noise
 
     silence_known_noise()
     with tempfile.TemporaryDirectory(prefix="bench-streaming-") as tmp, running_emulator() as url:
         os.environ["STORAGE_EMULATOR_HOST"] = url
-        from trainer.arguments import parse_flags
+        from trainer.config.flags import parse_flags
         from trainer.shards import write_shards
-        from trainer.storage import open_store
+        from trainer.storage.store import open_store
 
         tmp = Path(tmp)
         corpus = build_corpus(tmp, args.clips)

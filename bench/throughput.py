@@ -14,7 +14,7 @@ Per configuration:
   time between consecutive lines' arrival is one step (the first WARMUP_STEPS are dropped).
   samples/s = batch size / median step time.
 - data wait: the share of step time the training loop waited for the data loader, as the
-  product measures and prints it on each step line (trainer/progress.py, DataWaitClock).
+  product measures and prints it on each step line (trainer/training/progress.py, DataWaitClock).
 - peak memory: on a GPU, rank 0's peak allocated CUDA memory (printed by the trainer at the
   end); on CPU, the largest summed RSS of the launcher's process tree, sampled every 0.2 s.
 - FLOP/s and MFU: analytic model FLOPs per sample (docs/PERFORMANCE.md) x samples/s, over the
@@ -50,14 +50,14 @@ import numpy as np
 import psutil
 import torch
 
-from trainer.demo_assets import (
+from trainer.launcher.demo_assets import (
     ENDOFTEXT,
     begin_suppress_tokens,
     build_whisper_tokenizer,
     save_random_whisper,
     whisper_generation_config,
 )
-from trainer.whisper_sizes import WHISPER_SIZES, whisper_config
+from trainer.tasks.whisper_sizes import WHISPER_SIZES, whisper_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 2
@@ -98,7 +98,7 @@ SEED = Config(
     ["--bf16", "false", "--tf32", "false", "--gradient_checkpointing", "true",
      "--log_mel_on", "loader", "--deepspeed", "zero2"],
 )  # fmt: skip
-DEFAULTS = ["--deepspeed", "zero2"]  # + what trainer.performance adds for this node
+DEFAULTS = ["--deepspeed", "zero2"]  # + what trainer.config.hardware_defaults adds for this node
 CONFIGS = {
     "seed": SEED,
     "defaults": Config("project defaults", DEFAULTS),
@@ -230,7 +230,7 @@ def model_flops_per_sample(model_dir: Path, data_dir: Path) -> float:
     self-attention and cross-attention. Label tokens: the mean over the synthetic set, as the
     product's tokenizer counts them (without the start token the model prepends).
     """
-    from trainer.arguments import parse_flags
+    from trainer.config.flags import parse_flags
 
     argv = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
             "--language", "en", "--eval_split_name", ""]  # fmt: skip

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer import config_file
-from trainer.cache import cache_dir, torch_extensions_dir
-from trainer.data_sources import looks_like_path
-from trainer.demo_assets import DemoAssets, prepare_demo_assets
+from trainer.common.cache import cache_dir, torch_extensions_dir
+from trainer.config import recipes as config_file
+from trainer.data.sources import looks_like_path
+from trainer.launcher.demo_assets import DemoAssets, prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,7 +126,7 @@ def common_voice_dir(demo_assets, tmp_path_factory):
 
 def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
     """The task object as the launcher builds it from flags, its input checks passed."""
-    from trainer.arguments import parse_flags
+    from trainer.config.flags import parse_flags
 
     flags = parse_flags(
         ["--task", task, "--model_name_or_path", str(model_dir),
@@ -311,7 +311,7 @@ def gcs_emulator():
 @pytest.fixture
 def gcs(gcs_emulator, monkeypatch):
     """Point this process's storage client at the emulator; yield the emulator URL."""
-    from trainer import storage
+    from trainer.storage import store as storage
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     storage._process_client.cache_clear()
@@ -321,7 +321,7 @@ def gcs(gcs_emulator, monkeypatch):
 
 def assert_manifest_matches_store(checkpoint) -> None:
     """A complete checkpoint's manifest lists exactly the files stored beside it."""
-    from trainer.checkpoints import MANIFEST, NODE_MARKERS, read_manifest
+    from trainer.storage.checkpoints import MANIFEST, NODE_MARKERS, read_manifest
 
     listed = {entry.path for entry in read_manifest(checkpoint)}
     stored = {path for path in checkpoint.list_files()

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
-from trainer import launch
+from trainer.launcher import main as launch
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from tests.conftest import trainer_env
-from trainer.arguments import parse_flags
-from trainer.config_file import expand_config_file
+from trainer.config.flags import parse_flags
+from trainer.config.recipes import expand_config_file
 
 
 def run_cli(args, cwd, env):

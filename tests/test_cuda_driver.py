@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from trainer import cuda_driver
-from trainer.cuda_driver import (
+from trainer.common.errors import UserError
+from trainer.launcher import cuda_driver
+from trainer.launcher.cuda_driver import (
     check_cuda_driver,
     library_path_with_compat,
     parse_driver_version,
     torch_cuda_version,
 )
-from trainer.errors import UserError
-from trainer.hardware import COMPAT_DIR, GpuEvidence, check_gpus_usable
+from trainer.launcher.hardware import COMPAT_DIR, GpuEvidence, check_gpus_usable
 
 
 def proc(version: str, open_module: bool = False) -> str:

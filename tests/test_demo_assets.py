@@ -13,8 +13,9 @@ import tiktoken
 import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
-from trainer import demo_assets as demo_assets_module
-from trainer.demo_assets import (
+from trainer.common.errors import UserError
+from trainer.launcher import demo_assets as demo_assets_module
+from trainer.launcher.demo_assets import (
     DATASET_DIRNAME,
     DEMO_SENTENCES,
     HELD_OUT_SENTENCES,
@@ -26,7 +27,6 @@ from trainer.demo_assets import (
     prepare_demo_assets,
     synthesize_speech_dataset,
 )
-from trainer.errors import UserError
 
 WHISPER_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENGLISH_TRANSCRIBE_PREFIX = [50258, 50259, 50359, 50363]

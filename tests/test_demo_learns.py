@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import run_trainer, trainer_env
-from trainer.demo_assets import TEST_CLIPS
+from trainer.launcher.demo_assets import TEST_CLIPS
 
 pytestmark = pytest.mark.slow
 

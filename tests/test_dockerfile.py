@@ -434,7 +434,7 @@ def test_the_build_context_holds_what_the_image_copies_and_nothing_else():
     ]
     for source in copied:
         assert not dockerignore_excludes(source), f"COPY {source} is excluded by .dockerignore"
-    for inside in ("trainer/launch.py", "trainer/recipes/whisper-small.yaml",
+    for inside in ("trainer/launcher/main.py", "trainer/recipes/whisper-small.yaml",
                    "trainer/presets/zero2.json"):  # fmt: skip
         assert not dockerignore_excludes(inside)
     for outside in (".git/config", ".venv/bin/python", "outputs/demo/model/config.json",

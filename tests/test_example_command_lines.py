@@ -16,7 +16,8 @@ import shlex
 import pytest
 
 from tests.conftest import warm_hub_cache
-from trainer import hardware, launch
+from trainer.launcher import hardware
+from trainer.launcher import main as launch
 
 SEQ2SEQ_README = "transformers examples/pytorch/speech-recognition/README.md"
 EVENT_README = "huggingface/community-events whisper-fine-tuning-event/README.md"
@@ -206,7 +207,7 @@ def test_example_command_line(command, error, example_hub_cache, two_ampere_gpus
     if error is None:
         assert code == 0 and not errors, err
         planned = json.loads(out)["command"]
-        assert planned[planned.index("--module") + 1] == "trainer.train"
+        assert planned[planned.index("--module") + 1] == "trainer.training.main"
     else:
         assert code == 2 and len(errors) == 1 and error in errors[0], err
         assert err.strip() == errors[0], "one line, nothing else"
@@ -261,8 +262,8 @@ def test_an_image_dataset_alone_gets_the_example_scripts_default_model(
     ],
 )  # fmt: skip
 def test_seed_recipes_hold_the_examples_hyperparameters(recipe, expected):
-    from trainer.arguments import parse_flags
-    from trainer.config_file import expand_config_file, locate_config_file
+    from trainer.config.flags import parse_flags
+    from trainer.config.recipes import expand_config_file, locate_config_file
 
     training = vars(parse_flags(expand_config_file([recipe])).training)
     assert {name: training[name] for name in expected} == expected

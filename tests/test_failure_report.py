@@ -14,8 +14,8 @@ from tests.conftest import (
     start_nodes,
     trainer_env,
 )
-from trainer import accelerate_launch
-from trainer.failures import is_peer_failure, report_failure
+from trainer.launcher import accelerate_launch
+from trainer.training.failures import is_peer_failure, report_failure
 
 RANK_ONE_FAILS = """
 import os

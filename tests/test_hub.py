@@ -15,9 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.conftest import free_port, warm_hub_cache
-from trainer import jobspec, launch
-from trainer.errors import UserError
-from trainer.hub import check_hub_ids, hub_cache_dir, hub_ids
+from trainer import jobspec
+from trainer.common.errors import UserError
+from trainer.launcher import main as launch
+from trainer.launcher.hub_checks import check_hub_ids, hub_cache_dir, hub_ids
 
 EXISTING = {"/api/models/org/model", "/api/datasets/org/speech"}
 PRIVATE = {"/api/models/org/private", "/api/datasets/org/private"}

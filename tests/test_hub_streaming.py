@@ -49,7 +49,7 @@ def write_hub_repository(root: Path) -> Path:
     import pyarrow.parquet as pq
     from datasets import ClassLabel, Dataset, Features, Value
 
-    from trainer.tiny_assets import sentiment_sentences
+    from tests.tiny_assets import sentiment_sentences
 
     features = Features({"__key__": Value("string"), "sentence": Value("string"),
                          "sentiment": ClassLabel(names=SENTIMENTS)})  # fmt: skip
@@ -72,7 +72,7 @@ def write_speech_repository(root: Path, dataset_dir: Path) -> Path:
     `Audio()`) holds each clip's bytes, beside its `transcription` and a unique `__key__`."""
     from datasets import Audio, Dataset, Features, Value
 
-    from trainer.shards import _write_parquet
+    from trainer.data.shard_index import _write_parquet
 
     features = Features({"__key__": Value("string"), "audio": Audio(),
                          "transcription": Value("string")})  # fmt: skip
@@ -106,7 +106,7 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory) -> Path:
-    from trainer.tiny_assets import build_tiny_bert, sentiment_sentences
+    from tests.tiny_assets import build_tiny_bert, sentiment_sentences
 
     root = tmp_path_factory.mktemp("bert")
     texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
@@ -263,8 +263,8 @@ def read_from_hub(model_dir: str) -> dict:
     processes with 2 loader workers, and across a mid-epoch resume."""
     from torch.utils.data import DataLoader
 
-    from trainer.arguments import parse_flags
-    from trainer.streams import POSITION, StreamPositions, StreamStart, prepare_stream
+    from trainer.config.flags import parse_flags
+    from trainer.data.streams import POSITION, StreamPositions, StreamStart, prepare_stream
 
     flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir])
     task = flags.task
@@ -312,8 +312,8 @@ def read_from_hub(model_dir: str) -> dict:
 def read_speech_from_hub(model_dir: str) -> dict:
     """Build the speech task from flags, load its training stream and evaluation split from
     the Hub, read the stream as 2 processes and collate 3 of the first one's clips."""
-    from trainer.arguments import parse_flags
-    from trainer.streams import POSITION, prepare_stream
+    from trainer.config.flags import parse_flags
+    from trainer.data.streams import POSITION, prepare_stream
 
     task = parse_flags([*SPEECH_FLAGS, "--model_name_or_path", model_dir]).task
     task.check_inputs()

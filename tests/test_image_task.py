@@ -18,10 +18,10 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from tests.conftest import checked_task, start_nodes, use_delivered_model
-from trainer.arguments import parse_flags
-from trainer.config_file import RECIPES_DIR, config_file_flags
-from trainer.errors import UserError
-from trainer.tiny_assets import COLOURS, IMAGE_SPLITS, build_tiny_vit, write_colour_images
+from tests.tiny_assets import COLOURS, IMAGE_SPLITS, build_tiny_vit, write_colour_images
+from trainer.common.errors import UserError
+from trainer.config.flags import parse_flags
+from trainer.config.recipes import RECIPES_DIR, config_file_flags
 
 CLASSES = sorted(COLOURS)
 TRAIN_IMAGES = IMAGE_SPLITS["train"] * len(COLOURS)

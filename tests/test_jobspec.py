@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from tests.conftest import REPO_ROOT, trainer_env
 from trainer import jobspec
-from trainer.hardware import Hardware
+from trainer.config.hardware import Hardware
 
 CONFIG = REPO_ROOT / "config.yaml"
 HPTUNING = REPO_ROOT / "hptuning.yaml"
@@ -214,8 +214,8 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
 def recipe_data_in_bucket(gcs, common_voice_dir) -> str:
     """The seed recipe's gs:// dataset, put there as docs/storage.md says (in the emulator):
     every node's launcher fetches it and checks its layout, splits and columns."""
-    from trainer.config_file import RECIPES_DIR
-    from trainer.storage import _client, open_store
+    from trainer.config.recipes import RECIPES_DIR
+    from trainer.storage.store import _client, open_store
 
     uri = yaml.safe_load((RECIPES_DIR / "whisper-small.yaml").read_text())["dataset_name"]
     bucket = uri.removeprefix("gs://").split("/")[0]
@@ -234,12 +234,12 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
     the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
     faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
-    from trainer.launch import prepare_launch
+    from trainer.launcher.main import prepare_launch
 
     job = yaml.safe_load(CONFIG.read_text())
     gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
     a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
     nodes = [(pool, index) for pool, spec in enumerate(job["workerPoolSpecs"])
              for index in range(spec["replicaCount"])]  # fmt: skip
     plans = []
@@ -263,7 +263,7 @@ def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
     demo_cache, monkeypatch, capsys
 ):
     """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line."""
-    from trainer import launch
+    from trainer.launcher import main as launch
 
     job = yaml.safe_load(CONFIG.read_text())
     for name, value in trainer_env(demo_cache, **vertex_env(job, 1, 0)).items():
@@ -280,13 +280,13 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
     demo_cache, monkeypatch, recipe_data_in_bucket
 ):
     """Vertex AI appends `--name=value` per parameter to each trial's container args."""
-    from trainer.launch import prepare_launch
+    from trainer.launcher.main import prepare_launch
 
     tuning = yaml.safe_load(HPTUNING.read_text())
     job = tuning["trialJobSpec"]
     gpus = job["workerPoolSpecs"][1]["machineSpec"]["acceleratorCount"]
     a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
     params = [f"--{p['parameterId']}=3e-05" if "doubleValueSpec" in p else
               f"--{p['parameterId']}=250" for p in tuning["studySpec"]["parameters"]]  # fmt: skip
     args = job["workerPoolSpecs"][1]["containerSpec"]["args"]
@@ -295,7 +295,7 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
     _, plan = prepare_launch([*args, *params, "--dry-run"], env)
     described = plan.describe()
     assert_vertex_plan(described, 1, 0, num_nodes=len(job["workerPoolSpecs"]), gpus=gpus)
-    training = described["command"][described["command"].index("trainer.train") + 1 :]
+    training = described["command"][described["command"].index("trainer.training.main") + 1 :]
     for param in params:  # after the recipe's own value, so the trial's value wins
         assert training.index(param) > training.index(param.split("=")[0])
 

@@ -12,17 +12,19 @@ import json
 import pytest
 
 from tests.test_cuda_driver import TORCH_2_13, proc
-from trainer import cuda_driver, launch
-from trainer.cluster import requested_accelerators
-from trainer.errors import UserError
-from trainer.hardware import GpuEvidence, Hardware, check_gpus_usable, expected_gpus
-from trainer.performance import (
+from trainer.common.errors import UserError
+from trainer.config.cluster import requested_accelerators
+from trainer.config.hardware import Hardware
+from trainer.config.hardware_defaults import (
     MIB,
     SHM_NCCL_RESERVE,
     SHM_PER_LOADER_WORKER,
     last_flag_value,
     loader_workers_for_shm,
 )
+from trainer.launcher import cuda_driver
+from trainer.launcher import main as launch
+from trainer.launcher.hardware import GpuEvidence, check_gpus_usable, expected_gpus
 
 DRIVER_535 = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024"
@@ -197,7 +199,7 @@ def test_gpu_job_on_a_node_where_torch_sees_none_stops_before_launch(
 
 def test_seen_gpus_pass_the_check(monkeypatch, demo_assets, demo_cache):
     a100s = Hardware(8, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(demo_cache))
     env = {"CLUSTER_SPEC": vertex_spec("workerpool0", PROTO_JOB)}
     _, plan = launch.prepare_launch([*demo_flags(demo_assets), "--dry-run"], env)
@@ -293,13 +295,13 @@ def test_last_flag_value_is_what_argparse_keeps():
 def test_small_shm_lowers_the_recipes_workers_with_a_warning(
     no_launch, monkeypatch, capsys, demo_assets
 ):
-    monkeypatch.setattr("trainer.hardware.shared_memory_bytes", lambda: 64 * MIB)
+    monkeypatch.setattr("trainer.launcher.hardware.shared_memory_bytes", lambda: 64 * MIB)
     code, out, err = run_launcher(
         [*demo_flags(demo_assets), "--dataloader_num_workers", "4", "--dry-run"], capsys
     )
     assert code == 0
     plan = json.loads(out)
-    training = plan["command"][plan["command"].index("trainer.train") + 1 :]
+    training = plan["command"][plan["command"].index("trainer.training.main") + 1 :]
     assert last_flag_value(training, "--dataloader_num_workers") == "0"
     assert last_flag_value(training, "--dataloader_persistent_workers") == "false"
     assert "/dev/shm: 64 MiB" in err
@@ -307,7 +309,7 @@ def test_small_shm_lowers_the_recipes_workers_with_a_warning(
 
 
 def test_enough_shm_keeps_the_workers(no_launch, monkeypatch, capsys, demo_assets):
-    monkeypatch.setattr("trainer.hardware.shared_memory_bytes", lambda: 16 * GIB)
+    monkeypatch.setattr("trainer.launcher.hardware.shared_memory_bytes", lambda: 16 * GIB)
     code, out, err = run_launcher(
         [*demo_flags(demo_assets), "--dataloader_num_workers", "4", "--dry-run"], capsys
     )

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cluster import Topology
-from trainer.deepspeed_config import resolve_deepspeed_config
-from trainer.errors import UserError
-from trainer.hardware import Hardware
-from trainer.launch import (
+from trainer.common.errors import UserError
+from trainer.config.cluster import Topology
+from trainer.config.deepspeed import resolve_deepspeed_config
+from trainer.config.hardware import Hardware
+from trainer.launcher.main import (
     LauncherArguments,
     build_launch_plan,
     redact_secrets,
@@ -54,7 +54,7 @@ def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
     )
     plan = plan_for(topology, A100, env={"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "x"})
     argv = plan.argv
-    assert argv[:3] == ["python", "-m", "trainer.accelerate_launch"]
+    assert argv[:3] == ["python", "-m", "trainer.launcher.accelerate_launch"]
     assert flag_value(argv, "--num_machines") == "4"
     assert flag_value(argv, "--machine_rank") == "2"
     assert flag_value(argv, "--num_processes") == "32"
@@ -67,7 +67,7 @@ def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
     zero2 = flag_value(argv, "--deepspeed_config_file")
     assert zero2.endswith("presets/zero2.json")
     # the training program sees the same config, after the user's own flags
-    assert argv[argv.index("--module") + 1] == "trainer.train"
+    assert argv[argv.index("--module") + 1] == "trainer.training.main"
     assert argv[-4:] == ["--learning_rate", "1e-5", "--deepspeed", zero2]
     # Vertex's node-level variables never reach torch.distributed
     assert set(plan.unset_env) == {"RANK", "WORLD_SIZE", "MASTER_ADDR"}
@@ -178,7 +178,7 @@ def test_secrets_are_redacted_from_printed_commands():
 
 
 def test_stale_extension_build_locks_are_cleared(tmp_path):
-    from trainer.cache import STALE_LOCK_SECONDS, clear_stale_build_locks
+    from trainer.common.cache import STALE_LOCK_SECONDS, clear_stale_build_locks
 
     old, fresh = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
     for lock in (old, fresh):

@@ -12,7 +12,7 @@ from tests.conftest import REPO_ROOT
 LINES = 5000
 PRINTER = f"""
 import os
-from trainer.log_lines import write_whole_lines
+from trainer.common.log_lines import write_whole_lines
 write_whole_lines()
 for i in range({LINES}):
     print(f"rank {{os.getpid()}} line {{i}} fingerprint 67fb1eae2cce", flush=True)

@@ -5,16 +5,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.cluster import Topology
-from trainer.deepspeed_config import resolve_deepspeed_config
-from trainer.hardware import Hardware
-from trainer.launch import LauncherArguments, build_launch_plan, prepare_launch
-from trainer.performance import (
+from trainer.config.cluster import Topology
+from trainer.config.deepspeed import resolve_deepspeed_config
+from trainer.config.hardware import Hardware
+from trainer.config.hardware_defaults import (
     TrainingFootprint,
     fast_defaults,
     flag_names,
     gradient_checkpointing_needed,
 )
+from trainer.launcher.main import LauncherArguments, build_launch_plan, prepare_launch
 
 A100 = Hardware(gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0),
                 cpu_count=96)  # fmt: skip
@@ -87,7 +87,7 @@ def test_flag_names_reads_both_spellings():
 
 
 def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
-    monkeypatch.setattr("trainer.hardware.detect_hardware", lambda: A100)
+    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: A100)
     argv = ["--dry-run", "--skip_hub_check", "--model_name_or_path", "openai/whisper-small",
             "--dataset_name", "mozilla-foundation/common_voice_11_0",
             "--tf32", "false"]  # fmt: skip
@@ -112,7 +112,7 @@ def whisper_footprint(size: str, precision: str, batch: int = 16, world: int = 1
     from transformers import WhisperForConditionalGeneration
 
     from trainer.tasks.speech import SpeechArguments, SpeechRecognitionTask
-    from trainer.whisper_sizes import whisper_config
+    from trainer.tasks.whisper_sizes import whisper_config
 
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(whisper_config(size))
@@ -192,7 +192,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
     it without DeepSpeed (fp32 weights)."""
     from transformers import WhisperForConditionalGeneration
 
-    from trainer.whisper_sizes import whisper_config
+    from trainer.tasks.whisper_sizes import whisper_config
 
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(whisper_config("tiny", decoder_start_token_id=1))
@@ -211,7 +211,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
 
 
 def test_zero_settings_are_read_from_the_deepspeed_config():
-    from trainer.train import deepspeed_zero_settings
+    from trainer.training.main import deepspeed_zero_settings
 
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero2"))) == (2, False)
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3"))) == (3, False)

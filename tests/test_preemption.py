@@ -12,8 +12,8 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from tests.conftest import REPO_ROOT
 from tests.tiny_regression import Regression, regression_arguments, regression_rows
-from trainer.callbacks import SaveOnStopOrInterval
-from trainer.preemption import StopRequest
+from trainer.training.callbacks import SaveOnStopOrInterval
+from trainer.training.preemption import StopRequest
 
 
 class Minutes:
@@ -119,7 +119,7 @@ def test_outside_training_sigterm_ends_the_process_as_before():
     failure with SIGTERM), and a SIGTERM that came while training ends it then."""
     script = (
         "import os, signal\n"
-        "from trainer.preemption import StopRequest\n"
+        "from trainer.training.preemption import StopRequest\n"
         "stop = StopRequest()\n"
         "stop.install()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -1,5 +1,5 @@
 """A finished training process destroys its process group before the interpreter exits
-(trainer.train.release_process_group): left to the exit, gloo's threads can abort it."""
+(trainer.training.main.release_process_group): left to the exit, gloo's threads can abort it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import free_port
-from trainer.train import release_process_group
+from trainer.training.main import release_process_group
 
 
 def test_a_finished_process_releases_its_process_group_once():

@@ -12,7 +12,7 @@ import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from tests.tiny_regression import Regression, regression_arguments, regression_rows
-from trainer.progress import (
+from trainer.training.progress import (
     DataWaitClock,
     ProgressLogCallback,
     TimedLogSchedule,
@@ -158,7 +158,7 @@ def test_the_schedule_plans_by_time_within_5_percent_of_the_run():
 
 
 def test_train_uses_time_unless_a_logging_interval_is_given():
-    from trainer.train import progress_by_time
+    from trainer.training.main import progress_by_time
 
     assert progress_by_time(["--max_steps", "60"])
     assert not progress_by_time(["--logging_steps", "25"])

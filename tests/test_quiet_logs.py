@@ -1,5 +1,5 @@
 """Only meaningful lines: a real 2-process run through `python -m trainer` prints no
-warning or progress bar that is not on trainer/quiet.py's allow-list."""
+warning or progress bar that is not on trainer/common/quiet.py's allow-list."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from tests.conftest import run_trainer, trainer_env
-from trainer import quiet
+from trainer.common import quiet
 
 LOOKS_LIKE_NOISE = re.compile(
     r"warn|deprecat|\d+%\|"  # warnings, deprecations, tqdm bars (`50%|#####`)
@@ -35,7 +35,7 @@ def test_a_short_two_process_run_prints_no_unlisted_warning_or_bar(tmp_path, dem
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert "eval at step 2" in output and "final model and processor saved" in output
-    assert noise_lines(output) == [], "not on trainer/quiet.py's allow-list"
+    assert noise_lines(output) == [], "not on trainer/common/quiet.py's allow-list"
 
 
 def test_the_noise_detector_sees_warnings_and_bars():

@@ -34,14 +34,14 @@ from tests.conftest import (
     trainer_env,
 )
 from tests.gcs_emulator import BUCKET, FlakyProxy
-from trainer.checkpoints import (
+from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.launcher.start_deadline import MARGIN_SECONDS
+from trainer.storage.checkpoints import (
     checkpoint_step,
     complete_checkpoints,
     find_resumable_checkpoint,
 )
-from trainer.preemption import PREEMPTED_EXIT_CODE
-from trainer.start_deadline import MARGIN_SECONDS
-from trainer.storage import open_store
+from trainer.storage.store import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ from PIL import Image
 
 from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
-from trainer.shards import INDEX, KEY_COLUMN, read_index
-from trainer.storage import open_store
-from trainer.streams import shard_split
-from trainer.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
+from tests.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
+from trainer.data.shard_index import INDEX, KEY_COLUMN, read_index
+from trainer.data.shard_reader import shard_split
+from trainer.storage.store import open_store
 
 
 def make_shards(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -246,7 +246,7 @@ def test_users_speech_tars_in_cloud_storage_are_indexed_in_place_and_streamed(
     `--index_only` reads each once and writes index.json beside them; the speech task
     streams train from them and loads test whole, with the extensions as column names."""
     from tests.test_speech_task import speech_task
-    from trainer.streams import POSITION, prepare_stream
+    from trainer.data.streams import POSITION, prepare_stream
 
     local = tmp_path / "wds"
     write_tar(local / "train-00000.tar", flac_samples(demo_assets, "train", range(0, 5)))
@@ -294,8 +294,8 @@ def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs):
     """KEY.png + KEY.cls tars: splits from folder and file names, the class ids recorded as
     the label values, and the image task builds its head from them and streams."""
     from tests.test_image_task import image_task
-    from trainer.streams import prepare_stream
-    from trainer.tiny_assets import build_tiny_vit
+    from tests.tiny_assets import build_tiny_vit
+    from trainer.data.streams import prepare_stream
 
     local = tmp_path / "wds"
     write_tar(local / "train" / "part-0.tar", png_samples("a", 9))

@@ -8,9 +8,9 @@ import torch
 from transformers import EvalPrediction
 
 from tests.conftest import checked_task
-from trainer.arguments import parse_flags
-from trainer.demo_assets import TRAIN_CLIPS, synthesize_speech_dataset
-from trainer.errors import UserError
+from trainer.common.errors import UserError
+from trainer.config.flags import parse_flags
+from trainer.launcher.demo_assets import TRAIN_CLIPS, synthesize_speech_dataset
 
 
 def speech_task(model_dir, dataset_dir, *extra):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from trainer.start_deadline import StartDeadline, training_process_started
+from trainer.launcher.start_deadline import StartDeadline, training_process_started
 
 
 class FakeClock:
@@ -51,7 +51,7 @@ def test_only_a_child_running_the_training_program_counts():
     other = subprocess.Popen([*sleeper, "ninja"])
     try:
         assert not training_process_started()
-        training = subprocess.Popen([*sleeper, "-m", "trainer.train"])
+        training = subprocess.Popen([*sleeper, "-m", "trainer.training.main"])
         try:
             assert training_process_started()
         finally:

@@ -12,17 +12,17 @@ import pytest
 
 from tests.conftest import assert_manifest_matches_store
 from tests.gcs_emulator import BUCKET, FlakyProxy
-from trainer import storage
-from trainer.checkpoints import (
+from trainer.common.errors import UserError
+from trainer.launcher.demo_assets import TEST_CLIPS, TRAIN_CLIPS
+from trainer.storage import store as storage
+from trainer.storage.checkpoints import (
     MANIFEST,
     CheckpointUploader,
     complete_checkpoints,
     find_resumable_checkpoint,
     read_manifest,
 )
-from trainer.demo_assets import TEST_CLIPS, TRAIN_CLIPS
-from trainer.errors import UserError
-from trainer.storage import crc32c_of, open_store
+from trainer.storage.store import crc32c_of, open_store
 
 
 def make_files(root: Path, files: dict[str, bytes]) -> Path:
@@ -170,7 +170,7 @@ def _wait_for(condition, seconds: float):
 def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
     gcs, demo_assets, tmp_path, monkeypatch
 ):
-    from trainer.arguments import parse_flags
+    from trainer.config.flags import parse_flags
 
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
     uri = f"{fresh_prefix()}/speech-demo"
@@ -198,7 +198,7 @@ def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
 
 
 def test_empty_gs_dataset_is_refused(gcs):
-    from trainer.data_sources import local_directory
+    from trainer.data.sources import local_directory
 
     with pytest.raises(UserError, match="holds no files"):
         local_directory(f"{fresh_prefix()}/nothing-here")

@@ -17,18 +17,18 @@ from torch.utils.data import DataLoader
 
 from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
-from trainer.arguments import parse_flags
-from trainer.errors import UserError
-from trainer.shards import read_index
-from trainer.storage import open_store
-from trainer.streams import (
+from tests.tiny_assets import write_sentiment_csv
+from trainer.common.errors import UserError
+from trainer.config.flags import parse_flags
+from trainer.data.shard_index import read_index
+from trainer.data.shard_reader import shard_split
+from trainer.data.streams import (
     POSITION,
     StreamPositions,
     StreamStart,
     prepare_stream,
-    shard_split,
 )
-from trainer.tiny_assets import write_sentiment_csv
+from trainer.storage.store import open_store
 
 COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
 TRAIN_ROWS = 60
@@ -254,9 +254,9 @@ def written_bytes(root: Path, skip: set[str]) -> int:
 
 READ_WHOLE_SPLIT = """
 import sys
-from trainer.shards import read_index
-from trainer.storage import open_store
-from trainer.streams import shard_split
+from trainer.data.shard_index import read_index
+from trainer.storage.store import open_store
+from trainer.data.shard_reader import shard_split
 
 uri = sys.argv[1]
 stream = shard_split(uri, read_index(open_store(uri)), "train", streaming=True)
@@ -312,7 +312,7 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
     """The kill-and-resume test of tests/test_resume.py, streaming from Cloud Storage."""
     from tests.conftest import start_nodes
     from tests.test_resume import final_weights, finish_all, vertex_outputs, wait_until
-    from trainer.checkpoints import complete_checkpoints
+    from trainer.storage.checkpoints import complete_checkpoints
 
     job = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs}
@@ -386,7 +386,7 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory) -> Path:
-    from trainer.tiny_assets import build_tiny_bert, sentiment_sentences
+    from tests.tiny_assets import build_tiny_bert, sentiment_sentences
 
     root = tmp_path_factory.mktemp("bert")
     build_tiny_bert(root / "bert", [text for rows in sentiment_sentences().values()
@@ -479,7 +479,7 @@ def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, 
 
 def test_image_streams_augment_and_collate(tmp_path):
     from tests.test_image_task import image_task
-    from trainer.tiny_assets import build_tiny_vit, write_colour_images
+    from tests.tiny_assets import build_tiny_vit, write_colour_images
 
     write_colour_images(tmp_path / "images")
     build_tiny_vit(tmp_path / "vit")

@@ -21,14 +21,14 @@ from transformers import (
 
 from tests.conftest import checked_task, run_trainer, trainer_env, use_delivered_model
 from tests.gcs_emulator import BUCKET
-from trainer.arguments import parse_flags
-from trainer.config_file import RECIPES_DIR, config_file_flags
-from trainer.errors import UserError
-from trainer.storage import open_store
+from tests.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
+from trainer.common.errors import UserError
+from trainer.config.flags import parse_flags
+from trainer.config.recipes import RECIPES_DIR, config_file_flags
+from trainer.storage.store import open_store
 from trainer.tasks import load_task
 from trainer.tasks.classification import LabelSet, classification_metrics
 from trainer.tasks.trainers import ClassWeightedTrainer
-from trainer.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 
 SENTIMENTS = ["negative", "neutral", "positive"]
 COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]

@@ -15,8 +15,8 @@ import torch
 from transformers import EvalPrediction
 
 from tests.conftest import checked_task
-from trainer import launch
-from trainer.errors import UserError
+from trainer.common.errors import UserError
+from trainer.launcher import main as launch
 from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
 
 
@@ -170,7 +170,7 @@ def test_log_mel_on_the_device_uses_the_processors_128_mel_bins(family_checkpoin
     """large-v3's processor makes 128 bins; the device path must compute the same."""
     from transformers import WhisperFeatureExtractor
 
-    from trainer.tasks.speech import LogMelOnDevice, _padded
+    from trainer.tasks.speech_batches import LogMelOnDevice, _padded
 
     extractor = WhisperFeatureExtractor.from_pretrained(family_checkpoints("large-v3"))
     waveforms = [np.sin(np.linspace(0, 400 * np.pi, n)).astype(np.float32) for n in (8000, 24000)]

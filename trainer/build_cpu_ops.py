@@ -4,7 +4,7 @@ On a machine without CUDA, DeepSpeed compiles its shared-memory collective op
 (`deepspeed_shm_comm`, about 45 s and 1.6 GB of compiler memory) the first time a process
 group starts. Done inside the first run, that time would be reported as rendezvous time and
 make a demo look stuck; `make install` runs this instead, into the directory the launcher
-and the tests use (`trainer.cache.torch_extensions_dir`). GPU images build their ops when
+and the tests use (`trainer.common.cache.torch_extensions_dir`). GPU images build their ops when
 the image is built, so on a CUDA machine this does nothing.
 """
 
@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from trainer.cache import cache_dir, clear_stale_build_locks, torch_extensions_dir
+from trainer.common.cache import cache_dir, clear_stale_build_locks, torch_extensions_dir
 
 SHARED_MEMORY_OP = "ShareMemCommBuilder"
 """DeepSpeed's builder of the op its CPU process groups load (`deepspeed.comm.torch`)."""

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from trainer.arguments import greater_is_better, tuning_metric
-from trainer.errors import UserError
-from trainer.hub import check_hub_ids, hub_ids
+from trainer.common.errors import UserError
+from trainer.config.flags import greater_is_better, tuning_metric
+from trainer.launcher.hub_checks import check_hub_ids, hub_ids
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -259,10 +259,10 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
     the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there. A
     recipe in the bucket cannot be read here, so only the command line's flags are parsed.
     """
-    from trainer.arguments import FlagParser, parse_flags
-    from trainer.config_file import RECIPES_DIR, expand_config_file
-    from trainer.deepspeed_config import preset_names
-    from trainer.launch import LauncherArguments
+    from trainer.config.deepspeed import preset_names
+    from trainer.config.flags import FlagParser, parse_flags
+    from trainer.config.recipes import RECIPES_DIR, expand_config_file
+    from trainer.launcher.main import LauncherArguments
 
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(
@@ -341,7 +341,7 @@ def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> d
 
     Vertex AI appends `--learning_rate=...` and `--warmup_steps=...` to every trial's
     container args, after the recipe, so they override it. The metric is the one
-    trainer.callbacks.HypertuneCallback reports, `metric_for_best_model` of the parsed
+    trainer.training.callbacks.HypertuneCallback reports, `metric_for_best_model` of the parsed
     flags (wer for speech, accuracy or macro_f1 for classification), with its direction.
     """
     goal = "MAXIMIZE" if greater_is_better(flags) else "MINIMIZE"
@@ -371,7 +371,8 @@ def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> d
 def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
     """File name -> content, for this command line (pure apart from the flag checks).
 
-    The Hub ids the nodes would load are looked up like the launcher does (trainer.hub):
+    The Hub ids the nodes would load are looked up as the launcher does
+    (trainer.launcher.hub_checks):
     a job whose model or dataset the Hub no longer serves is refused here, not after every
     node has started.
     """
@@ -409,7 +410,7 @@ def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
 
 
 def _parser(dataclass_type: type):
-    from trainer.arguments import FlagParser
+    from trainer.config.flags import FlagParser
 
     return FlagParser([dataclass_type], prog="python -m trainer.jobspec")
 

@@ -7,7 +7,7 @@ processes divide among themselves, shuffle, and resume in) rather than as millio
 clips. The shards are Parquet files with the audio or image bytes embedded, written the
 way `datasets`' `push_to_hub` writes them (same size estimate, same embedding), so
 `load_dataset("parquet", ...)` and the Hub's viewer read them too; or, with `--format
-webdataset`, tars of WebDataset samples (trainer/tar_shards.py), for tools that read
+webdataset`, tars of WebDataset samples (trainer/data/tar_shards.py), for tools that read
 those. `index.json`, written last, lists each split's shards with their row counts, the
 features (columns and types) and, for classification, the label values: the trainer sizes
 epochs and checks columns and labels from it at launch, without opening a shard. A DEST
@@ -16,7 +16,7 @@ without `index.json` is not a shard set (an interrupted run leaves none).
 SRC is any local layout the task reads (audiofolder, Common Voice directory, imagefolder,
 a directory of CSV/TSV/JSONL files), or a gs:// copy of one; DEST is a local directory,
 a gs:// URI or a /gcs/ path. Each shard is written to a temporary file, uploaded through
-trainer/storage.py (verified by CRC32C) and deleted, so making shards needs local disk
+trainer/storage/store.py (verified by CRC32C) and deleted, so making shards needs local disk
 for one shard beyond the source. `python -m trainer.shards LOCATION --index_only` writes
 only the index, for WebDataset tars made elsewhere that already lie at LOCATION.
 """
@@ -24,74 +24,29 @@ only the index, for WebDataset tars made elsewhere that already lie at LOCATION.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.errors import UserError
+from trainer.common.errors import UserError
+from trainer.common.quiet import silence_known_noise
+from trainer.config.flags import parse_flags
+from trainer.data.checks import check_columns
+from trainer.data.shard_index import INDEX, KEY_COLUMN, Shard, ShardIndex
+from trainer.data.sources import local_directory
+from trainer.data.tar_shards import index_in_place, write_tar
+from trainer.storage.store import open_store
 
 if TYPE_CHECKING:
-    from datasets import Dataset, Features
+    from datasets import Dataset
 
-    from trainer.storage import Store
+    from trainer.storage.store import Store
     from trainer.tasks import Task
 
-INDEX = "index.json"
-KEY_COLUMN = "__key__"
-"""A stable id per example (`SPLIT/ROW`), as WebDataset names its samples: what a stream
-consumed can be named and checked (`--stream_audit_dir`)."""
 DEFAULT_SHARD_SIZE_MB = 256
-
-
-@dataclass(frozen=True)
-class Shard:
-    file: str
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class ShardIndex:
-    """What `index.json` says about a shard set."""
-
-    task: str
-    features: dict
-    """`datasets.Features.to_dict()` of every shard."""
-    splits: dict[str, list[Shard]]
-    labels: dict[str, list] | None = None
-    """Classification: label column -> its distinct values (when they are not a ClassLabel)."""
-
-    @property
-    def columns(self) -> list[str]:
-        return list(self.features)
-
-    def rows(self, split: str) -> int:
-        return sum(shard.rows for shard in self.splits[split])
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> ShardIndex:
-        data = json.loads(text)
-        splits = {name: [Shard(**s) for s in shards] for name, shards in data["splits"].items()}
-        return cls(data["task"], data["features"], splits, data.get("labels"))
-
-    def datasets_features(self) -> Features:
-        from datasets import Features
-
-        return Features.from_dict(self.features)
-
-
-def read_index(store: Store) -> ShardIndex | None:
-    """The shard set's index, or None if `store` holds none."""
-    text = store.read_text(INDEX)
-    return None if text is None else ShardIndex.from_json(text)
 
 
 def write_shards(
@@ -104,8 +59,6 @@ def write_shards(
 ) -> ShardIndex:
     """Every split of the local dataset `source` as shards of `shard_format` (FORMATS) in `store`;
     the index last."""
-    from trainer.data_sources import check_columns, local_directory
-
     directory = local_directory(source)
     layout = task.detect_local_layout(directory)
     splits: dict[str, list[Shard]] = {}
@@ -169,13 +122,7 @@ def _write_parquet(part: Dataset, path: Path) -> None:
     part.with_format(None).to_parquet(str(path))
 
 
-def _write_tar(part: Dataset, path: Path) -> None:
-    from trainer.tar_shards import write_tar
-
-    write_tar(part, path)
-
-
-FORMATS = {"parquet": (_write_parquet, ".parquet"), "webdataset": (_write_tar, ".tar")}
+FORMATS = {"parquet": (_write_parquet, ".parquet"), "webdataset": (write_tar, ".tar")}
 """--format -> (writer of one shard file, its suffix)."""
 
 
@@ -235,10 +182,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from trainer.arguments import parse_flags
-    from trainer.quiet import silence_known_noise
-    from trainer.storage import open_store
-
     silence_known_noise()
     args, task_flags = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -248,10 +191,9 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError("Give SOURCE and DESTINATION, or SOURCE alone with --index_only.")
         flags = parse_flags(["--task", args.task, "--dataset_name", args.source, *task_flags])
         if args.index_only:
-            from trainer.tar_shards import index_in_place
-
             store = open_store(args.source)
-            index = index_in_place(store, args.task, flags.task)
+            task = flags.task
+            index = index_in_place(store, args.task, task.label_column(), task.column_flags())
         else:
             store = open_store(args.destination)
             index = write_shards(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from trainer.errors import UserError
+from trainer.common.errors import UserError
 from trainer.tasks.base import Task
 
 DEFAULT_TASK = "speech-recognition"

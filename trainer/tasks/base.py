@@ -1,6 +1,6 @@
 """The face every training task shows to the training program.
 
-`trainer/train.py` knows tasks only through this class: it asks a task for its datasets,
+`trainer/training/main.py` knows tasks only through this class: it asks a task for its datasets,
 its model and processor, how to batch examples and how to score predictions. A task never
 imports the training program, the launcher or storage.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import TrainingArguments
 
-from trainer.errors import UserError
+from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
-    from trainer.arguments import DataArguments, ModelArguments
-    from trainer.data_sources import LocalLayout
+    from trainer.data.arguments import DataArguments
+    from trainer.data.sources import LocalLayout
+    from trainer.tasks.arguments import ModelArguments
 
 
 class Task(ABC):

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from trainer.data_sources import (
-    check_columns,
+from trainer.common.errors import UserError
+from trainer.data.checks import check_columns
+from trainer.data.sources import (
     check_shard_set,
     check_splits,
     first_examples,
@@ -37,8 +38,7 @@ from trainer.data_sources import (
     select_source_columns,
     shard_index_of,
 )
-from trainer.errors import UserError
-from trainer.streams import is_stream
+from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
 
 if TYPE_CHECKING:

@@ -29,9 +29,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.data_sources import LocalLayout
-from trainer.errors import UserError
-from trainer.streams import is_stream
+from trainer.common.errors import UserError
+from trainer.data.sources import LocalLayout
+from trainer.data.streams import is_stream
 from trainer.tasks.classification import (
     LABEL,
     ClassificationArguments,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from trainer.data_sources import LocalLayout, table_header
-from trainer.errors import UserError
+from trainer.common.errors import UserError
+from trainer.data.sources import LocalLayout, table_header
 from trainer.tasks.classification import ClassificationArguments, ClassificationTask, LabelSet
 
 TABLE_FORMATS = {

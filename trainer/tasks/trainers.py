@@ -11,7 +11,7 @@ from functools import cached_property
 import torch
 from transformers import Seq2SeqTrainer, Trainer
 
-from trainer.tasks.speech import AUDIO_BATCH_KEY, LogMelOnDevice
+from trainer.tasks.speech_batches import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
 class ClassWeightedTrainer(Trainer):

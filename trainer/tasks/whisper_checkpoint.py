@@ -22,7 +22,7 @@ from pathlib import Path
 
 from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
 
-from trainer.errors import UserError
+from trainer.common.errors import UserError
 
 ENGLISH_ONLY_VOCABULARY = 51_864
 """The `*.en` checkpoints' vocabulary (GPT-2's 50,257 ids plus Whisper's special tokens);

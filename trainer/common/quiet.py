@@ -1,0 +1,102 @@
+"""Known-harmless library output, silenced in one place, each entry with its reason.
+
+On Vertex AI every line a process prints is a Cloud Logging entry, per process, per node:
+a harmless deprecation repeated by 16 ranks at every checkpoint buries the lines that
+matter. Only what is listed here is hidden; any other warning still shows, and a test
+(tests/test_quiet_logs.py) fails on warning-looking output that is not on this list.
+`silence_known_noise()` runs first in every training process and in the launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KnownNoise:
+    pattern: str
+    """A regular expression searched for in the warning or log message."""
+    reason: str
+    """Why hiding it loses nothing."""
+    category: type[Warning] | None = None
+    """A Python warning of this category; None: a log record (transformers' loggers)."""
+
+
+ALLOWED = [
+    KnownNoise(
+        r"torch\.distributed\.all_gather_into_tensor` is deprecated",
+        "raised inside DeepSpeed's ZeRO checkpoint and step code (deepspeed 0.19 on torch "
+        "2.13), not ours to change; it says nothing about the run",
+        FutureWarning,
+    ),
+    KnownNoise(
+        r"Passing `generation_config` together with generation-related arguments",
+        "Seq2SeqTrainer passes max_length/num_beams next to the model's generation config "
+        "when it evaluates with generate; the explicit values win, as intended",
+    ),
+    KnownNoise(
+        r"The attention mask is not set with a batched input",
+        "Whisper's decoder starts from fixed prompt tokens of equal length, so no padding "
+        "is there to mask; the encoder input (log-mel features) needs no mask",
+    ),
+    KnownNoise(
+        r"`?torch\.distributed\._all_gather_base`? is a private function",
+        "the same deprecation as all_gather_into_tensor, from older DeepSpeed code paths",
+        FutureWarning,
+    ),
+]
+
+PROGRESS_BAR_VARIABLES = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # huggingface_hub and transformers' bars
+    # ("Loading weights", "Writing model shards", downloads)
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # "Generating train split", map/filter bars
+}
+"""tqdm bars redraw with carriage returns: in Cloud Logging each redraw is an entry and
+every rank draws its own. trainer.training.progress prints plain lines instead."""
+
+
+def silence_known_noise() -> None:
+    """Hide exactly the ALLOWED messages and the libraries' progress bars, in this process
+    (and, through the environment, in the processes it starts)."""
+    os.environ.update(PROGRESS_BAR_VARIABLES)
+    for noise in ALLOWED:
+        if noise.category is not None:
+            warnings.filterwarnings("ignore", message=f".*{noise.pattern}", category=noise.category)
+    _filter_library_logs()
+    _disable_loaded_progress_bars()
+
+
+class _KnownNoiseFilter(logging.Filter):
+    patterns = [re.compile(noise.pattern) for noise in ALLOWED if noise.category is None]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(pattern.search(message) for pattern in self.patterns)
+
+
+def _filter_library_logs() -> None:
+    """transformers logs through its own handler on the `transformers` logger: a filter
+    on the loggers that emit would miss records of child loggers, so it sits on the
+    handlers (transformers' own and the root's)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger()  # makes sure transformers' handler exists
+    noise_filter = _KnownNoiseFilter()
+    for handler in [*logging.getLogger("transformers").handlers, *logging.getLogger().handlers]:
+        if not any(isinstance(f, _KnownNoiseFilter) for f in handler.filters):
+            handler.addFilter(noise_filter)
+
+
+def _disable_loaded_progress_bars() -> None:
+    """The variables are read at import; libraries imported already are told directly."""
+    import datasets
+    import huggingface_hub.utils
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,205 @@
+"""Flags of the training program: Hugging Face's own names, read with HfArgumentParser.
+
+The flags come in groups: the task selector, the model, the dataset, the task's own flags
+(e.g. Whisper's language) and the Trainer's `TrainingArguments`. The launcher parses them
+too, before anything starts, so a typo costs a second instead of a GPU start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from trainer.common.errors import UserError
+from trainer.config.example_flags import translate_example_flags
+from trainer.data.arguments import DataArguments
+from trainer.storage.locations import OutputArguments
+from trainer.tasks import DEFAULT_TASK, Task, load_task, task_names
+from trainer.tasks.arguments import ModelArguments
+
+
+class FlagParser(HfArgumentParser):
+    """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
+
+    Abbreviations are off: with two parsers sharing one command line, a prefix such as
+    `--dry` must not silently match another parser's flag.
+    """
+
+    def __init__(self, dataclass_types, **kwargs) -> None:
+        super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse calls this and expects no return
+        raise UserError(f"{message} (see python -m trainer --help).")
+
+
+@dataclass
+class TaskArguments:
+    task: str = field(
+        default=DEFAULT_TASK,
+        metadata={"help": f"What to fine-tune for: one of {', '.join(task_names())}."},
+    )
+
+
+@dataclass
+class ParsedFlags:
+    """Everything the command line said, with TrainingArguments not yet constructed.
+
+    TrainingArguments is built later because building it sets up the distributed state,
+    which must happen inside the launched processes and, on CPU, after the gloo workaround.
+    """
+
+    task: Task
+    model: ModelArguments
+    data: DataArguments
+    outputs: OutputArguments
+    training: argparse.Namespace
+
+
+TRAINING_DEFAULTS = {
+    "output_dir": "outputs",
+    "report_to": ["tensorboard"],
+    "disable_tqdm": True,  # trainer.training.progress prints plain log lines instead of bars
+}
+"""Where this product's defaults differ from the Trainer's (explicit flags still win)."""
+
+
+def build_parser(task_class: type[Task]) -> FlagParser:
+    parser = FlagParser(
+        [
+            TaskArguments,
+            ModelArguments,
+            DataArguments,
+            task_class.arguments_class,
+            OutputArguments,
+            task_class.training_arguments_class,
+        ]
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS, metric_for_best_model=task_class.default_metric)
+    return parser
+
+
+def selected_task_name(argv: list[str]) -> str:
+    selector = FlagParser([TaskArguments], add_help=False)
+    known, _ = selector.parse_known_args(translate_example_flags(argv)[0])
+    return known.task
+
+
+def parse_flags(argv: list[str]) -> ParsedFlags:
+    """Parse and check the training program's flags (no model, data or device touched).
+
+    The HF example scripts' spellings are accepted too (trainer/config/example_flags.py)."""
+    argv, _ = translate_example_flags(argv)
+    task_class = load_task(selected_task_name(argv))
+    namespace, unknown = build_parser(task_class).parse_known_args(argv)
+    if unknown:
+        raise UserError(unknown_flags_message(unknown, task_class))
+    model = _pop_dataclass(namespace, ModelArguments)
+    data = _pop_dataclass(namespace, DataArguments)
+    task_args = _pop_dataclass(namespace, task_class.arguments_class)
+    outputs = _pop_dataclass(namespace, OutputArguments)
+    _pop_dataclass(namespace, TaskArguments)
+    if data.streaming:
+        check_streaming(data, namespace)
+    if data.interleave_probabilities:
+        check_interleaving(data)
+    task = task_class(model, data, task_args)
+    task.seed = namespace.seed
+    return ParsedFlags(
+        task=task,
+        model=model,
+        data=data,
+        outputs=outputs,
+        training=namespace,
+    )
+
+
+def check_streaming(data: DataArguments, training: argparse.Namespace) -> None:
+    """What a stream, which has no length and no random access, cannot do."""
+    if training.max_steps is None or training.max_steps <= 0:
+        raise UserError(
+            "--streaming needs --max_steps: a stream has no length, so --num_train_epochs "
+            "cannot say when training ends (a shard set's index.json gives the examples "
+            "per epoch: max_steps = examples / (batch size x processes) per epoch)."
+        )
+    if training.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+        raise UserError(
+            f"--train_sampling_strategy {training.train_sampling_strategy} needs every "
+            "example's length before training, which a stream does not have: leave it out."
+        )
+    if data.shuffle_buffer_size < 1:
+        raise UserError("--shuffle_buffer_size must be at least 1.")
+
+
+def check_interleaving(data: DataArguments) -> None:
+    """Several datasets need one probability each (and one config each, if any)."""
+    if not data.streaming:
+        raise UserError("--interleave_probabilities mixes streams: add --streaming true.")
+    names = (data.dataset_name or "").split(",")
+    probabilities = data.probabilities()
+    if len(names) < 2 or len(probabilities) != len(names):
+        raise UserError(
+            f"--interleave_probabilities gives {len(probabilities)} probabilities for "
+            f"{len(names)} dataset(s) in --dataset_name: give two or more datasets, "
+            "separated by commas, and one probability each."
+        )
+    configs = data.dataset_config_name.split(",") if data.dataset_config_name else []
+    if len(configs) not in (0, 1, len(names)):
+        raise UserError(
+            f"--dataset_config_name gives {len(configs)} configs for {len(names)} datasets: "
+            "give one, or one per dataset (separated by commas)."
+        )
+
+
+def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
+    """Names the task whose flags these are, if another task knows them: an example
+    script's command line selects its task by the script's name, ours by --task."""
+    names = [token.split("=", 1)[0] for token in unknown if token.startswith("--")]
+    knowing = [
+        other
+        for other in task_names()
+        if names
+        and load_task(other) is not task_class
+        and not [
+            token
+            for token in build_parser(load_task(other)).parse_known_args(unknown)[1]
+            if token.startswith("--")
+        ]
+    ]
+    if knowing:
+        choices = " or ".join(f"--task {other}" for other in knowing)
+        return (
+            f"{' '.join(names)}: flag(s) of {choices}, not of --task "
+            f"{selected_name(task_class)}; add {choices} (see python -m trainer --help)."
+        )
+    return f"Unknown flag(s): {' '.join(unknown)} (see python -m trainer --help)."
+
+
+def selected_name(task_class: type[Task]) -> str:
+    return next(name for name in task_names() if load_task(name) is task_class)
+
+
+def greater_is_better(flags: ParsedFlags) -> bool:
+    """Whether a larger `metric_for_best_model` is better: `--greater_is_better` if given,
+    else from the metric. The Trainer assumes bigger is better unless the name ends in
+    "loss", which is wrong for WER; the task names its lower-is-better metrics."""
+    training = flags.training
+    if training.greater_is_better is not None:
+        return training.greater_is_better
+    metric = tuning_metric(flags)
+    return not (metric in flags.task.lower_is_better or metric.endswith("loss"))
+
+
+def tuning_metric(flags: ParsedFlags) -> str:
+    """The metric name reported to hyperparameter tuning (`metric_for_best_model`)."""
+    return (flags.training.metric_for_best_model or flags.task.default_metric).removeprefix("eval_")
+
+
+def _pop_dataclass(namespace: argparse.Namespace, dtype: type):
+    names = [f.name for f in dataclasses.fields(dtype) if f.init]
+    try:
+        return dtype(**{name: vars(namespace).pop(name) for name in names})
+    except ValueError as error:
+        raise UserError(str(error)) from None

@@ -1,0 +1,176 @@
+"""Training settings that make a run fast on the hardware it found, without changing its result.
+
+`fast_defaults` is pure: the launcher passes the detected hardware and the flags the user
+gave, and appends what it returns to the training flags (so `--dry-run` shows them). A flag the
+user gave (on the command line or in a recipe) is never overridden.
+
+Gradient checkpointing is the one setting that depends on the model and the batch, so the
+training program decides it once the model is loaded (`gradient_checkpointing_needed`): on only
+when the estimated memory of a step does not fit the GPU without it.
+
+Checked and deliberately not a default: `--train_sampling_strategy group_by_length` (it changes
+which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--torch_compile`
+(minutes of compilation on every start, and every new batch shape recompiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.config.hardware import Hardware
+
+MAX_DATALOADER_WORKERS = 4
+"""Whisper's log-mel features are computed in the collator; 4 workers keep a GPU fed."""
+
+
+def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
+    """Extra training flags for `hardware`, each only if its name is not in `user_flags`.
+
+    - `--optim adamw_torch_fused` (everywhere): what transformers 5.23 already picks on torch
+      2.13, made explicit so the plan shows it and a library upgrade cannot silently fall
+      back to the for-each AdamW (a few kernel launches per parameter tensor). Attention is
+      not set here: with no `--attn_implementation`, `from_pretrained` picks SDPA for every
+      model that supports it (Whisper, ViT and BERT do; on Ampere+ GPUs it runs
+      FlashAttention-2 kernels) and eager attention for the others, which an explicit
+      `sdpa` would turn into a load error.
+    - `--tf32 true` (compute capability 8.0+): PyTorch leaves TF32 off for CUDA matmuls and
+      transformers only turns it on for torch.compile; the fp32 matmuls left under bf16 run
+      on tensor cores (up to 8x an A100's fp32 rate) with bf16-level mantissa.
+    - `--dataloader_num_workers N` (any GPU): the Trainer's default is 0, so decoding audio and
+      computing log-mel features stalls the GPU every step; N = min(4, CPUs per GPU // 2)
+      leaves half of each GPU's CPUs to its training process.
+    - `--dataloader_persistent_workers true` (with workers): keeps them alive across epochs
+      and evaluations instead of forking them again.
+    - CPU: `--dataloader_pin_memory false` (pinned memory only speeds copies to a GPU, and
+      the Trainer warns about it on every rank). Precision stays fp32 (the launcher adds no
+      --bf16/--fp16), and there are no loader workers: they would compete with the training
+      process for the same few cores.
+    """
+    defaults = [("--optim", "adamw_torch_fused")]
+    if hardware.gpu_count == 0:
+        defaults.append(("--dataloader_pin_memory", "false"))
+    else:
+        if hardware.supports_bf16:
+            defaults.append(("--tf32", "true"))
+        cpus_per_gpu = hardware.cpu_count // hardware.gpu_count
+        workers = min(MAX_DATALOADER_WORKERS, cpus_per_gpu // 2)
+        if workers > 0 and "--dataloader_num_workers" not in user_flags:
+            defaults.append(("--dataloader_num_workers", str(workers)))
+            defaults.append(("--dataloader_persistent_workers", "true"))
+    return [token for flag, value in defaults if flag not in user_flags for token in (flag, value)]
+
+
+MIB = 2**20
+SHM_PER_LOADER_WORKER = 256 * MIB
+"""/dev/shm one loader worker may fill: it hands each batch to its training process
+through shared memory and keeps `prefetch_factor` (2) batches ready; a batch of 16
+Whisper log-mel inputs is 15 MiB, of 32 ViT images 18 MiB. 256 MiB leaves room for larger
+batches and for the tensors the collator builds on the way."""
+
+SHM_NCCL_RESERVE = 512 * MIB
+"""/dev/shm kept for NCCL when a node runs several processes: without NVLink (L4, T4) its
+intra-node transport goes through shared-memory buffers."""
+
+
+def loader_workers_for_shm(
+    shm_bytes: int | None, workers: int, procs_per_node: int
+) -> tuple[int, str | None]:
+    """Loader workers per process that /dev/shm can hold, and a warning when fewer than asked.
+
+    A Vertex AI CustomJob cannot set the size of /dev/shm, and a loader worker that runs out
+    of it dies with a bus error in the middle of training. Rule: keep `SHM_NCCL_RESERVE` for
+    NCCL when there are several processes, then give every worker of every process
+    `SHM_PER_LOADER_WORKER`; 0 workers (loading in the training process) is always allowed.
+    """
+    if shm_bytes is None or workers <= 0:
+        return workers, None
+    reserve = SHM_NCCL_RESERVE if procs_per_node > 1 else 0
+    fits = max(0, (shm_bytes - reserve) // (procs_per_node * SHM_PER_LOADER_WORKER))
+    if fits >= workers:
+        return workers, None
+    return fits, (
+        f"/dev/shm is {shm_bytes // MIB} MiB: lowering --dataloader_num_workers from {workers} "
+        f"to {fits} ({procs_per_node} process(es), {SHM_PER_LOADER_WORKER // MIB} MiB per "
+        "loader worker); give the container more shared memory (docker --shm-size or "
+        "--ipc=host) to keep them."
+    )
+
+
+def last_flag_value(argv: list[str], name: str) -> str | None:
+    """The value argparse will use for `name`: its last occurrence, `--name v` or `--name=v`."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(f"{name}="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def flag_names(argv: list[str]) -> set[str]:
+    """The flag names in a command line: `--name` and `--name=value` both give `--name`."""
+    return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+
+
+GIB = 2**30
+USABLE_GPU_FRACTION = 0.9
+RESERVED_GPU_BYTES = 2 * GIB
+"""Left out of a GPU's memory for the CUDA context, NCCL and DeepSpeed buffers and the
+allocator's fragmentation; the estimate below counts none of them."""
+
+
+@dataclass(frozen=True)
+class TrainingFootprint:
+    """What decides a training step's GPU memory, per GPU."""
+
+    parameters: int
+    trainable_parameters: int
+    activation_values: int
+    """Activation values one sample keeps for the backward pass, without checkpointing."""
+    checkpointed_activation_values: int
+    """The same with gradient checkpointing (layer inputs, plus one layer being recomputed)."""
+    batch_size: int
+    mixed_precision: bool
+    zero_stage: int | None
+    """DeepSpeed ZeRO stage, or None for plain data parallelism."""
+    optimizer_offloaded: bool
+    world_size: int
+
+    def model_state_bytes(self) -> float:
+        """Weights, gradients and AdamW state (ZeRO paper, Rajbhandari et al. 2020, sec. 3).
+
+        Mixed precision keeps 16-bit weights and gradients plus fp32 master weights and two
+        moments (2 + 2 + 12 bytes per parameter); fp32 keeps 4 + 4 + 8. ZeRO-1/2 partition
+        the optimizer state (and from stage 2 the gradients) over the world, ZeRO-3 the
+        weights too. Without DeepSpeed, autocast keeps fp32 weights: 4 + 4 + 8 bytes.
+        """
+        params, trainable, world = self.parameters, self.trainable_parameters, self.world_size
+        if self.zero_stage is None:
+            return 16.0 * trainable + 4.0 * (params - trainable)
+        weight_bytes = 2 if self.mixed_precision else 4
+        optimizer_bytes = 0 if self.optimizer_offloaded else (12 if self.mixed_precision else 8)
+        weights = weight_bytes * params / (world if self.zero_stage >= 3 else 1)
+        gradients = weight_bytes * trainable / (world if self.zero_stage >= 2 else 1)
+        return weights + gradients + optimizer_bytes * trainable / world
+
+    def activation_bytes_per_sample(self, checkpointing: bool) -> float:
+        """2 bytes per value under DeepSpeed's bf16/fp16, whose weights and activations are
+        16-bit; 4 in fp32, and also under autocast without DeepSpeed, which keeps fp32
+        inputs next to their 16-bit copies (autograd saved about as many bytes as in fp32
+        when measured on whisper-tiny and -base)."""
+        values = self.checkpointed_activation_values if checkpointing else self.activation_values
+        return values * (2 if self.mixed_precision and self.zero_stage is not None else 4)
+
+    def step_bytes(self, checkpointing: bool) -> float:
+        per_sample = self.activation_bytes_per_sample(checkpointing)
+        return self.model_state_bytes() + self.batch_size * per_sample
+
+
+def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
+    """True when a step does not fit in the GPU's usable memory without checkpointing.
+
+    Checkpointing costs about a third more compute (every layer's forward runs again during
+    backward), so it is only worth turning on when memory forces it.
+    """
+    usable = USABLE_GPU_FRACTION * gpu_bytes - RESERVED_GPU_BYTES
+    return footprint.step_bytes(checkpointing=False) > usable

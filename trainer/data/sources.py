@@ -1,0 +1,251 @@
+"""Where a dataset comes from: the Hugging Face hub, or a local directory in a known layout.
+
+`--dataset_name` names either. A value that looks like a path (absolute, relative with
+./ or ../, gs://, or an existing directory) is a local dataset and must exist; anything
+else is a hub id. A path holding an `index.json` is a shard set (trainer/data/shard_index.py:
+Parquet or WebDataset tars), read through trainer/data/streams.py. Split specs such as
+`train+validation` work for all.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.common.cache import cache_dir
+from trainer.common.errors import UserError
+from trainer.data.checks import check_columns, split_names
+from trainer.data.shard_index import ShardIndex, read_index
+from trainer.data.shard_reader import shard_split
+from trainer.storage.store import open_store
+
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """A recognised local dataset directory and how to hand it to `load_dataset`."""
+
+    builder: str
+    """The `datasets` builder: "audiofolder", "csv", ..."""
+    splits: dict[str, list[Path]]
+    """Split name -> files or folders that hold it."""
+    columns: frozenset[str]
+    """The columns an example will have (read from headers, not from the data)."""
+    load_kwargs: dict = field(default_factory=dict)
+
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", "gs://")) or Path(name).is_dir()
+
+
+def local_directory(name: str) -> Path:
+    """The dataset directory named by `--dataset_name`: it must exist (gs:// is fetched)."""
+    if name.startswith("gs://"):
+        return fetch_directory(name)
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise UserError(f"Dataset directory {name} not found.")
+    return path
+
+
+def fetch_directory(uri: str) -> Path:
+    """A gs:// dataset directory, copied (once per machine) into the local cache.
+
+    Audio and image decoders read local files, and every epoch reads every file again, so
+    one verified copy per node beats streaming each read from Cloud Storage. A marker
+    beside the copy records the listing it was made from; an unchanged listing means the
+    copy is complete and current, and nothing is read or sent again.
+    """
+    store = open_store(uri)
+    entries = sorted(store.list_files().values(), key=lambda entry: entry.path)
+    if not entries:
+        raise UserError(f"Dataset {uri} holds no files (or its bucket does not exist).")
+    target = cache_dir() / "datasets" / uri.removeprefix("gs://").rstrip("/")
+    marker = target.with_name(target.name + ".complete.json")
+    listing = json.dumps([dataclasses.asdict(entry) for entry in entries])
+    if not (marker.is_file() and marker.read_text() == listing):
+        store.download(target, entries)
+        marker.write_text(listing)
+    return target
+
+
+def check_splits(layout: LocalLayout, spec: str, directory: Path) -> None:
+    for name in split_names(spec):
+        if name not in layout.splits:
+            available = ", ".join(sorted(layout.splits))
+            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.')
+
+
+def check_shard_set(
+    index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
+) -> None:
+    """A shard set's splits and columns, from its index alone (no shard is opened)."""
+    for spec in specs:
+        for name in split_names(spec):
+            if name not in index.splits:
+                available = ", ".join(sorted(index.splits))
+                raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
+    check_columns(index.columns, wanted, location)
+
+
+def select_source_columns(
+    dataset: Dataset | IterableDataset, flags: dict[str, str], renames: dict[str, str], where: str
+) -> Dataset | IterableDataset:
+    """The columns a task reads, under the names it reads them by (`renames`: source column
+    -> task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`).
+
+    `flags` (flag name -> column) are checked first where the dataset knows its columns
+    before it is read; a Hub stream may not, and then fails on its first example."""
+    from trainer.data.shard_index import KEY_COLUMN
+
+    columns = dataset.column_names
+    if columns is not None:
+        check_columns(columns, flags, where)
+    keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
+    dataset = dataset.select_columns([*renames, *keys])
+    return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
+
+
+def first_examples(
+    dataset: Dataset | IterableDataset, max_samples: int | None
+) -> Dataset | IterableDataset:
+    """`--max_train_samples` / `--max_eval_samples`: the first examples of a split or stream."""
+    from datasets import IterableDataset
+
+    if max_samples is None:
+        return dataset
+    if isinstance(dataset, IterableDataset):
+        return dataset.take(max_samples)
+    return dataset.select(range(min(max_samples, len(dataset))))
+
+
+def table_header(path: Path) -> list[str]:
+    """Column names of a CSV, TSV or JSON Lines file, read from its first line only."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        first_line = handle.readline()
+    if path.suffix == ".jsonl":
+        return list(json.loads(first_line)) if first_line.strip() else []
+    delimiter = "\t" if path.suffix == ".tsv" else ","
+    return next(csv.reader([first_line], delimiter=delimiter), [])
+
+
+def shard_index_of(name: str | None) -> ShardIndex | None:
+    """The index of the shard set `--dataset_name` names (local, gs:// or /gcs/), or None
+    when it names something else (a hub id, a plain dataset directory)."""
+    if name is None or not looks_like_path(name):
+        return None
+    return read_index(open_store(name))
+
+
+def load_split(
+    data_args,
+    cache_dir: str | None,
+    spec: str,
+    detect_layout: Callable[[Path], LocalLayout],
+    streaming: bool = False,
+) -> tuple[Dataset | IterableDataset, Path | None]:
+    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
+    directory; with `streaming`, as an IterableDataset that copies nothing whole.
+
+    Returns the dataset and, for a local directory, the directory. The files of every local
+    split are declared, not only the requested ones, so that labels inferred from folder
+    names agree across splits. Streams of several splits are concatenated, one after the
+    other, as `split="a+b"` concatenates map-style splits.
+    """
+    from datasets import concatenate_datasets, load_dataset
+
+    name = data_args.dataset_name
+    index = shard_index_of(name)
+    if index is not None:
+        return shard_split(name, index, spec, streaming), None
+    if not looks_like_path(name):
+        config = data_args.dataset_config_name
+        if streaming or data_args.streaming:
+            parts = [
+                load_or_explain(name, lambda split=split: load_dataset(
+                    name, config, split=split, cache_dir=cache_dir, streaming=True))
+                for split in split_names(spec)
+            ]  # fmt: skip
+            stream = concatenate_datasets(parts)
+            if streaming:
+                return stream, None
+            return split_from_stream(stream, name, config, spec, cache_dir), None
+        hub = load_or_explain(
+            name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir)
+        )
+        return hub, None
+    if streaming and name.startswith("gs://"):
+        raise UserError(
+            f"--streaming reads gs:// data from shard sets, and {name} holds no index.json: "
+            f"make one with python -m trainer.shards SRC {name.rstrip('/')}-shards --task ..., "
+            f"or index the WebDataset tars it holds with python -m trainer.shards {name} "
+            "--index_only --task ..."
+        )
+    directory = local_directory(name)
+    layout = detect_layout(directory)
+    check_splits(layout, spec, directory)
+    data_files = {
+        split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
+        for split, paths in layout.splits.items()
+    }
+    if streaming:
+        parts = [
+            load_or_explain(name, lambda split=split: load_dataset(
+                layout.builder, data_files=data_files, split=split, streaming=True,
+                **layout.load_kwargs))
+            for split in split_names(spec)
+        ]  # fmt: skip
+        return concatenate_datasets(parts), directory
+    local = load_or_explain(
+        name,
+        lambda: load_dataset(layout.builder, data_files=data_files, split=spec,
+                             **layout.load_kwargs),
+    )  # fmt: skip
+    return local, directory
+
+
+def split_from_stream(
+    stream: IterableDataset, name: str, config: str | None, spec: str, cache_dir: str | None
+) -> Dataset:
+    """A map-style split of a hub dataset (an evaluation split of a streaming run), written
+    from its stream to the `datasets` cache.
+
+    A map-style `load_dataset` of a hub dataset downloads and prepares every split of it:
+    loading the evaluation split that way would copy the whole training split, which the
+    run streams, to every node's disk. Media are read undecoded and stored as they came.
+    The copy is named after the dataset's commit, so that every process of a node, and
+    every later run, reuses it until the dataset changes."""
+    from datasets import Dataset
+    from datasets.fingerprint import Hasher
+    from huggingface_hub import HfApi
+
+    revision = HfApi().dataset_info(name).sha
+    return Dataset.from_generator(
+        _examples_of,
+        features=stream.features,
+        gen_kwargs={"stream": stream.decode(False)},
+        cache_dir=cache_dir,
+        fingerprint=Hasher.hash([name, config, spec, revision]),
+    )
+
+
+def _examples_of(stream: IterableDataset) -> Iterable[dict]:
+    yield from stream
+
+
+def load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
+    """Run a `load_dataset` call; a dataset that is missing or unreadable becomes one line."""
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return load()
+    except (DatasetNotFoundError, FileNotFoundError, ConnectionError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise UserError(f"Could not load dataset {name}: {first_line}") from None

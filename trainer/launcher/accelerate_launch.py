@@ -1,0 +1,93 @@
+"""`accelerate launch`, ending a failed run with one line instead of torchrun's error box.
+
+The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
+a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
+node, in every node's log) repeats what the training process has already said in its own
+`error:` line (trainer/training/failures.py). So: a process that reported itself (exit code 1 or 2)
+gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
+a preempted machine) gets one `error:` line naming its rank and node. A node whose
+rendezvous never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.common.log_lines import write_whole_lines
+
+REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
+"""trainer.training.main printed the line itself (1: failure, 2: bad input, 75: stopped on request
+after saving, trainer/training/preemption.py)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    write_whole_lines()  # this agent's lines share the log with its training processes'
+    args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    quiet_agent_failure_logs()
+    watch_the_start(args)
+    try:
+        launch_command(args)
+    except ChildFailedError as error:
+        sys.exit(report(error, args.machine_rank))
+    except SignalException:
+        # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
+        # and waited for the training processes, which saved and said so themselves (or,
+        # stopped before their first step, had nothing to save).
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+
+def watch_the_start(args) -> None:
+    """Arm the start deadline with the rendezvous timeout the launcher put in the command."""
+    from trainer.launcher.start_deadline import (
+        MARGIN_SECONDS,
+        StartDeadline,
+        give_up,
+        training_process_started,
+    )
+
+    conf = dict(item.split("=", 1) for item in (args.rdzv_conf or "").split(",") if "=" in item)
+    if "timeout" not in conf:  # not launched by trainer.launcher.main: torch's defaults apply
+        return
+    timeout = float(conf["timeout"])
+    chief = f"{args.main_process_ip}:{args.main_process_port}"
+    expire = give_up(args.machine_rank or 0, chief, timeout)
+    StartDeadline(timeout + MARGIN_SECONDS, training_process_started, expire).start_watching()
+
+
+def report(error, node_rank: int | None) -> int:
+    """Print the one line the failed process could not print; return the exit code."""
+    rank, failure = error.get_first_failure()
+    if failure.exitcode in REPORTED_EXIT_CODES:
+        return failure.exitcode
+    if failure.exitcode < 0:
+        how = f"was killed by {failure.signal_name()}"
+        if failure.signal_name() == "SIGKILL":
+            how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    print(
+        f"error: training process rank {rank} (node {node_rank or 0}, local rank "
+        f"{failure.local_rank}) {how}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
+
+
+def quiet_agent_failure_logs() -> None:
+    """torchrun's agent logs each failed and each stopped worker at ERROR/WARNING level
+    ("failed (exitcode: 1) local_rank: 1 ...", "Sending process ... closing signal"): the
+    failure is reported once, above, instead. Its other logs keep their level."""
+    import torch.distributed.elastic.multiprocessing.api as processes_api
+
+    processes_api.logger.setLevel(logging.CRITICAL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Check that the Hugging Face Hub still serves the model and dataset a run names.
+
+A Hub id that no longer exists (or a dataset the Hub has taken down) otherwise fails only
+after every node of a job has started, pulled the image and loaded the model; Vertex AI
+then retries the job. One metadata call per id (`HfApi.model_info` / `dataset_info`, no
+files downloaded) settles it in a second, before anything is launched or written.
+
+No call is made for a local path or for an id already in the local Hugging Face cache
+(what `from_pretrained` and `load_dataset` would use). With `HF_HUB_OFFLINE=1` nothing is
+ever asked of the network: an id must then be in the cache. `HF_ENDPOINT` and `HF_TOKEN`
+are honoured like the libraries do; `--skip_hub_check` turns the whole check off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from trainer.common.errors import UserError
+from trainer.data.sources import looks_like_path
+
+HUB_TIMEOUT_SECONDS = 15
+DEFAULT_ENDPOINT = "https://huggingface.co"
+TRUE_VALUES = {"1", "true", "yes", "on"}
+SKIP_HINT = (
+    "to launch without this check, set HF_HUB_OFFLINE=1 with the files in the local cache "
+    "or pass --skip_hub_check"
+)
+
+
+def hub_ids(model: str | None, dataset: str | None) -> list[tuple[str, str]]:
+    """(repo type, id) of the Hub repositories named; local paths and gs:// are not."""
+    named = [("model", model), ("dataset", dataset)]
+    return [(kind, name) for kind, name in named if name and not looks_like_path(name)]
+
+
+def hub_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where huggingface_hub keeps downloads, resolved from `env` as the library does."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return Path(env[name]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    base = env.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "huggingface" / "hub"
+
+
+def is_cached(kind: str, repo_id: str, cache_dirs: Iterable[Path]) -> bool:
+    """True when a snapshot of the repository is in one of the caches."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=repo_id, repo_type=kind)
+    for cache in cache_dirs:
+        snapshots = cache / folder / "snapshots"
+        if snapshots.is_dir() and any(snapshots.iterdir()):
+            return True
+    return False
+
+
+def offline_variable(kind: str, env: Mapping[str, str]) -> str | None:
+    """The variable that puts the library loading `kind` offline, if one is set."""
+    names = ["HF_HUB_OFFLINE"] + (["HF_DATASETS_OFFLINE"] if kind == "dataset" else [])
+    return next((n for n in names if env.get(n, "").strip().lower() in TRUE_VALUES), None)
+
+
+def check_hub_ids(
+    ids: list[tuple[str, str]], env: Mapping[str, str], extra_cache: str | None = None
+) -> None:
+    """Raise a one-line UserError for the first id the Hub does not serve (or cannot be
+    asked about); `extra_cache` is the run's `--cache_dir`, where models may also be."""
+    caches = [hub_cache_dir(env)] + ([Path(extra_cache).expanduser()] if extra_cache else [])
+    for kind, repo_id in ids:
+        if is_cached(kind, repo_id, caches):
+            continue
+        offline = offline_variable(kind, env)
+        if offline:
+            raise UserError(
+                f"Hub {kind} {repo_id} is not in the local Hugging Face cache ({caches[0]}) "
+                f"and offline mode ({offline}=1) forbids fetching it: download it first, "
+                "give a local path, or pass --skip_hub_check."
+            )
+        ask_hub(kind, repo_id, env)
+
+
+def ask_hub(kind: str, repo_id: str, env: Mapping[str, str]) -> None:
+    """One metadata request; every failure becomes one line saying what to do."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    endpoint = (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    api = HfApi(endpoint=endpoint, token=env.get("HF_TOKEN") or None)
+    lookup = api.model_info if kind == "model" else api.dataset_info
+    try:
+        lookup(repo_id, timeout=HUB_TIMEOUT_SECONDS)
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"Hub {kind} {repo_id} does not exist at {endpoint} (or is private and HF_TOKEN "
+            f"gives no access): check the id, or copy the {kind} to your bucket and give its "
+            "path."
+        ) from None
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "?"
+        if status in (401, 403):
+            raise UserError(
+                f"The Hub at {endpoint} refused access to {kind} {repo_id} (HTTP {status}): it "
+                "is private or gated; give the run an HF_TOKEN that can read it (never in a job "
+                f"spec), or copy the {kind} to your bucket and give its path."
+            ) from None
+        raise UserError(
+            f"The Hub at {endpoint} answered HTTP {status} about {kind} {repo_id}; {SKIP_HINT}."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any transport failure means "not reachable"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise UserError(
+            f"Cannot reach the Hugging Face Hub at {endpoint} to check {kind} {repo_id} "
+            f"({type(error).__name__}{': ' + reason if reason else ''}); {SKIP_HINT}."
+        ) from None

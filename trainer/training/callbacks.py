@@ -1,0 +1,170 @@
+"""Trainer callbacks that connect training to storage, to Vertex AI's tuning service, and
+to the stop requests and save interval of trainer/training/preemption.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from trainer.storage.checkpoints import CheckpointUploader
+from trainer.storage.store import Store
+from trainer.training.preemption import StopRequest, agree
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointSyncCallback(TrainerCallback):
+    """Hands every saved checkpoint to this node's uploader (see trainer/storage/checkpoints.py)."""
+
+    def __init__(self, uploader: CheckpointUploader | None) -> None:
+        self.uploader = uploader
+
+    def on_save(self, args, state, control, **kwargs):
+        from accelerate import PartialState
+
+        # Every rank writes its own files (optimizer shard, RNG state) and the Trainer does
+        # not wait for the others before this callback: wait here, then snapshot.
+        PartialState().wait_for_everyone()
+        if self.uploader is not None:
+            best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            self.uploader.submit(checkpoint, best)
+
+
+class TensorBoardSyncCallback(TrainerCallback):
+    """Copies the TensorBoard logs to their store every few seconds and at the end.
+
+    Event files grow while they are written, so each sync copies them to a staging dir
+    first: what is uploaded is a consistent snapshot that verifies.
+    """
+
+    def __init__(self, local_dir: Path, store: Store, staging: Path, interval: float) -> None:
+        self.local_dir = local_dir
+        self.store = store
+        self.staging = staging
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._synced: dict[str, tuple[int, int]] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tensorboard-sync", daemon=True)
+            self._thread.start()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Stops the periodic sync. The last one is the training program's to call, after
+        the final evaluation (whose metrics it should carry) and after the model is safe."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sync()
+            except Exception as error:  # noqa: BLE001 - the next sync tries again
+                logger.warning("TensorBoard sync to %s failed: %s", self.store.uri, error)
+
+    def sync(self) -> None:
+        if not self.local_dir.is_dir():
+            return
+        changed = []
+        for path in sorted(p for p in self.local_dir.rglob("*") if p.is_file()):
+            name = path.relative_to(self.local_dir).as_posix()
+            stat = path.stat()
+            if self._synced.get(name) != (stat.st_size, stat.st_mtime_ns):
+                target = self.staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                changed.append((name, (stat.st_size, stat.st_mtime_ns)))
+        if changed:
+            self.store.upload(self.staging, [name for name, _ in changed])
+            self._synced.update(changed)
+
+
+class HypertuneCallback(TrainerCallback):
+    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service.
+
+    Only the global main process reports, once per evaluated step, through one HyperTune
+    instance (a second instance would overwrite the metrics file).
+    """
+
+    def __init__(self, metric: str) -> None:
+        import hypertune
+
+        self.metric = metric.removeprefix("eval_")
+        self._reporter = hypertune.HyperTune()
+        self._reported_steps: set[int] = set()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        value = (metrics or {}).get(f"eval_{self.metric}")
+        if not state.is_world_process_zero or value is None:
+            return
+        if state.global_step in self._reported_steps:
+            return
+        self._reported_steps.add(state.global_step)
+        self._reporter.report_hyperparameter_tuning_metric(
+            hyperparameter_metric_tag=self.metric,
+            metric_value=float(value),
+            global_step=state.global_step,
+        )
+
+
+class SaveOnStopOrInterval(TrainerCallback):
+    """After each step: on an agreed stop request, save and stop; when rank 0's clock says
+    the interval has passed since the last save (whatever triggered it), save.
+
+    `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
+    happened once training returns.
+    `clock` and `agree` are parameters so tests can drive time and ranks.
+    """
+
+    def __init__(
+        self,
+        stop: StopRequest,
+        interval_minutes: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        agree: Callable[[list[float]], list[float]] = agree,
+    ) -> None:
+        self._stop = stop
+        self._interval = interval_minutes * 60 if interval_minutes else None
+        self._clock = clock
+        self._agree = agree
+        self._last_save = clock()
+        self._node = int(os.environ.get("GROUP_RANK", "0"))
+        self.stopped_at_step: int | None = None
+        self.stop_origin_node: int | None = None
+        self.agreed_at: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_save = self._clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop_here = self._node + 1 if self._stop.requested else 0
+        due = bool(
+            self._interval is not None
+            and state.is_world_process_zero
+            and self._clock() - self._last_save >= self._interval
+        )
+        stop_origin, save_due = self._agree([float(stop_here), float(due)])
+        if stop_origin:
+            self.stopped_at_step = state.global_step
+            self.stop_origin_node = int(stop_origin) - 1
+            self.agreed_at = self._clock()
+            control.should_save = True
+            control.should_training_stop = True
+            control.should_evaluate = False  # no time for it: the notice is seconds long
+        elif save_due:
+            control.should_save = True
+
+    def on_save(self, args, state, control, **kwargs):
+        self._last_save = self._clock()

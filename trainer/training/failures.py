@@ -1,0 +1,93 @@
+"""How a training process reports a failure: once, in one line that says what failed.
+
+torchrun would otherwise print a traceback from every rank plus its own error box, and a
+failure after training would hide that the trained model is safe. The training program
+(trainer/training/main.py) routes its exceptions here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class FailedAfterTraining(Exception):
+    """Training finished and its model was delivered, but a later step failed: the run
+    exits non-zero (a tuning trial or pipeline must not count it as a success), and the
+    message says where the model is."""
+
+
+@contextmanager
+def model_kept_if_failing(step: str, model_location: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as error:
+        raise FailedAfterTraining(
+            f"{step} failed after training ({type(error).__name__}: {error}); the trained "
+            f"model is saved at {model_location} (load it with from_pretrained)"
+        ) from error
+
+
+def report_failed_after_training(error: FailedAfterTraining) -> None:
+    """Once per node: the cause's traceback, then one line that says what failed and where
+    the model is (the last line a reader of the log sees)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        traceback.print_exception(error.__cause__, file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr, flush=True)
+
+
+PEER_FAILURE_GRACE_SECONDS = 5.0
+"""How long a process whose collective broke waits before reporting (see report_failure)."""
+
+
+def report_failure(error: Exception, sleep=time.sleep) -> None:
+    """The failing process's traceback, then one `error:` line naming its rank, node and
+    the exception (the line torchrun's error box would otherwise stand in for).
+
+    When one process fails, the collectives of the others break too ("connection closed by
+    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
+    stops it meanwhile if the cause was on this node (and reported itself). If it is still
+    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
+    the node's local rank 0 says so in one line, without the echo's traceback.
+    """
+    env = os.environ
+    place = (
+        f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
+        f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
+    )
+    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
+    if is_peer_failure(error):
+        sleep(PEER_FAILURE_GRACE_SECONDS)
+        if env.get("LOCAL_RANK", "0") == "0":
+            print(
+                f"error: {place} stopped: a process on another node failed or its machine "
+                f"went away ({cause}); the cause is in that node's log",
+                file=sys.stderr,
+                flush=True,
+            )
+        return
+    traceback.print_exception(error, file=sys.stderr)
+    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
+
+
+PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def is_peer_failure(error: Exception) -> bool:
+    """Whether the error is a broken collective (another process died), not a cause."""
+    import torch.distributed as dist
+
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(dist, "DistBackendError", None),
+            getattr(dist, "DistNetworkError", None),
+        )
+        if kind is not None
+    )
+    text = str(error).lower()
+    return isinstance(error, kinds) or any(marker in text for marker in PEER_FAILURE_MARKERS)

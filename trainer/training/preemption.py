@@ -1,0 +1,75 @@
+"""Save when the machine is about to go away, and at least every N minutes.
+
+A Spot VM gets a short notice before it is preempted, and a stopped job's containers get
+SIGTERM (docs/restarts.md has the sources and the timings). Every process then finishes
+its current step, and all of them must save a checkpoint at the SAME step: a checkpoint is
+spread over every rank's files (DeepSpeed shards), so a rank that saved one step later
+makes it useless. Likewise a time-based save (`--save_interval_minutes`) must happen on
+every rank at the same step, while each rank's clock says something slightly different.
+
+So after every optimizer step the ranks agree in one small collective (`agree`): each
+contributes "a stop was requested here" (as its node rank + 1, so everyone learns where;
+the highest such node when several got the signal), and rank 0 alone contributes "the save
+interval has passed", its clock deciding for all. One all-reduce (MAX) of two numbers,
+measured in bench/stop_flag.py. The Trainer callback that does this is
+`trainer.training.callbacks.SaveOnStopOrInterval`; this module holds what the launcher needs too
+and imports no ML library.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+
+class Stopped(Exception):
+    """Training stopped on request after saving; the message says what was kept. The
+    training program exits with PREEMPTED_EXIT_CODE and this one line."""
+
+
+class StopRequest:
+    """Remembers a SIGTERM instead of dying from it, so the step in flight can finish.
+
+    Installed just before training starts: earlier, there is nothing to save, and the
+    default (ending at once) is what a stop should do.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.requested_at: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def uninstall(self) -> None:
+        """Back to the default, where SIGTERM ends the process at once: for a process that
+        is failing (torchrun stops the echoes of a failure that way,
+        trainer/training/failures.py) or has finished training. A SIGTERM that came meanwhile
+        is delivered again now."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.requested:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.requested_at is None:
+            self.requested_at = self._clock()
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+
+def agree(values: list[float]) -> list[float]:
+    """The element-wise largest of every rank's values (the values themselves alone)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    from accelerate import PartialState
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=PartialState().device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()

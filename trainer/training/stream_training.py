@@ -1,0 +1,93 @@
+"""The Trainer's side of a stream: every process reads only its own part, the position of
+what it trained on goes into each checkpoint, and (on request) an audit of the examples.
+
+Left alone, accelerate would not let each process read its own part: for an
+IterableDataset it either has the main process read every batch and send slices to the
+others (`dispatch_batches`, its default), or shards the dataset once more by process
+(`IterableDataset.shard`, or `IterableDatasetShard`, which keeps one batch in N and pads
+the last ones with repeats). The stream is already this process's part
+(trainer/data/streams.py, `split_dataset_by_node`), so its DataLoader is prepared as a
+one-process loader: batches still go to the device through accelerate, unsplit.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from trainer.data.streams import POSITION, PositionCollator, StreamPositions, StreamStart
+
+
+class StreamingTrainerMixin:
+    """Mixed in before a task's Trainer class when the training set is a stream."""
+
+    def __init__(self, *args, stream_start: StreamStart, audit_dir: str | None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stream_positions = StreamPositions.starting_at(stream_start)
+        self.audit_dir = Path(audit_dir) if audit_dir else None
+
+    def get_train_dataloader(self):
+        """This process's loader. Its workers start afresh each epoch, whatever
+        `--dataloader_persistent_workers` says (which still applies to evaluation): the
+        epoch, which reseeds the shuffle, reaches them when they start. They draw their seeds
+        from the loader's own generator: from the global one, each new epoch's iterator
+        would move the RNG state that a checkpoint restores (dropout), and a resumed run
+        would drift from an uninterrupted one."""
+        import torch
+        from accelerate.data_loader import prepare_data_loader
+        from torch.utils.data import DataLoader
+
+        workers = self.args.dataloader_num_workers
+        loader = DataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=PositionCollator(self.data_collator),
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
+            generator=torch.Generator().manual_seed(self.args.seed),
+        )
+        return prepare_data_loader(
+            loader,
+            device=self.args.device,
+            num_processes=1,
+            process_index=0,
+            put_on_device=True,
+            dispatch_batches=False,
+        )
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        positions = inputs.pop(POSITION)
+        self.stream_positions.trained(positions)
+        if self.audit_dir is not None:
+            self._audit(positions)
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        super()._save_checkpoint(model, trial)
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        checkpoint = Path(self._get_output_dir(trial=trial)) / folder
+        self.stream_positions.save(checkpoint, self.args.process_index, self.args.world_size)
+
+    def _audit(self, positions: list[tuple]) -> None:
+        """One line per example: the optimizer step it belongs to and its id (a shard
+        set's `__key__`, else worker/epoch/index)."""
+        step = self.state.global_step + 1
+        lines = [
+            f"{step} {key if key is not None else f'{worker}/{epoch}/{index}'}\n"
+            for worker, epoch, index, key in positions
+        ]
+        self.audit_dir.mkdir(parents=True, exist_ok=True)
+        with (self.audit_dir / f"rank-{self.args.process_index}.txt").open("a") as handle:
+            handle.writelines(lines)
+
+
+def streaming_trainer(trainer_class, stream_start: StreamStart, audit_dir: str | None):
+    """`trainer_class` (a Trainer subclass, or a partial of one) reading a stream."""
+    base, bound = trainer_class, {}
+    if isinstance(trainer_class, partial):
+        base, bound = trainer_class.func, trainer_class.keywords
+    mixed = type(f"Streaming{base.__name__}", (StreamingTrainerMixin, base), {})
+    return partial(mixed, **bound, stream_start=stream_start, audit_dir=audit_dir)
