@@ -1,6 +1,6 @@
 """The real gcloud CLI submits config.yaml, hptuning.yaml and cloudbuild.yaml.
 
-gcloud is pointed at a capture server on 127.0.0.1 (DESIGN.md section 7), which records
+gcloud is pointed at a capture server on 127.0.0.1, which records
 each request and answers like the API would, so gcloud exits 0 and the tests can check the
 exact body a user's `gcloud ... --config` sends: worker pools, replica counts, image, args,
 env, output directory, build steps and substitutions.

@@ -177,7 +177,8 @@ def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
 
 
 def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = None) -> str:
-    """CLUSTER_SPEC as Vertex AI sets it on one replica of this job (see DESIGN.md 4)."""
+    """CLUSTER_SPEC as Vertex AI sets it on one replica of this job (Vertex AI docs,
+    "Distributed training")."""
     cluster = {
         f"workerpool{number}": [
             f"cmle-training-workerpool{number}-3f1c9e2a-{replica}:2222"

@@ -261,8 +261,8 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
     """
     from trainer.config.deepspeed import preset_names
     from trainer.config.flags import FlagParser, parse_flags
+    from trainer.config.launcher_flags import LauncherArguments
     from trainer.config.recipes import RECIPES_DIR, expand_config_file
-    from trainer.launcher.main import LauncherArguments
 
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(

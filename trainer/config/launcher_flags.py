@@ -1,0 +1,55 @@
+"""The launcher's own flags: read once per node by `python -m trainer`, never passed to the
+training processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LauncherArguments:
+    nproc_per_node: int | None = field(
+        default=None,
+        metadata={"help": "Processes per node (default: one per GPU; 1 on a CPU-only node)."},
+    )
+    deepspeed: str = field(
+        default="zero2",
+        metadata={
+            "help": "DeepSpeed preset (zero2, zero3, zero3-offload), the path of a DeepSpeed "
+            "JSON config, or none for plain DDP."
+        },
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rendezvous port on the chief (default: the port in CLUSTER_SPEC, 2222 on "
+            "Vertex AI; 29500 for a single node). Give every node the same value."
+        },
+    )
+    rdzv_timeout: int = field(
+        default=1800,
+        metadata={
+            "help": "Seconds the nodes wait for each other at start-up (Vertex AI replicas may "
+            "start minutes apart). A node whose training processes have not started 30 s "
+            "after that exits 1, even if torch's rendezvous keeps waiting (a wedged chief). "
+            "Collectives during training time out after --ddp_timeout."
+        },
+    )
+    chief_resolve_timeout: int = field(
+        default=300,
+        metadata={
+            "help": "Seconds a worker node retries resolving the chief's name from CLUSTER_SPEC "
+            "(its Service appears once the chief replica starts) before giving up."
+        },
+    )
+    skip_hub_check: bool = field(
+        default=False,
+        metadata={
+            "help": "Do not ask the Hugging Face Hub whether the model and dataset ids exist "
+            "(checked before launch unless they are local paths or in the local cache)."
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Print the resolved topology and launch command as JSON; start nothing."},
+    )
