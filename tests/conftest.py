@@ -20,8 +20,9 @@ import yaml
 
 from trainer.common.cache import cache_dir, torch_extensions_dir
 from trainer.config import recipes as config_file
+from trainer.config.demo import DemoAssets
 from trainer.data.sources import looks_like_path
-from trainer.launcher.demo_assets import DemoAssets, prepare_demo_assets
+from trainer.launcher.demo_assets import prepare_demo_assets
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

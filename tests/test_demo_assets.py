@@ -14,12 +14,11 @@ import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
 from trainer.common.errors import UserError
+from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
 from trainer.launcher import demo_assets as demo_assets_module
 from trainer.launcher.demo_assets import (
-    DATASET_DIRNAME,
     DEMO_SENTENCES,
     HELD_OUT_SENTENCES,
-    MODEL_DIRNAME,
     TEST_CLIPS,
     TRAIN_CLIPS,
     build_whisper_tokenizer,

@@ -218,9 +218,10 @@ def test_whispers_task_flag_becomes_whisper_task(example_hub_cache, two_ampere_g
     task, so `--task transcribe|translate` is Whisper's choice, passed on as --whisper_task."""
     code, out, err = dry_run(WHISPER_SINGLE_GPU.replace("transcribe", "translate"), capsys)
     assert code == 0, err
-    planned = json.loads(out)["command"]
-    assert planned[planned.index("--whisper_task") + 1] == "translate"
-    assert "--task" not in planned and "--freeze_feature_encoder" not in planned
+    config = json.loads(out)["config"]
+    assert config["flags"]["task_options"]["whisper_task"] == "translate"
+    assert config["flags"]["task"] == "speech-recognition"
+    assert "--task" not in config["given"] and "--freeze_feature_encoder" not in config["given"]
 
 
 def test_renamed_and_ignored_flags_are_rewritten_and_reported(
@@ -228,10 +229,11 @@ def test_renamed_and_ignored_flags_are_rewritten_and_reported(
 ):
     code, out, err = dry_run(WHISPER_EVENT_STREAMING.format(streaming=""), capsys)
     assert code == 0, err
-    planned = json.loads(out)["command"]
-    assert "--eval_strategy=steps" in planned and "--evaluation_strategy=steps" not in planned
+    config = json.loads(out)["config"]
+    assert config["flags"]["training"]["eval_strategy"] == "steps"
+    assert "--eval_strategy" in config["given"] and "--evaluation_strategy" not in config["given"]
     for flag in ("--use_auth_token", "--overwrite_output_dir", "--model_index_name"):
-        assert flag not in " ".join(planned)
+        assert flag not in config["given"]
         assert f"{flag} ignored: " in err
 
 
@@ -240,10 +242,8 @@ def test_an_image_dataset_alone_gets_the_example_scripts_default_model(
 ):
     code, out, err = dry_run("--task image-classification --dataset_name beans", capsys)
     assert code == 0, err
-    planned = json.loads(out)["command"]
-    assert planned[planned.index("--model_name_or_path") + 1] == (
-        "google/vit-base-patch16-224-in21k"
-    )
+    model = json.loads(out)["config"]["flags"]["model"]["model_name_or_path"]
+    assert model == "google/vit-base-patch16-224-in21k"
 
 
 @pytest.mark.parametrize(
@@ -277,7 +277,7 @@ def test_the_events_streaming_flag_reaches_the_training_program(
 ):
     code, out, err = dry_run(WHISPER_EVENT_STREAMING.format(streaming="--streaming"), capsys)
     assert code == 0, err
-    assert "--streaming" in json.loads(out)["command"]
+    assert json.loads(out)["config"]["flags"]["data"]["streaming"] is True
     without_steps = WHISPER_EVENT_STREAMING.replace('--max_steps="5000"', "")
     code, out, err = dry_run(without_steps.format(streaming="--streaming"), capsys)
     assert code == 2 and err.startswith("error: --streaming needs --max_steps"), err

@@ -72,7 +72,7 @@ def write_speech_repository(root: Path, dataset_dir: Path) -> Path:
     `Audio()`) holds each clip's bytes, beside its `transcription` and a unique `__key__`."""
     from datasets import Audio, Dataset, Features, Value
 
-    from trainer.data.shard_index import _write_parquet
+    from trainer.shards import write_parquet
 
     features = Features({"__key__": Value("string"), "audio": Audio(),
                          "transcription": Value("string")})  # fmt: skip
@@ -84,7 +84,7 @@ def write_speech_repository(root: Path, dataset_dir: Path) -> Path:
                    "transcription": [row["transcription"] for row in rows]}  # fmt: skip
         table = Dataset.from_dict(columns, features=features)
         for k in range(files):
-            _write_parquet(table.shard(files, k, contiguous=True), data_file(root, split, k, files))
+            write_parquet(table.shard(files, k, contiguous=True), data_file(root, split, k, files))
     (root / "README.md").write_text("# Speech\n\nShort English sentences, spoken.\n")
     return root
 

@@ -235,7 +235,7 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
     the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
     faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
-    from trainer.launcher.main import prepare_launch
+    from trainer.launcher.prepare import prepare_launch
 
     job = yaml.safe_load(CONFIG.read_text())
     gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
@@ -251,7 +251,7 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
         args = [*job["workerPoolSpecs"][pool]["containerSpec"]["args"], "--dry-run"]
         env = trainer_env(demo_cache, **vertex_env(job, pool, index))
         monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
-        plans.append(prepare_launch(args, env)[1].describe())
+        plans.append(prepare_launch(args, env).describe())
 
     assert sorted(plan["topology"]["node_rank"] for plan in plans) == list(range(len(nodes)))
     for plan, (pool, index) in zip(plans, nodes, strict=True):
@@ -281,7 +281,7 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
     demo_cache, monkeypatch, recipe_data_in_bucket
 ):
     """Vertex AI appends `--name=value` per parameter to each trial's container args."""
-    from trainer.launcher.main import prepare_launch
+    from trainer.launcher.prepare import prepare_launch
 
     tuning = yaml.safe_load(HPTUNING.read_text())
     job = tuning["trialJobSpec"]
@@ -293,12 +293,13 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
     args = job["workerPoolSpecs"][1]["containerSpec"]["args"]
     env = trainer_env(demo_cache, **vertex_env(job, 1, 0, trial="7"))
     monkeypatch.setenv("TRAINER_CACHE_DIR", env["TRAINER_CACHE_DIR"])
-    _, plan = prepare_launch([*args, *params, "--dry-run"], env)
+    plan = prepare_launch([*args, *params, "--dry-run"], env)
     described = plan.describe()
     assert_vertex_plan(described, 1, 0, num_nodes=len(job["workerPoolSpecs"]), gpus=gpus)
-    training = described["command"][described["command"].index("trainer.training.main") + 1 :]
+    training = described["config"]["flags"]["training"]
     for param in params:  # after the recipe's own value, so the trial's value wins
-        assert training.index(param) > training.index(param.split("=")[0])
+        name, value = param.removeprefix("--").split("=")
+        assert training[name] == float(value), param
 
 
 def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: int) -> None:
@@ -320,8 +321,9 @@ def assert_vertex_plan(plan: dict, pool: int, index: int, num_nodes: int, gpus: 
     assert command[command.index("--main_process_port") + 1] == "2222"
     assert command[command.index("--deepspeed_multinode_launcher") + 1] == "standard"
     assert command[command.index("--deepspeed_config_file") + 1].endswith("zero2.json")
-    assert command[command.index("--model_name_or_path") + 1] == "openai/whisper-small"
-    assert command[command.index("--dataset_name") + 1].startswith("gs://")
+    flags = plan["config"]["flags"]
+    assert flags["model"]["model_name_or_path"] == "openai/whisper-small"
+    assert flags["data"]["dataset_name"].startswith("gs://")
     assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"]
 
 

@@ -22,7 +22,7 @@ from trainer.config.hardware_defaults import (
     last_flag_value,
     loader_workers_for_shm,
 )
-from trainer.launcher import cuda_driver
+from trainer.launcher import cuda_driver, prepare
 from trainer.launcher import main as launch
 from trainer.launcher.hardware import GpuEvidence, check_gpus_usable, expected_gpus
 
@@ -202,8 +202,8 @@ def test_seen_gpus_pass_the_check(monkeypatch, demo_assets, demo_cache):
     monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(demo_cache))
     env = {"CLUSTER_SPEC": vertex_spec("workerpool0", PROTO_JOB)}
-    _, plan = launch.prepare_launch([*demo_flags(demo_assets), "--dry-run"], env)
-    assert plan.topology.nproc_per_node == 8
+    plan = prepare.prepare_launch([*demo_flags(demo_assets), "--dry-run"], env)
+    assert plan.config.topology.nproc_per_node == 8
 
 
 def test_name_resolution_retries_with_backoff_until_it_resolves():
@@ -256,8 +256,8 @@ def test_worker_stops_when_the_chief_never_resolves(no_launch, monkeypatch, caps
 def test_the_chief_does_not_wait_for_its_own_name(monkeypatch, demo_assets, demo_cache):
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(demo_cache))
     env = {"CLUSTER_SPEC": vertex_spec("workerpool0", None, chief="no-such-chief.invalid")}
-    _, plan = launch.prepare_launch(demo_flags(demo_assets), env)
-    assert plan.topology.master_addr == "127.0.0.1"
+    plan = prepare.prepare_launch([*demo_flags(demo_assets), "--dry-run"], env)
+    assert plan.config.topology.master_addr == "127.0.0.1"
     command = plan.argv
     assert command[command.index("--main_process_ip") + 1] == "127.0.0.1"
 
@@ -301,9 +301,9 @@ def test_small_shm_lowers_the_recipes_workers_with_a_warning(
     )
     assert code == 0
     plan = json.loads(out)
-    training = plan["command"][plan["command"].index("trainer.training.main") + 1 :]
-    assert last_flag_value(training, "--dataloader_num_workers") == "0"
-    assert last_flag_value(training, "--dataloader_persistent_workers") == "false"
+    training = plan["config"]["flags"]["training"]
+    assert training["dataloader_num_workers"] == 0
+    assert training["dataloader_persistent_workers"] is False
     assert "/dev/shm: 64 MiB" in err
     assert "warning: /dev/shm is 64 MiB: lowering --dataloader_num_workers from 4 to 0" in err
 
@@ -314,6 +314,6 @@ def test_enough_shm_keeps_the_workers(no_launch, monkeypatch, capsys, demo_asset
         [*demo_flags(demo_assets), "--dataloader_num_workers", "4", "--dry-run"], capsys
     )
     assert code == 0
-    training = json.loads(out)["command"]
-    assert last_flag_value(training, "--dataloader_num_workers") == "4"
+    training = json.loads(out)["config"]["flags"]["training"]
+    assert training["dataloader_num_workers"] == 4
     assert "warning" not in err and "/dev/shm: 16384 MiB" in err

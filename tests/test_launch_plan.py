@@ -2,20 +2,18 @@
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from trainer.common.errors import UserError
+from trainer.common.handoff import RUN_CONFIG_VARIABLE
 from trainer.config.cluster import Topology
 from trainer.config.deepspeed import resolve_deepspeed_config
 from trainer.config.hardware import Hardware
-from trainer.launcher.main import (
-    LauncherArguments,
-    build_launch_plan,
-    redact_secrets,
-    resolve_mixed_precision,
-)
+from trainer.config.resolve import RunConfig, resolve_mixed_precision, resolve_run
+from trainer.launcher.plan import build_launch_plan
 
 A100 = Hardware(
     gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0), cpu_count=96
@@ -28,19 +26,16 @@ def flag_value(argv, flag):
     return argv[argv.index(flag) + 1]
 
 
+def config_for(topology, hardware, deepspeed="zero2", training=("--learning_rate", "1e-5")):
+    """The resolved configuration of a run with these flags, on `topology`."""
+    argv = ["--deepspeed", deepspeed, "--rdzv_timeout", "900", "--model_name_or_path",
+            "org/model", "--dataset_name", "org/data", *training]  # fmt: skip
+    return replace(resolve_run(argv, {}, hardware), topology=topology)
+
+
 def plan_for(topology, hardware, deepspeed="zero2", env=None, training=("--learning_rate", "1e-5")):
-    options = LauncherArguments(deepspeed=deepspeed, rdzv_timeout=900)
-    return build_launch_plan(
-        topology,
-        hardware,
-        options,
-        resolve_deepspeed_config(deepspeed),
-        list(training),
-        hardware.mixed_precision,
-        env or {},
-        Path("/cache"),
-        python="python",
-    )
+    config = config_for(topology, hardware, deepspeed, training)
+    return build_launch_plan(config, env or {}, Path("/cache"), python="python")
 
 
 def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
@@ -66,9 +61,12 @@ def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
     assert "--use_deepspeed" in argv
     zero2 = flag_value(argv, "--deepspeed_config_file")
     assert zero2.endswith("presets/zero2.json")
-    # the training program sees the same config, after the user's own flags
-    assert argv[argv.index("--module") + 1] == "trainer.training.main"
-    assert argv[-4:] == ["--learning_rate", "1e-5", "--deepspeed", zero2]
+    # the training processes get the resolved configuration, with the same DeepSpeed config
+    assert argv[-2:] == ["--module", "trainer.training.main"]
+    handed = RunConfig.from_json(plan.env[RUN_CONFIG_VARIABLE])
+    assert handed == plan.config
+    assert handed.flags["training"]["learning_rate"] == 1e-5
+    assert handed.flags["training"]["deepspeed"] == zero2 == str(resolve_deepspeed_config("zero2"))
     # Vertex's node-level variables never reach torch.distributed
     assert set(plan.unset_env) == {"RANK", "WORLD_SIZE", "MASTER_ADDR"}
     assert "DS_ACCELERATOR" not in plan.env
@@ -172,9 +170,13 @@ def test_impossible_precision_is_refused(hardware, bf16, fp16, message):
         resolve_mixed_precision(bf16, fp16, hardware)
 
 
-def test_secrets_are_redacted_from_printed_commands():
-    argv = ["x", "--hub_token", "hf_secret", "--learning_rate", "1"]
-    assert redact_secrets(argv) == ["x", "--hub_token", "***", "--learning_rate", "1"]
+def test_secrets_are_masked_in_the_printed_plan():
+    topology = Topology(1, 0, "127.0.0.1", 29500, 1, "chief")
+    plan = plan_for(topology, CPU, training=("--hub_token=hf_secret", "--learning_rate", "1"))
+    printed = json.dumps(plan.describe())
+    assert "hf_secret" not in printed
+    assert plan.describe()["config"]["flags"]["training"]["hub_token"] == "***"
+    assert plan.describe()["config"]["flags"]["training"]["learning_rate"] == 1
 
 
 def test_stale_extension_build_locks_are_cleared(tmp_path):
@@ -194,8 +196,7 @@ def test_torchrun_waits_for_the_stop_grace_before_killing_on_sigterm():
     """torchrun kills the training processes TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds after
     passing SIGTERM on: long enough for --stop_grace_seconds of uploads, then a report."""
     topology = Topology(1, 0, "127.0.0.1", 29500, 2, "chief")
-    options = LauncherArguments()
     for grace, timeout in ((25, "30"), (0, "5"), (90.5, "96")):
-        plan = build_launch_plan(topology, CPU, options, None, [], "no", {}, Path("/cache"),
-                                 stop_grace_seconds=grace)  # fmt: skip
+        config = config_for(topology, CPU, "none", ("--stop_grace_seconds", str(grace)))
+        plan = build_launch_plan(config, {}, Path("/cache"))
         assert plan.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == timeout

@@ -5,16 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config.cluster import Topology
 from trainer.config.deepspeed import resolve_deepspeed_config
 from trainer.config.hardware import Hardware
-from trainer.config.hardware_defaults import (
-    TrainingFootprint,
-    fast_defaults,
-    flag_names,
-    gradient_checkpointing_needed,
-)
-from trainer.launcher.main import LauncherArguments, build_launch_plan, prepare_launch
+from trainer.config.hardware_defaults import fast_defaults, flag_names
+from trainer.config.resolve import resolve_run
+from trainer.launcher.plan import build_launch_plan
+from trainer.launcher.prepare import prepare_launch
+from trainer.training.memory import TrainingFootprint, gradient_checkpointing_needed
 
 A100 = Hardware(gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0),
                 cpu_count=96)  # fmt: skip
@@ -49,16 +46,15 @@ def test_defaults_follow_the_hardware_and_its_precision(hardware, precision, exp
     # TF32 only where the precision is bf16: the same Ampere+ test decides both.
     assert ("--tf32" in defaults) == (precision == "bf16")
 
-    training = ["--learning_rate", "1e-5", *defaults]
-    topology = Topology(1, 0, "127.0.0.1", 29500, max(1, hardware.gpu_count), "chief")
-    plan = build_launch_plan(
-        topology, hardware, LauncherArguments(), resolve_deepspeed_config("zero2"), training,
-        hardware.mixed_precision, {}, Path("/cache"), python="python",
-    )  # fmt: skip
-    argv = plan.argv
-    assert argv[argv.index("--mixed_precision") + 1] == precision
-    module_flags = argv[argv.index("--module") + 2 :]
-    assert module_flags[: len(training)] == training
+    argv = ["--model_name_or_path", "org/m", "--dataset_name", "org/d", "--learning_rate", "1e-5"]
+    config = resolve_run(argv, {}, hardware)
+    plan = build_launch_plan(config, {}, Path("/cache"), python="python")
+    assert plan.argv[plan.argv.index("--mixed_precision") + 1] == precision
+    training = config.flags["training"]
+    assert training["optim"] == "adamw_torch_fused" and training["learning_rate"] == 1e-5
+    assert training["tf32"] is (True if precision == "bf16" else None)
+    assert training["bf16"] is (precision == "bf16") and training["fp16"] is (precision == "fp16")
+    assert "--optim" not in config.given, "a default is not a flag the user gave"
 
 
 def test_few_cpus_per_gpu_give_fewer_loader_workers():
@@ -91,13 +87,12 @@ def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
     argv = ["--dry-run", "--skip_hub_check", "--model_name_or_path", "openai/whisper-small",
             "--dataset_name", "mozilla-foundation/common_voice_11_0",
             "--tf32", "false"]  # fmt: skip
-    _, plan = prepare_launch(argv, {})
-    command = plan.describe()["command"]
-    training = command[command.index("--module") + 2 :]
-    assert as_dict(training[training.index("--tf32") :][:2]) == {"--tf32": "false"}
-    assert training.count("--tf32") == 1
-    assert as_dict(training[training.index("--bf16") :][:2]) == {"--bf16": "true"}
-    assert training[training.index("--dataloader_num_workers") + 1] == "4"
+    plan = prepare_launch(argv, {})
+    config = plan.describe()["config"]
+    training = config["flags"]["training"]
+    assert training["tf32"] is False, "the user's --tf32 false wins over the A100 default"
+    assert training["bf16"] is True and training["dataloader_num_workers"] == 4
+    assert "--tf32" in config["given"] and "--bf16" not in config["given"]
 
 
 GIB = 2**30
@@ -211,7 +206,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
 
 
 def test_zero_settings_are_read_from_the_deepspeed_config():
-    from trainer.training.main import deepspeed_zero_settings
+    from trainer.training.memory import deepspeed_zero_settings
 
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero2"))) == (2, False)
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3"))) == (3, False)

@@ -24,7 +24,10 @@ from pathlib import Path
 import yaml
 
 from trainer.common.errors import UserError
-from trainer.config.flags import greater_is_better, tuning_metric
+from trainer.config.deepspeed import preset_names
+from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
+from trainer.config.launcher_flags import LauncherArguments
+from trainer.config.recipes import RECIPES_DIR, expand_config_file
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
@@ -259,11 +262,6 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
     the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there. A
     recipe in the bucket cannot be read here, so only the command line's flags are parsed.
     """
-    from trainer.config.deepspeed import preset_names
-    from trainer.config.flags import FlagParser, parse_flags
-    from trainer.config.launcher_flags import LauncherArguments
-    from trainer.config.recipes import RECIPES_DIR, expand_config_file
-
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(
             f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
@@ -410,8 +408,6 @@ def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
 
 
 def _parser(dataclass_type: type):
-    from trainer.config.flags import FlagParser
-
     return FlagParser([dataclass_type], prog="python -m trainer.jobspec")
 
 

@@ -115,14 +115,14 @@ def _write_split(
     return shards
 
 
-def _write_parquet(part: Dataset, path: Path) -> None:
+def write_parquet(part: Dataset, path: Path) -> None:
     from datasets.table import embed_table_storage
 
     part = part.with_format("arrow").map(embed_table_storage, batched=True, keep_in_memory=True)
     part.with_format(None).to_parquet(str(path))
 
 
-FORMATS = {"parquet": (_write_parquet, ".parquet"), "webdataset": (write_tar, ".tar")}
+FORMATS = {"parquet": (write_parquet, ".parquet"), "webdataset": (write_tar, ".tar")}
 """--format -> (writer of one shard file, its suffix)."""
 
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
-def cache_dir() -> Path:
-    if "TRAINER_CACHE_DIR" in os.environ:
-        return Path(os.environ["TRAINER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    if "TRAINER_CACHE_DIR" in env:
+        return Path(env["TRAINER_CACHE_DIR"])
+    base = env.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vertex-trainer"
 
 

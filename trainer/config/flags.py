@@ -8,6 +8,7 @@ too, before anything starts, so a typo costs a second instead of a GPU start-up.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -87,33 +88,58 @@ def selected_task_name(argv: list[str]) -> str:
     return known.task
 
 
+FlagValues = dict
+"""The training flags as plain, JSON-serialisable values, grouped as `ParsedFlags` holds
+them: {"task": name, "model": {...}, "data": {...}, "task_options": {...}, "outputs":
+{...}, "training": {...}}. The resolved run configuration carries these."""
+
+
 def parse_flags(argv: list[str]) -> ParsedFlags:
     """Parse and check the training program's flags (no model, data or device touched).
 
     The HF example scripts' spellings are accepted too (trainer/config/example_flags.py)."""
-    argv, _ = translate_example_flags(argv)
-    task_class = load_task(selected_task_name(argv))
+    return flags_from_values(parse_flag_values(translate_example_flags(argv)[0]))
+
+
+def parse_flag_values(argv: list[str]) -> FlagValues:
+    """The flags of `argv` (already in this trainer's spelling) as grouped plain values."""
+    task_name = selected_task_name(argv)
+    task_class = load_task(task_name)
     namespace, unknown = build_parser(task_class).parse_known_args(argv)
     if unknown:
         raise UserError(unknown_flags_message(unknown, task_class))
-    model = _pop_dataclass(namespace, ModelArguments)
-    data = _pop_dataclass(namespace, DataArguments)
-    task_args = _pop_dataclass(namespace, task_class.arguments_class)
-    outputs = _pop_dataclass(namespace, OutputArguments)
-    _pop_dataclass(namespace, TaskArguments)
+    values = vars(namespace)
+
+    def take(dtype: type) -> dict:
+        return {f.name: values.pop(f.name) for f in dataclasses.fields(dtype) if f.init}
+
+    groups = {
+        "model": take(ModelArguments),
+        "data": take(DataArguments),
+        "task_options": take(task_class.arguments_class),
+        "outputs": take(OutputArguments),
+    }
+    take(TaskArguments)
+    return {"task": task_name, **groups, "training": values}
+
+
+def flags_from_values(values: FlagValues) -> ParsedFlags:
+    """The flag objects for `values`, checked; nothing is parsed again. Each call builds new
+    objects, so nothing a caller does to them reaches the values."""
+    values = copy.deepcopy(values)
+    task_class = load_task(values["task"])
+    model = _dataclass(ModelArguments, values["model"])
+    data = _dataclass(DataArguments, values["data"])
+    task_args = _dataclass(task_class.arguments_class, values["task_options"])
+    outputs = _dataclass(OutputArguments, values["outputs"])
+    training = argparse.Namespace(**values["training"])
     if data.streaming:
-        check_streaming(data, namespace)
+        check_streaming(data, training)
     if data.interleave_probabilities:
         check_interleaving(data)
     task = task_class(model, data, task_args)
-    task.seed = namespace.seed
-    return ParsedFlags(
-        task=task,
-        model=model,
-        data=data,
-        outputs=outputs,
-        training=namespace,
-    )
+    task.seed = training.seed
+    return ParsedFlags(task=task, model=model, data=data, outputs=outputs, training=training)
 
 
 def check_streaming(data: DataArguments, training: argparse.Namespace) -> None:
@@ -197,9 +223,8 @@ def tuning_metric(flags: ParsedFlags) -> str:
     return (flags.training.metric_for_best_model or flags.task.default_metric).removeprefix("eval_")
 
 
-def _pop_dataclass(namespace: argparse.Namespace, dtype: type):
-    names = [f.name for f in dataclasses.fields(dtype) if f.init]
+def _dataclass(dtype: type, values: dict):
     try:
-        return dtype(**{name: vars(namespace).pop(name) for name in names})
+        return dtype(**values)
     except ValueError as error:
         raise UserError(str(error)) from None

@@ -12,6 +12,8 @@ class Hardware:
     gpu_name: str | None
     compute_capability: tuple[int, int] | None
     cpu_count: int
+    shm_bytes: int | None = None
+    """The size of /dev/shm, where loader workers hand over batches (None: not present)."""
 
     @property
     def mixed_precision(self) -> str:

@@ -5,7 +5,7 @@ gave, and appends what it returns to the training flags (so `--dry-run` shows th
 user gave (on the command line or in a recipe) is never overridden.
 
 Gradient checkpointing is the one setting that depends on the model and the batch, so the
-training program decides it once the model is loaded (`gradient_checkpointing_needed`): on only
+training processes decide it once the model is loaded (trainer/training/memory.py): on only
 when the estimated memory of a step does not fit the GPU without it.
 
 Checked and deliberately not a default: `--train_sampling_strategy group_by_length` (it changes
@@ -14,8 +14,6 @@ which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--tor
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from trainer.config.hardware import Hardware
 
@@ -110,67 +108,3 @@ def last_flag_value(argv: list[str], name: str) -> str | None:
 def flag_names(argv: list[str]) -> set[str]:
     """The flag names in a command line: `--name` and `--name=value` both give `--name`."""
     return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
-
-
-GIB = 2**30
-USABLE_GPU_FRACTION = 0.9
-RESERVED_GPU_BYTES = 2 * GIB
-"""Left out of a GPU's memory for the CUDA context, NCCL and DeepSpeed buffers and the
-allocator's fragmentation; the estimate below counts none of them."""
-
-
-@dataclass(frozen=True)
-class TrainingFootprint:
-    """What decides a training step's GPU memory, per GPU."""
-
-    parameters: int
-    trainable_parameters: int
-    activation_values: int
-    """Activation values one sample keeps for the backward pass, without checkpointing."""
-    checkpointed_activation_values: int
-    """The same with gradient checkpointing (layer inputs, plus one layer being recomputed)."""
-    batch_size: int
-    mixed_precision: bool
-    zero_stage: int | None
-    """DeepSpeed ZeRO stage, or None for plain data parallelism."""
-    optimizer_offloaded: bool
-    world_size: int
-
-    def model_state_bytes(self) -> float:
-        """Weights, gradients and AdamW state (ZeRO paper, Rajbhandari et al. 2020, sec. 3).
-
-        Mixed precision keeps 16-bit weights and gradients plus fp32 master weights and two
-        moments (2 + 2 + 12 bytes per parameter); fp32 keeps 4 + 4 + 8. ZeRO-1/2 partition
-        the optimizer state (and from stage 2 the gradients) over the world, ZeRO-3 the
-        weights too. Without DeepSpeed, autocast keeps fp32 weights: 4 + 4 + 8 bytes.
-        """
-        params, trainable, world = self.parameters, self.trainable_parameters, self.world_size
-        if self.zero_stage is None:
-            return 16.0 * trainable + 4.0 * (params - trainable)
-        weight_bytes = 2 if self.mixed_precision else 4
-        optimizer_bytes = 0 if self.optimizer_offloaded else (12 if self.mixed_precision else 8)
-        weights = weight_bytes * params / (world if self.zero_stage >= 3 else 1)
-        gradients = weight_bytes * trainable / (world if self.zero_stage >= 2 else 1)
-        return weights + gradients + optimizer_bytes * trainable / world
-
-    def activation_bytes_per_sample(self, checkpointing: bool) -> float:
-        """2 bytes per value under DeepSpeed's bf16/fp16, whose weights and activations are
-        16-bit; 4 in fp32, and also under autocast without DeepSpeed, which keeps fp32
-        inputs next to their 16-bit copies (autograd saved about as many bytes as in fp32
-        when measured on whisper-tiny and -base)."""
-        values = self.checkpointed_activation_values if checkpointing else self.activation_values
-        return values * (2 if self.mixed_precision and self.zero_stage is not None else 4)
-
-    def step_bytes(self, checkpointing: bool) -> float:
-        per_sample = self.activation_bytes_per_sample(checkpointing)
-        return self.model_state_bytes() + self.batch_size * per_sample
-
-
-def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
-    """True when a step does not fit in the GPU's usable memory without checkpointing.
-
-    Checkpointing costs about a third more compute (every layer's forward runs again during
-    backward), so it is only worth turning on when memory forces it.
-    """
-    usable = USABLE_GPU_FRACTION * gpu_bytes - RESERVED_GPU_BYTES
-    return footprint.step_bytes(checkpointing=False) > usable

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
 from trainer.data.checks import check_columns, split_names
-from trainer.data.shard_index import ShardIndex, read_index
+from trainer.data.shard_index import KEY_COLUMN, ShardIndex, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
 
@@ -103,8 +103,6 @@ def select_source_columns(
 
     `flags` (flag name -> column) are checked first where the dataset knows its columns
     before it is read; a Hub stream may not, and then fails on its first example."""
-    from trainer.data.shard_index import KEY_COLUMN
-
     columns = dataset.column_names
     if columns is not None:
         check_columns(columns, flags, where)

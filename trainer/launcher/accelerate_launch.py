@@ -16,6 +16,12 @@ import sys
 
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.common.log_lines import write_whole_lines
+from trainer.launcher.start_deadline import (
+    MARGIN_SECONDS,
+    StartDeadline,
+    give_up,
+    training_process_started,
+)
 
 REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
 """trainer.training.main printed the line itself (1: failure, 2: bad input, 75: stopped on request
@@ -44,12 +50,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def watch_the_start(args) -> None:
     """Arm the start deadline with the rendezvous timeout the launcher put in the command."""
-    from trainer.launcher.start_deadline import (
-        MARGIN_SECONDS,
-        StartDeadline,
-        give_up,
-        training_process_started,
-    )
 
     conf = dict(item.split("=", 1) for item in (args.rdzv_conf or "").split(",") if "=" in item)
     if "timeout" not in conf:  # not launched by trainer.launcher.main: torch's defaults apply

@@ -48,6 +48,7 @@ from transformers.models.whisper.configuration_whisper import (
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from trainer.common.errors import UserError
+from trainer.config.demo import DemoAssets, demo_assets_in
 
 WHISPER_INSTALL_HINT = "install with: pip install --no-deps openai-whisper==20250625"
 ENDOFTEXT = "<|endoftext|>"
@@ -117,20 +118,6 @@ def default_clips() -> dict[str, list[tuple[str, Voice]]]:
         ),
         "test": list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True)),
     }
-
-
-MODEL_DIRNAME = "tiny-whisper-v2"
-DATASET_DIRNAME = "speech-demo-v2"
-"""Cache folder names, versioned: a cache built by an older release (other sentences,
-voices or model shape) is not reused; bump the version whenever the assets change."""
-
-
-@dataclass(frozen=True)
-class DemoAssets:
-    """Where `prepare_demo_assets` put the demo's model and data."""
-
-    model_dir: Path  # save_pretrained'd tiny WhisperForConditionalGeneration + WhisperProcessor
-    dataset_dir: Path  # an `audiofolder` dataset directory
 
 
 def _whisper_package_dir() -> Path:
@@ -405,9 +392,7 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> None:
 def prepare_demo_assets(cache_dir: Path) -> DemoAssets:
     """Build (once, then reuse) the tiny model and the speech set under `cache_dir`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    assets = DemoAssets(
-        model_dir=cache_dir / MODEL_DIRNAME, dataset_dir=cache_dir / DATASET_DIRNAME
-    )
+    assets = demo_assets_in(cache_dir)
     with _exclusive_lock(cache_dir / ".demo-assets.lock"):
         _build_once(assets.model_dir, build_tiny_whisper)
         _build_once(assets.dataset_dir, synthesize_speech_dataset)

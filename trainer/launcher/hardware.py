@@ -27,8 +27,10 @@ def detect_hardware() -> Hardware:
     import torch
 
     cpu_count = len(os.sched_getaffinity(0))
+    shm = shared_memory_bytes()
     if not torch.cuda.is_available():
-        return Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=cpu_count)
+        return Hardware(gpu_count=0, gpu_name=None, compute_capability=None,
+                        cpu_count=cpu_count, shm_bytes=shm)  # fmt: skip
     count = torch.cuda.device_count()
     capabilities = [torch.cuda.get_device_capability(i) for i in range(count)]
     return Hardware(
@@ -36,6 +38,7 @@ def detect_hardware() -> Hardware:
         gpu_name=torch.cuda.get_device_name(0),
         compute_capability=min(capabilities),
         cpu_count=cpu_count,
+        shm_bytes=shm,
     )
 
 

@@ -1,7 +1,7 @@
 """Checkpoints that survive a dead node, on storage no two nodes share.
 
 With DeepSpeed every rank writes its own optimizer shard, so a checkpoint is spread over
-the local disks of all nodes. The protocol (docs/architecture.md section 6):
+the local disks of all nodes. The protocol (docs/storage.md ("The checkpoint protocol")):
 
 1. The Trainer saves `checkpoint-N` to the local output dir on every node.
 2. Each node's local main process snapshots what its node wrote (hard links, instant) and

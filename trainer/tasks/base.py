@@ -1,6 +1,6 @@
 """The face every training task shows to the training program.
 
-`trainer/training/main.py` knows tasks only through this class: it asks a task for its datasets,
+`trainer/training/run.py` knows tasks only through this class: it asks a task for its datasets,
 its model and processor, how to batch examples and how to score predictions. A task never
 imports the training program, the launcher or storage.
 """

@@ -353,6 +353,8 @@ class ClassificationTask(Task):
         split is loaded: `balanced` counts it); otherwise the plain Trainer."""
         if self._class_weights is None:
             return super().trainer_class
+        # Imported when training only: the launcher imports task modules for their flags,
+        # and importing transformers' Trainer takes seconds.
         from trainer.tasks.trainers import ClassWeightedTrainer
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)

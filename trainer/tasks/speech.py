@@ -40,6 +40,7 @@ from trainer.data.sources import (
     shard_index_of,
     table_header,
 )
+from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
 from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
 from trainer.tasks.whisper_checkpoint import (
@@ -268,6 +269,8 @@ class SpeechRecognitionTask(Task):
 
     @property
     def trainer_class(self):
+        # Imported when training only: the launcher imports task modules for their flags,
+        # and importing transformers' Trainer takes seconds.
         from trainer.tasks.trainers import LogMelOnDeviceTrainer
 
         return LogMelOnDeviceTrainer
@@ -419,8 +422,6 @@ def filter_by_duration(dataset, low: float, high: float, data_args):
     (datasets 5 does not decode a stream's audio again after a filter on undecoded audio.)
     """
     from datasets import Audio
-
-    from trainer.data.streams import is_stream
 
     if is_stream(dataset):
         decoded = dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))

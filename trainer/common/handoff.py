@@ -1,0 +1,10 @@
+"""The environment variables through which the launcher hands a run to the training
+processes of its node: a contract between trainer/launcher and trainer/training, which
+import nothing from each other."""
+
+RUN_CONFIG_VARIABLE = "TRAINER_RUN_CONFIG"
+"""The resolved run configuration, as JSON (trainer/config/resolve.py `RunConfig`)."""
+
+LAUNCHED_AT_VARIABLE = "TRAINER_LAUNCHED_AT"
+"""When `python -m trainer` started (epoch seconds): the training program reports the time
+from there to its first optimizer step."""

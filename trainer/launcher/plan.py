@@ -1,0 +1,100 @@
+"""The `accelerate launch` command and environment for this node, from the resolved run
+configuration: a pure function, so the same configuration always gives the same command,
+which is what the tests check. `--dry-run` prints it."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainer.common.cache import torch_extensions_dir
+from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.config.resolve import RunConfig
+
+TRAINING_MODULE = "trainer.training.main"
+
+VERTEX_NODE_LEVEL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""Vertex AI sets these per NODE; torchrun sets its own per PROCESS, so ours are dropped."""
+
+SHUTDOWN_MARGIN_SECONDS = 5
+"""On SIGTERM torchrun's agent passes the signal on to the training processes and kills
+them TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later (30 by default): the plan gives them
+--stop_grace_seconds for their uploads plus this much to report and exit."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    config: RunConfig
+    argv: list[str]
+    env: dict[str, str]
+    """Variables set for the launched processes (on top of the current environment); the
+    resolved configuration among them."""
+    unset_env: list[str]
+    """Variables removed from the current environment before launching."""
+    notices: list[str] = field(default_factory=list)
+    """Lines for the log: what the launcher found and what it changed because of it."""
+
+    def describe(self) -> dict:
+        topology = self.config.topology
+        return {
+            "topology": {**asdict(topology), "world_size": topology.world_size},
+            "hardware": asdict(self.config.hardware),
+            "config": self.config.describe(),
+            "command": self.argv,
+            "env": {k: v for k, v in self.env.items() if k != RUN_CONFIG_VARIABLE},
+            "unset_env": self.unset_env,
+            "notices": self.notices,
+        }
+
+
+def build_launch_plan(
+    config: RunConfig,
+    current_env: Mapping[str, str],
+    cache_dir: Path,
+    python: str = sys.executable,
+) -> LaunchPlan:
+    """The `accelerate launch` command and environment for this node (pure)."""
+    topology, hardware = config.topology, config.hardware
+    argv = [
+        # accelerate launch, with failures in one line
+        python, "-m", "trainer.launcher.accelerate_launch",
+        "--num_machines", str(topology.num_nodes),
+        "--machine_rank", str(topology.node_rank),
+        "--num_processes", str(topology.world_size),
+        "--main_process_ip", topology.master_addr,
+        "--main_process_port", str(topology.master_port),
+        "--mixed_precision", config.mixed_precision,
+        "--dynamo_backend", "no",
+        "--rdzv_backend", "static",
+        "--rdzv_conf", f"timeout={config.launcher.rdzv_timeout}",
+        "--max_restarts", "0",
+    ]  # fmt: skip
+    if config.deepspeed_config is not None:
+        argv += [
+            "--use_deepspeed",
+            "--deepspeed_config_file", config.deepspeed_config,
+            "--deepspeed_multinode_launcher", "standard",
+        ]  # fmt: skip
+    elif topology.world_size > 1:
+        argv.append("--multi_gpu")
+    argv += ["--module", TRAINING_MODULE]  # its flags come in RUN_CONFIG_VARIABLE
+
+    stop_grace_seconds = config.flags["outputs"]["stop_grace_seconds"]
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
+            math.ceil(stop_grace_seconds) + SHUTDOWN_MARGIN_SECONDS
+        ),
+        "OMP_NUM_THREADS": current_env.get(
+            "OMP_NUM_THREADS", str(max(1, hardware.cpu_count // topology.nproc_per_node))
+        ),
+        RUN_CONFIG_VARIABLE: config.to_json(),
+    }
+    if hardware.gpu_count == 0:
+        env["DS_ACCELERATOR"] = "cpu"
+        env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir(current_env, cache_dir))
+    unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
+    return LaunchPlan(config, argv, env, unset, notices=list(config.notices))

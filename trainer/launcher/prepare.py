@@ -1,0 +1,54 @@
+"""Everything the launcher does before the exec, bar the CUDA driver check: it imports
+torch, transformers and the tasks, so `trainer.launcher.main` imports it only after
+choosing the driver (trainer/launcher/cuda_driver.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from trainer.common.cache import cache_dir
+from trainer.config.cluster import requested_accelerators
+from trainer.config.resolve import RunConfig, resolve_run
+from trainer.launcher import hardware as node  # tests replace its detectors
+from trainer.launcher.demo_assets import prepare_demo_assets
+from trainer.launcher.hub_checks import check_hub_ids, hub_ids
+from trainer.launcher.plan import LaunchPlan, build_launch_plan
+from trainer.storage.locations import check_output_locations, resolve_output_locations
+
+
+def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
+    """Everything before the exec: detect the hardware, resolve the run's configuration
+    once, build the demo's assets if it is the demo, and check the configuration's inputs
+    with the code the training processes will run (local data, the GCS dataset fetch and
+    probes, one Hub metadata call per uncached Hub id, writable destinations)."""
+    hardware = node.detect_hardware()
+    node.check_gpus_usable(
+        hardware.gpu_count, requested_accelerators(env), node.gpu_evidence(), env
+    )
+    if hardware.gpu_count == 0:
+        # As the plan sets for the training processes: the checks below import DeepSpeed,
+        # which otherwise warns, on a node known to have no GPU, that it found none.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    config = resolve_run(argv, env, hardware)
+    if config.demo is not None:  # built on every node (once; cached): nodes share no disk
+        prepare_demo_assets(config.demo.model_dir.parent)
+    check_inputs(config, env)
+    return build_launch_plan(config, env, cache_dir(env))
+
+
+def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
+    """What the configuration names exists and can be used: UserError otherwise."""
+    flags = config.parsed()
+    sources = flags.task.sources()  # several when streams are interleaved
+    for source in sources:
+        source.check_inputs()
+    if not config.launcher.skip_hub_check:
+        ids = hub_ids(flags.model.model_name_or_path, None) + [
+            repo for source in sources for repo in hub_ids(None, source.data_args.dataset_name)
+        ]
+        check_hub_ids(ids, env, flags.model.cache_dir)
+    if not config.launcher.dry_run:  # a dry run writes nothing, not even a probe file
+        check_output_locations(
+            resolve_output_locations(flags.outputs, env, flags.training.output_dir)
+        )

@@ -1,0 +1,54 @@
+"""This process's place among the run's processes, and the process group's start and end."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from accelerate import PartialState
+
+
+@dataclass(frozen=True)
+class ProcessPlace:
+    """Where this process sits, from the variables torchrun sets for every worker."""
+
+    node_rank: int
+    num_nodes: int
+    is_local_main: bool
+    is_global_main: bool
+
+    @classmethod
+    def from_env(cls) -> ProcessPlace:
+        env = os.environ
+        world, local_world = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+        return cls(
+            node_rank=int(env.get("GROUP_RANK", "0")),
+            num_nodes=max(1, world // local_world),
+            is_local_main=env.get("LOCAL_RANK", "0") == "0",
+            is_global_main=env.get("RANK", "0") == "0",
+        )
+
+
+def use_gloo_on_cpu(ddp_timeout: int) -> None:
+    """Without CUDA, accelerate leaves the backend unset and every rank thinks it is alone.
+
+    Creating the process group over gloo before TrainingArguments exists (whose resolved
+    `accelerator_config` tells the Trainer to use this configured state, see
+    trainer/config/resolve.py) makes multi-process CPU runs (tests, demos) real.
+    """
+    if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
+        return
+    PartialState(backend="gloo", timeout=timedelta(seconds=ddp_timeout))
+
+
+def release_process_group() -> None:
+    """Destroy the process group at the end of a run, as torch asks every training process
+    to. Left to the interpreter's exit, gloo's worker threads can abort a finished process
+    ("terminate called without an active exception", SIGABRT: pytorch/pytorch#179291), and
+    torchrun then reports a run that delivered its model as failed. Only after success: a
+    failed run's peers may still be inside a collective."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

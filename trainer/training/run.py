@@ -1,0 +1,307 @@
+"""The training run every process makes, from the resolved configuration, top to bottom:
+
+configuration -> task -> model and processor -> datasets -> resume point -> Trainer ->
+train, save and deliver the model, evaluate. Nothing here changes a flag: the launcher
+resolved them (trainer/config/resolve.py); the one decision left to this side is gradient
+checkpointing when the user left it open on a GPU (`decide_gradient_checkpointing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from transformers import PrinterCallback, set_seed
+
+from trainer.common.errors import UserError
+from trainer.config.flags import ParsedFlags
+from trainer.config.resolve import RunConfig
+from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
+from trainer.storage.checkpoints import (
+    MANIFEST,
+    CheckpointUploader,
+    find_resumable_checkpoint,
+    read_manifest,
+)
+from trainer.storage.locations import resolve_output_locations
+from trainer.storage.store import open_store
+from trainer.training.callbacks import (
+    CheckpointSyncCallback,
+    HypertuneCallback,
+    SaveOnStopOrInterval,
+    TensorBoardSyncCallback,
+)
+from trainer.training.distributed import ProcessPlace, release_process_group, use_gloo_on_cpu
+from trainer.training.failures import FailedAfterTraining, model_kept_if_failing
+from trainer.training.memory import decide_gradient_checkpointing
+from trainer.training.preemption import Stopped, StopRequest
+from trainer.training.progress import (
+    DataWaitClock,
+    FirstBatchReport,
+    ProgressLogCallback,
+    StartupTimer,
+    before_after_line,
+    evaluation_logged_at,
+)
+from trainer.training.stream_training import streaming_trainer
+
+FINAL_MODEL_DIRNAME = "model"
+STAGING_DIRNAME = ".staging"
+RESUME_CHOICE_FILENAME = ".resume-from"
+
+
+def train(config: RunConfig, launched_at: float | None = None) -> None:
+    startup = StartupTimer(launched_at)
+    startup.mark("launcher, torchrun and imports")
+    flags = config.parsed()
+    task = flags.task
+    startup.mark("flags")
+    use_gloo_on_cpu(flags.training.ddp_timeout)
+    set_seed(flags.training.seed)
+    startup.mark("rendezvous")
+    # The model is loaded before TrainingArguments exists on purpose: with a ZeRO-3 config,
+    # TrainingArguments makes from_pretrained run under deepspeed.zero.Init, where Whisper's
+    # weight init fails on already-partitioned tensors (transformers 5.23: sinusoids() gets
+    # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
+    model, processor = task.build_model_and_processor()
+    checkpointing = None
+    if config.gradient_checkpointing_left_open:
+        checkpointing = decide_gradient_checkpointing(flags, model)
+    args = build_training_arguments(flags, gradient_checkpointing=checkpointing)
+    startup.mark("model")
+    place = ProcessPlace.from_env()
+    locations = resolve_output_locations(flags.outputs, os.environ, args.output_dir)
+    output_dir = Path(args.output_dir)
+
+    with args.main_process_first(desc="loading datasets"):
+        train_dataset, eval_dataset = task.load_datasets(processor)
+    resume_from = checkpoint_to_resume(flags, locations, args, place)
+    trainer_class = task.trainer_class
+    if is_stream(train_dataset):
+        start = stream_start(resume_from, args.process_index, args.world_size)
+        train_dataset = prepare_stream(
+            train_dataset, args.seed, flags.data.shuffle_buffer_size, start
+        )
+        trainer_class = streaming_trainer(
+            trainer_class, train_dataset.start, flags.data.stream_audit_dir
+        )
+        if place.is_global_main:
+            print(epoch_line(task, args), flush=True)
+    startup.mark("data and resume point")
+
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=task.data_collator(processor),
+        processing_class=processor,
+        compute_metrics=task.compute_metrics(processor) if eval_dataset is not None else None,
+    )
+    trainer.remove_callback(PrinterCallback)
+    data_wait = DataWaitClock()
+    data_wait.attach(trainer)
+    FirstBatchReport().attach(trainer)
+    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(config.given)))
+    trainer.add_callback(startup)
+    uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
+    trainer.add_callback(CheckpointSyncCallback(uploader))
+    reporting = reporting_callbacks(flags, locations, output_dir, place)
+    for callback in reporting:
+        trainer.add_callback(callback)
+    stop = StopRequest()
+    saver = SaveOnStopOrInterval(stop, flags.outputs.save_interval_minutes)
+    trainer.add_callback(saver)
+
+    # If training fails (a peer died, say), the uploads in flight are not waited for: the
+    # chief would wait for markers a dead node never writes. Their checkpoints simply get
+    # no manifest, and the upload thread ends with the process.
+    stop.install()
+    try:
+        result = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        if saver.stopped_at_step is None:  # only a stop's uploads outlast a SIGTERM
+            stop.uninstall()
+    if saver.stopped_at_step is not None:
+        raise stopped_after_saving(saver, stop, uploader, locations.checkpoints, flags.outputs)
+    trainer.save_metrics("train", result.metrics)
+    model_location = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
+    # Everything after this point may fail without losing the run: the model is delivered.
+    if eval_dataset is not None:
+        history, steps = trainer.state.log_history, trainer.state.global_step
+        with model_kept_if_failing("the final evaluation", model_location):
+            # An evaluation at the last step already scored these weights: a second one
+            # would only cost time (generation over the whole eval set, for speech).
+            final_metrics = evaluation_logged_at(history, steps)
+            if final_metrics is None or args.load_best_model_at_end:
+                final_metrics = trainer.evaluate()
+            trainer.save_metrics("eval", final_metrics)
+        if place.is_global_main:
+            print(
+                before_after_line(
+                    evaluation_logged_at(history, 0), final_metrics, steps, len(eval_dataset),
+                    model_location, args.metric_for_best_model,
+                ),
+                flush=True,
+            )  # fmt: skip
+    with model_kept_if_failing("syncing the TensorBoard logs", model_location):
+        for callback in reporting:
+            if isinstance(callback, TensorBoardSyncCallback):
+                callback.sync()
+    if uploader is not None:
+        with model_kept_if_failing("uploading checkpoints", model_location):
+            uploader.close()
+            if uploader.failures:
+                raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
+    if place.is_global_main:
+        print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
+    release_process_group()
+
+
+def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> Stopped:
+    """Wait for this node's uploads, up to `--stop_grace_seconds` from the moment this
+    process learned of the stop (its own SIGTERM, or the ranks' agreement); say what was
+    kept. The chief's upload ends with the manifest, so "complete" there means resumable."""
+    learned_at = stop.requested_at if stop.requested else saver.agreed_at
+    grace = outputs.stop_grace_seconds
+    name = f"checkpoint-{saver.stopped_at_step}"
+    cause = f"SIGTERM on node {saver.stop_origin_node} (Spot preemption or a stopped job)"
+    if uploader is None:
+        return Stopped(f"{cause}: every rank saved {name} locally")
+    done = uploader.close(timeout=max(0.0, learned_at + grace - time.monotonic()))
+    seconds = time.monotonic() - learned_at
+    if not done or name in uploader.failures:
+        return Stopped(
+            f"{cause}: {name} was not uploaded to {checkpoints} within {seconds:.1f} s "
+            f"(--stop_grace_seconds {grace:g}); the job resumes from the previous complete "
+            "checkpoint"
+        )
+    what = "is complete" if uploader.is_global_main else "has this node's part"
+    return Stopped(f"{cause}: {name} {what} in {checkpoints}, {seconds:.1f} s after the stop")
+
+
+def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
+    """Save the final model and processor, and upload them to their destination, before
+    anything else can fail: the final evaluation, metrics or uploads come after this.
+
+    Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective);
+    the global main process writes and uploads. Returns where the model is.
+    """
+    trainer.save_model(str(final_dir))
+    if not place.is_global_main:
+        return locations.model
+    if locations.model != str(final_dir):
+        try:
+            open_store(locations.model).upload(final_dir)
+        except Exception as error:
+            raise FailedAfterTraining(
+                f"uploading the final model to {locations.model} failed "
+                f"({type(error).__name__}: {error}); it is saved on this node at {final_dir}, "
+                f"and complete checkpoints are at {locations.checkpoints}"
+            ) from error
+    print(
+        f"final model and processor saved to {locations.model} (load with from_pretrained)",
+        flush=True,
+    )
+    return locations.model
+
+
+def checkpoint_to_resume(flags: ParsedFlags, locations, args, place: ProcessPlace) -> str | None:
+    """The local path of the checkpoint to resume from, fetched and verified, or None.
+
+    Each node's local main process looks for it (and downloads what its node lacks) while
+    the node's other processes wait, then they read its choice from a node-local file.
+    """
+    if args.resume_from_checkpoint:
+        return args.resume_from_checkpoint
+    choice = flags.outputs.resume
+    if choice == "never":
+        return None
+    output_dir = Path(args.output_dir)
+    choice_file = output_dir / RESUME_CHOICE_FILENAME
+    with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
+        if place.is_local_main:
+            if choice == "auto":
+                found = find_resumable_checkpoint(open_store(locations.checkpoints), output_dir)
+            else:
+                found = explicit_checkpoint(choice, output_dir)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            choice_file.write_text(str(found or ""))
+        path = choice_file.read_text() or None
+    if path and place.is_global_main:
+        print(f"resuming from {path}", flush=True)
+    return path
+
+
+def explicit_checkpoint(location: str, output_dir: Path) -> Path:
+    """`--resume PATH_OR_URI`: a complete checkpoint (one with a manifest), fetched here."""
+    store = open_store(location)
+    entries = read_manifest(store)
+    if entries is None:
+        if not location.startswith("gs://") and Path(location).is_dir():
+            return Path(location)  # a plain local Trainer checkpoint: trusted as given
+        raise UserError(f"--resume {location}: no {MANIFEST} there, so not a complete checkpoint.")
+    local = output_dir / location.rstrip("/").rsplit("/", 1)[-1]
+    store.download(local, entries)
+    return local
+
+
+def checkpoint_uploader(locations, args, place: ProcessPlace, peer_timeout: float):
+    """This node's uploader, on its local main process only (None elsewhere)."""
+    if not place.is_local_main:
+        return None
+    if place.num_nodes > 1 and not locations.shared_checkpoints:
+        if place.is_global_main:
+            logging.getLogger(__name__).warning(
+                "%d nodes but no --checkpoint_dir or AIP_CHECKPOINT_DIR: checkpoints stay on "
+                "each node's disk and cannot be resumed after a restart.",
+                place.num_nodes,
+            )
+        return None
+    return CheckpointUploader(
+        store=open_store(locations.checkpoints),
+        staging_root=Path(args.output_dir) / STAGING_DIRNAME / "checkpoints",
+        node_rank=place.node_rank,
+        num_nodes=place.num_nodes,
+        is_global_main=place.is_global_main,
+        keep=args.save_total_limit if locations.shared_checkpoints else None,
+        peer_timeout=peer_timeout,
+    )
+
+
+def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: ProcessPlace):
+    """TensorBoard sync (when a destination is set) and hyperparameter-tuning reports."""
+    callbacks = []
+    if locations.tensorboard and place.is_global_main:
+        callbacks.append(
+            TensorBoardSyncCallback(
+                local_dir=output_dir / "runs",
+                store=open_store(locations.tensorboard),
+                staging=output_dir / STAGING_DIRNAME / "tensorboard",
+                interval=flags.outputs.tensorboard_sync_seconds,
+            )
+        )
+    tuning = "CLOUD_ML_TRIAL_ID" in os.environ or "CLOUD_ML_HP_METRIC_FILE" in os.environ
+    if tuning and place.is_global_main and flags.training.metric_for_best_model:
+        callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
+    return callbacks
+
+
+def progress_by_time(given: tuple[str, ...]) -> bool:
+    """Whether progress lines come by time: yes unless the command line or recipe chose a
+    logging interval (`given`: the flags the user gave), which then wins."""
+    return not set(given) & {"--logging_steps", "--logging_strategy"}
+
+
+def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | None = None):
+    """TrainingArguments from the resolved flags; `gradient_checkpointing`, when decided
+    here (`decide_gradient_checkpointing`), instead of the flag's value."""
+    values = vars(flags.training)
+    if gradient_checkpointing is not None:
+        values = {**values, "gradient_checkpointing": gradient_checkpointing}
+    try:
+        return flags.task.training_arguments_class(**values)
+    except ValueError as error:
+        raise UserError(" ".join(str(error).split())) from None
