@@ -26,6 +26,7 @@ from trainer.common.errors import UserError
 from trainer.config.cluster import Topology, requested_accelerators, resolve_topology
 from trainer.config.example_flags import translate_example_flags
 from trainer.config.hardware import Hardware
+from trainer.config.help import HELP_FLAGS, print_help
 from trainer.config.launcher_flags import LauncherArguments
 from trainer.config.recipes import RECIPES_DIR, config_file_flags, expand_config_file
 
@@ -313,27 +314,12 @@ def with_demo_defaults(flags, training_argv: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
-def print_help(argv: list[str]) -> None:
-    from trainer.config.flags import FlagParser, build_parser, selected_task_name
-    from trainer.tasks import load_task
-
-    launcher = FlagParser([LauncherArguments], prog="python -m trainer [config.yaml]")
-    print(
-        launcher.format_help().replace(
-            "usage:", "Launcher flags (one launcher per node)\nusage:", 1
-        )
-    )
-    task = load_task(selected_task_name(argv))
-    print("Training flags (passed to every process; --task selects the flags shown):\n")
-    print(build_parser(task).format_help().split("\n\n", 1)[1])
-
-
 def main(argv: list[str] | None = None) -> None:
     launched_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if "-h" in argv or "--help" in argv:
-            print_help([a for a in argv if a not in ("-h", "--help")])
+        if set(HELP_FLAGS) & set(argv):
+            print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
             return
         from trainer.common.quiet import silence_known_noise
         from trainer.launcher.cuda_driver import ensure_cuda_driver
