@@ -21,6 +21,7 @@ from trainer.common.cache import clear_stale_build_locks
 from trainer.common.errors import UserError
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
+from trainer.config.help import HELP_FLAGS, print_help
 from trainer.launcher.cuda_driver import ensure_cuda_driver
 
 
@@ -57,28 +58,12 @@ def wait_for_name(
             delay, attempt = min(delay * 2, 15.0), attempt + 1
 
 
-def print_help(argv: list[str]) -> None:
-    from trainer.config.flags import FlagParser, build_parser, selected_task_name
-    from trainer.config.launcher_flags import LauncherArguments
-    from trainer.tasks import load_task
-
-    launcher = FlagParser([LauncherArguments], prog="python -m trainer [config.yaml]")
-    print(
-        launcher.format_help().replace(
-            "usage:", "Launcher flags (one launcher per node)\nusage:", 1
-        )
-    )
-    task = load_task(selected_task_name(argv))
-    print("Training flags (passed to every process; --task selects the flags shown):\n")
-    print(build_parser(task).format_help().split("\n\n", 1)[1])
-
-
 def main(argv: list[str] | None = None) -> None:
     launched_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if "-h" in argv or "--help" in argv:
-            print_help([a for a in argv if a not in ("-h", "--help")])
+        if set(HELP_FLAGS) & set(argv):
+            print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
             return
         driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
         silence_known_noise()  # the demo's assets are built here; the environment is inherited

@@ -1,0 +1,392 @@
+"""`python -m trainer --help`: the flags in sections, the project's own before the Trainer's.
+
+`--help` shows every flag of this project (launcher, model and data, the selected task's,
+outputs) and the Hugging Face training flags most runs touch; `--help-all` shows every
+Hugging Face training flag too. The flags are the real parsers' (`build_parser`), so what
+help lists is what the launcher accepts, with the defaults this project applies.
+
+Nothing heavy is imported until `render_help` runs: the launcher imports this module before
+it checks the CUDA driver, which must happen before torch loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import shutil
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.common.errors import UserError
+from trainer.config.launcher_flags import LauncherArguments
+from trainer.config.recipes import expand_config_file, shipped_recipes
+
+USAGE = "python -m trainer [recipe.yaml] [flags]"
+HELP_FLAGS = ("-h", "--help", "--help-all")
+"""The flags that print help instead of launching; `--help-all` lists every flag."""
+
+CURATED_TRAINING_FLAGS = (
+    "output_dir",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "eval_strategy",
+    "eval_steps",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "load_best_model_at_end",
+    "metric_for_best_model",
+    "greater_is_better",
+    "logging_steps",
+    "report_to",
+    "bf16",
+    "fp16",
+    "gradient_checkpointing",
+    "seed",
+    "dataloader_num_workers",
+    "ddp_timeout",
+    "push_to_hub",
+    "hub_model_id",
+    "predict_with_generate",  # Seq2SeqTrainingArguments only, like the next two
+    "generation_max_length",
+    "generation_num_beams",
+)
+"""The Hugging Face training flags `--help` shows (those the task's arguments class has), in
+this order; `--help-all` shows the rest too."""
+
+LAUNCHER_CHOSEN = {
+    "bf16": "the launcher turns it on for GPUs that support it (A100, L4, H100) "
+    "unless --bf16 or --fp16 is given",
+    "fp16": "the launcher turns it on for older GPUs (T4) unless --bf16 or --fp16 is given",
+    "tf32": "the launcher sets true on GPUs of compute capability 8.0 or newer",
+    "dataloader_num_workers": "on a GPU node the launcher sets min(4, CPUs per GPU / 2), "
+    "lowered when /dev/shm cannot hold them",
+    "dataloader_persistent_workers": "true with the launcher's loader workers",
+    "dataloader_pin_memory": "false on a CPU-only node",
+    "gradient_checkpointing": "decided once the model is loaded: on only when a step would "
+    "not fit in the GPU's memory without it",
+}
+"""Flags whose value, when not given, the launcher or the training program picks for the
+hardware (trainer/config/hardware_defaults.py, trainer/training/main.py)."""
+
+MAX_INLINE_CHOICES = 6
+"""More choices than this are listed in the flag's help instead of after its name."""
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    description: str
+    actions: list[argparse.Action]
+
+
+def print_help(argv: list[str], everything: bool = False) -> None:
+    print(render_help(argv, everything), end="")
+
+
+def render_help(argv: list[str], everything: bool = False) -> str:
+    """The help for the command line `argv` (without its help flags): a recipe or --task in
+    it selects the task whose flags are shown. A recipe that cannot be read, or an unknown
+    task, gives the help of the default task with a note saying so (no error)."""
+    from trainer.config.flags import TRAINING_DEFAULTS, FlagParser, build_parser
+    from trainer.tasks import load_task
+
+    selected = select_task(argv)
+    task_class = load_task(selected.task_name)
+    launcher = FlagParser([LauncherArguments], add_help=False)
+    training = build_parser(task_class)
+    sections, hidden = help_sections(launcher, training, task_class, selected.task_name, everything)
+    width = min(shutil.get_terminal_size().columns, 100) - 2
+    overridden = {**TRAINING_DEFAULTS, "metric_for_best_model": task_class.default_metric}
+    trainer_defaults = {
+        name: _dataclass_default(task_class.training_arguments_class, name) for name in overridden
+    }
+    parts = [header(selected, sections, hidden, width)]
+    for number, section in enumerate(sections, 1):
+        formatter = FlagFormatter(USAGE, width, trainer_defaults, selected.recipe)
+        formatter.start_section(f"{number}. {section.title}")
+        formatter.add_text(section.description)
+        formatter.add_arguments(section.actions)
+        formatter.end_section()
+        parts.append(formatter.format_help())
+    if hidden:
+        more = f"... and {hidden} more Hugging Face training flags are accepted: --help-all"
+        parts.append(_fill(f"{more} lists them all.", width) + "\n")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The task a command line selects, and what help says about how."""
+
+    task_name: str
+    source: str
+    """Where the task came from: the default, --task, or the recipe."""
+    recipe: tuple[str, dict[str, str]] | None
+    """The recipe's file name and the flag values it sets (flag name without --)."""
+    notes: list[str]
+    """What could not be read (a missing recipe, an unknown task), for the reader."""
+
+
+def select_task(argv: list[str]) -> Selection:
+    from trainer.config.flags import selected_task_name
+    from trainer.tasks import DEFAULT_TASK, load_task
+
+    notes, recipe = [], None
+    try:
+        expanded = expand_config_file(argv)
+        if argv and not argv[0].startswith("-"):
+            recipe = (Path(argv[0]).name, _given_values(expand_config_file(argv[:1])))
+    except UserError as error:
+        notes.append(f"note: {error} Ignoring {argv[0]}.")
+        expanded = list(argv[1:])
+    source = "the default task"
+    if _gives_task(argv):
+        source = "from --task"
+    elif _gives_task(expanded):
+        source = f"from {argv[0]}"
+    try:
+        task_name = selected_task_name(expanded)
+        load_task(task_name)
+    except UserError as error:
+        notes.append(f"note: {error} Showing the flags of --task {DEFAULT_TASK}.")
+        task_name, source = DEFAULT_TASK, "the default task"
+    return Selection(task_name, source, recipe, notes)
+
+
+def help_sections(
+    launcher: argparse.ArgumentParser,
+    training: argparse.ArgumentParser,
+    task_class: type,
+    task_name: str,
+    everything: bool,
+) -> tuple[list[Section], int]:
+    """The sections' flags, grouped by the dataclass each flag's `dest` belongs to, and how
+    many Hugging Face training flags are left out (none with `everything`)."""
+    from trainer.config.flags import TaskArguments
+    from trainer.data.arguments import DataArguments
+    from trainer.storage.locations import OutputArguments
+    from trainer.tasks.arguments import ModelArguments
+
+    launcher_names = _field_names(LauncherArguments)
+    groups: list[tuple[set[str], list[argparse.Action]]] = [
+        (_field_names(TaskArguments, ModelArguments, DataArguments), []),
+        (_field_names(task_class.arguments_class), []),
+        (_field_names(OutputArguments), []),
+    ]
+    hf_actions: list[argparse.Action] = []
+    for action in training._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        group = next((actions for names, actions in groups if action.dest in names), None)
+        if group is not None:
+            group.append(action)
+        elif action.dest not in launcher_names:  # --deepspeed: the launcher's takes it
+            hf_actions.append(action)
+    shown = hf_actions
+    if not everything:
+        order = {name: i for i, name in enumerate(CURATED_TRAINING_FLAGS)}
+        shown = sorted((a for a in hf_actions if a.dest in order), key=lambda a: order[a.dest])
+    launcher_actions = [a for a in launcher._actions if a.option_strings]
+    training_class = task_class.training_arguments_class.__name__
+    sections = [
+        Section(
+            "Launcher flags (once per node)",
+            "Read by python -m trainer on each node; never passed to the training processes.",
+            launcher_actions,
+        ),
+        Section(
+            "Model and data",
+            "The task, the pretrained model and the dataset (every task reads these).",
+            groups[0][1],
+        ),
+        Section(
+            f"{task_name} flags",
+            f"The flags of --task {task_name} only.",
+            groups[1][1],
+        ),
+        Section(
+            "Outputs and checkpoints",
+            "Where checkpoints, the final model and TensorBoard logs go, resuming, and "
+            "when checkpoints are saved besides --save_strategy.",
+            groups[2][1],
+        ),
+        Section(
+            f"Hugging Face training flags ({training_class}"
+            + (", all of them)" if everything else ", the most used)"),
+            "The Trainer's own flags, passed to every training process; defaults are the "
+            "ones this project applies.",
+            shown,
+        ),
+    ]
+    return sections, len(hf_actions) - len(shown)
+
+
+def header(selected: Selection, sections: list[Section], hidden: int, width: int) -> str:
+    lines = [f"usage: {USAGE}", ""]
+    notes = selected.notes
+    lines += [_fill(note, width) for note in notes] + ([""] if notes else [])
+    lines += [
+        _fill(
+            "Fine-tunes a Hugging Face model; runs once on every node. A first argument "
+            "ending in .yaml is a recipe: a file of flags, or one shipped in "
+            f"trainer/recipes/ ({', '.join(shipped_recipes())}); flags after it override it. "
+            "No model and no dataset runs the built-in demo.",
+            width,
+        ),
+        "",
+        _fill(
+            f"Flags of --task {selected.task_name} ({selected.source}; --task or a recipe selects "
+            "another), in sections:",
+            width,
+        ),
+    ]
+    lines += [f"  {number}. {section.title}" for number, section in enumerate(sections, 1)]
+    lines += [
+        "",
+        _fill(
+            "--flag VALUE, or --flag=VALUE; a BOOL flag alone means true (--streaming, "
+            "--streaming false). Dashes work for underscores (--dry-run is --dry_run). "
+            "See docs/launching.md.",
+            width,
+        ),
+        "",
+        "  -h, --help      these flags"
+        + (f" ({hidden} Hugging Face training flags left out)" if hidden else ""),
+        "  --help-all      these flags and every Hugging Face training flag",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class FlagFormatter(argparse.HelpFormatter):
+    """One entry per flag: its underscore name, its type or choices, its help and the
+    default this project applies."""
+
+    def __init__(
+        self,
+        prog: str,
+        width: int,
+        trainer_defaults: Mapping[str, object],
+        recipe: tuple[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        super().__init__(prog, width=width, max_help_position=32)
+        self._trainer_defaults = trainer_defaults
+        self._recipe = recipe
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        name = action.option_strings[0]  # the dashed spelling is an alias
+        if action.nargs == 0:
+            return name
+        return f"{name} {self._format_args(action, _type_metavar(action))}"
+
+    def _metavar_formatter(self, action: argparse.Action, default_metavar: str):
+        choices = _choices(action)
+        if choices is not None and len(choices) <= MAX_INLINE_CHOICES:
+            result = "{" + ",".join(choices) + "}"
+        else:
+            result = "CHOICE" if choices is not None else default_metavar
+        return lambda tuple_size: (result,) * tuple_size
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.nargs == 0 and action.const is False:  # HfArgumentParser's --no_NAME
+            return f"Same as --{action.dest} false."
+        text = (action.help or "").strip()
+        choices = _choices(action)
+        if choices is not None and len(choices) > MAX_INLINE_CHOICES:
+            text += " Choices: " + ", ".join(choices).replace("%", "%%") + "."
+        return f"{text} {self._default_text(action)}".strip()
+
+    def _default_text(self, action: argparse.Action) -> str:
+        value = action.default
+        if action.dest in self._trainer_defaults:
+            trainer = self._trainer_defaults[action.dest]
+            shown = f"{_show(value)}, set by this project; the Trainer's: {_show(trainer)}"
+        elif value is None:
+            if "default" in (action.help or "").lower() and action.dest not in LAUNCHER_CHOSEN:
+                return ""
+            shown = "unset"
+        else:
+            shown = _show(value)
+        if action.dest in LAUNCHER_CHOSEN:
+            shown += f"; {LAUNCHER_CHOSEN[action.dest]}"
+        if self._recipe is not None:
+            recipe_name, recipe_values = self._recipe
+            name = action.option_strings[0].removeprefix("--")
+            if name in recipe_values:
+                shown += f"; {recipe_name} sets {recipe_values[name] or 'true'}"
+        return f"(default: {shown})".replace("%", "%%")
+
+
+def _type_metavar(action: argparse.Action) -> str:
+    from transformers.hf_argparser import string_to_bool
+
+    if action.type is string_to_bool:
+        return "BOOL"
+    names = {int: "INT", float: "FLOAT", str: "STR"}
+    if action.type in names:
+        return names[action.type]
+    return getattr(action.type, "__name__", "value").upper()
+
+
+def _choices(action: argparse.Action) -> list[str] | None:
+    if action.choices is not None:
+        return [_show(choice) for choice in action.choices]
+    if isinstance(action.type, type) and issubclass(action.type, enum.Enum):
+        return [_show(member) for member in action.type]
+    return None
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, list | tuple):
+        return " ".join(_show(item) for item in value) or "none"
+    return str(value)
+
+
+def _given_values(flags: list[str]) -> dict[str, str]:
+    """Flag name (underscores, no dashes in front) -> the value a list of flags gives it."""
+    values: dict[str, str] = {}
+    name = None
+    for token in flags:
+        if token.startswith("--"):
+            name, _, value = token.removeprefix("--").partition("=")
+            name = name.replace("-", "_")
+            values[name] = value
+        elif name is not None:
+            values[name] = f"{values[name]} {token}".strip()
+    return values
+
+
+def _gives_task(argv: list[str]) -> bool:
+    return any(token == "--task" or token.startswith("--task=") for token in argv)
+
+
+def _field_names(*classes: type) -> set[str]:
+    return {field.name for cls in classes for field in dataclasses.fields(cls) if field.init}
+
+
+def _dataclass_default(cls: type, name: str) -> object:
+    field = next(field for field in dataclasses.fields(cls) if field.name == name)
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def _fill(text: str, width: int) -> str:
+    return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False)
