@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 BUCKET = "test-bucket"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
 from trainer.launcher import cuda_driver
 from trainer.launcher.cuda_driver import (
@@ -16,22 +17,6 @@ from trainer.launcher.cuda_driver import (
 )
 from trainer.launcher.hardware import COMPAT_DIR, GpuEvidence, check_gpus_usable
 
-
-def proc(version: str, open_module: bool = False) -> str:
-    """/proc/driver/nvidia/version as the proprietary or the open kernel module writes it."""
-    module = "Open Kernel Module for x86_64" if open_module else "x86_64 Kernel Module"
-    return (
-        f"NVRM version: NVIDIA UNIX {module}  {version}  Release Build  (dvs-builder@U16)  "
-        "Thu Sep 18 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
-    )
-
-
-TORCH_2_13 = [  # torch 2.13.0's Requires-Dist on PyPI (the CUDA 13.0 build)
-    "filelock",
-    "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,"
-    'nvtx]==13.0.3; platform_system == "Linux"',
-    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
-]
 TORCH_CU128 = ['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"', "sympy"]
 
 

@@ -277,7 +277,7 @@ def test_deepspeed_cpu_op_is_built_where_the_launcher_looks():
     import subprocess
     import sys
 
-    from tests.conftest import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
+    from tests.helpers import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
 
     done = subprocess.run(
         [sys.executable, "-m", "trainer.build_cpu_ops"],

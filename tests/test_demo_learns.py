@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_trainer, trainer_env
+from tests.helpers import run_trainer, trainer_env
 from trainer.launcher.demo_assets import TEST_CLIPS
 
 pytestmark = pytest.mark.slow

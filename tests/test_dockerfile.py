@@ -17,7 +17,7 @@ import sys
 import pytest
 import tomllib
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from trainer import jobspec
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"

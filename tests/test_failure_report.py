@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
     run_trainer,

@@ -22,8 +22,7 @@ from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuning
 from google.cloud.devtools.cloudbuild_v1.types import Build
 from google.protobuf import json_format
 
-from tests.conftest import REPO_ROOT
-from tests.test_jobspec import CONFIG, HPTUNING, parse_strictly
+from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly
 from trainer import jobspec
 
 CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"

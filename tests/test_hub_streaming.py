@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_trainer, trainer_env
+from tests.helpers import REPO_ROOT, run_trainer, trainer_env
 from tests.loopback_hub import Repository, running_hub
 
 DATASET = "org/sentiment"

@@ -17,7 +17,7 @@ from datasets import Image as HFImage
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from tests.conftest import checked_task, start_nodes, use_delivered_model
+from tests.helpers import image_task, start_nodes, use_delivered_model
 from tests.tiny_assets import COLOURS, IMAGE_SPLITS, build_tiny_vit, write_colour_images
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
@@ -38,10 +38,6 @@ def image_assets(tmp_path_factory) -> tuple[Path, Path]:
     whole = (red / "0000.png").read_bytes()
     (red / "truncated.png").write_bytes(whole[: len(whole) // 2])
     return root / "vit", root / "colours"
-
-
-def image_task(model_dir: Path, dataset_dir: Path, *extra: str):
-    return checked_task("image-classification", model_dir, dataset_dir, *extra)
 
 
 def test_class_folders_become_the_label_set_of_the_model(image_assets):

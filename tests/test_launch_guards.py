@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.test_cuda_driver import TORCH_2_13, proc
+from tests.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
 from trainer.config.cluster import requested_accelerators
 from trainer.config.hardware import Hardware

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 LINES = 5000
 PRINTER = f"""

@@ -10,7 +10,7 @@ import sys
 
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.tiny_regression import Regression, regression_arguments, regression_rows
 from trainer.training.callbacks import SaveOnStopOrInterval
 from trainer.training.preemption import StopRequest

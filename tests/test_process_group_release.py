@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from trainer.training.main import release_process_group
 
 

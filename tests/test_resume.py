@@ -20,20 +20,23 @@ import uuid
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-from tests.conftest import (
+from tests.gcs_emulator import BUCKET, FlakyProxy
+from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     assert_manifest_matches_store,
+    final_weights,
+    finish_all,
     free_port,
     run_trainer,
     start_node,
     start_nodes,
     start_trainer,
     trainer_env,
+    vertex_outputs,
+    wait_until,
 )
-from tests.gcs_emulator import BUCKET, FlakyProxy
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.launcher.start_deadline import MARGIN_SECONDS
 from trainer.storage.checkpoints import (
@@ -79,37 +82,6 @@ STOP_EXIT_BOUND = 90
 """Seconds from SIGTERM until both nodes have exited: the step in flight, the save, at
 most --stop_grace_seconds (25 s) of uploads and torchrun's 5 s margin, on a busy 2-core
 machine. Vertex AI's own bound (the Spot notice) is 30 s; docs/restarts.md."""
-
-
-def vertex_outputs(base: str) -> dict[str, str]:
-    """The variables Vertex AI sets from a job's baseOutputDirectory."""
-    return {
-        "AIP_CHECKPOINT_DIR": f"{base}/checkpoints/",
-        "AIP_MODEL_DIR": f"{base}/model/",
-        "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/",
-    }
-
-
-def finish_all(nodes, timeout=600) -> list[str]:
-    outputs = []
-    for rank, node in enumerate(nodes):
-        code, output = node.finish(timeout)
-        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
-        outputs.append(output)
-    return outputs
-
-
-def final_weights(base: str, tmp_path) -> dict[str, torch.Tensor]:
-    local = tmp_path / f"model-{uuid.uuid4().hex}"
-    open_store(f"{base}/model").download(local)
-    return load_file(local / "model.safetensors")
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def steps_logged(log: str) -> list[int]:

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
+from tests.helpers import REPO_ROOT, few_clips, image_task, speech_task, trainer_env
 from tests.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
 from trainer.data.shard_index import INDEX, KEY_COLUMN, read_index
 from trainer.data.shard_reader import shard_split
@@ -135,23 +135,6 @@ def streamed(location: Path, split: str) -> list[dict]:
     return list(shard_split(str(location), index, split, streaming=True))
 
 
-def few_clips(demo_assets, target: Path, per_split: int) -> Path:
-    """An audiofolder of the demo speech's first `per_split` clips of each split."""
-    for split in ("train", "test"):
-        with (demo_assets.dataset_dir / split / "metadata.csv").open() as handle:
-            rows = list(csv.DictReader(handle))[:per_split]
-        (target / split).mkdir(parents=True)
-        with (target / split / "metadata.csv").open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        for row in rows:
-            (target / split / row["file_name"]).hardlink_to(
-                demo_assets.dataset_dir / split / row["file_name"]
-            )
-    return target
-
-
 def test_webdataset_shards_hold_the_clips_as_files_and_stream_as_parquet_does(
     demo_assets, tmp_path
 ):
@@ -245,7 +228,6 @@ def test_users_speech_tars_in_cloud_storage_are_indexed_in_place_and_streamed(
     """KEY.flac + KEY.txt tars, as the webdataset library writes them, in the bucket:
     `--index_only` reads each once and writes index.json beside them; the speech task
     streams train from them and loads test whole, with the extensions as column names."""
-    from tests.test_speech_task import speech_task
     from trainer.data.streams import POSITION, prepare_stream
 
     local = tmp_path / "wds"
@@ -293,7 +275,6 @@ def png_samples(prefix: str, count: int) -> list[tuple[str, bytes]]:
 def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs):
     """KEY.png + KEY.cls tars: splits from folder and file names, the class ids recorded as
     the label values, and the image task builds its head from them and streams."""
-    from tests.test_image_task import image_task
     from tests.tiny_assets import build_tiny_vit
     from trainer.data.streams import prepare_stream
 

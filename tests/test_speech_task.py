@@ -7,16 +7,10 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.conftest import checked_task
+from tests.helpers import checked_task, speech_task
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
 from trainer.launcher.demo_assets import TRAIN_CLIPS, synthesize_speech_dataset
-
-
-def speech_task(model_dir, dataset_dir, *extra):
-    task = checked_task("speech-recognition", model_dir, dataset_dir, "--language", "en", *extra)
-    model, processor = task.build_model_and_processor()
-    return task, model, processor
 
 
 def test_common_voice_directory_loads_mp3_at_16khz(demo_assets, common_voice_dir):

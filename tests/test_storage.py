@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_manifest_matches_store
 from tests.gcs_emulator import BUCKET, FlakyProxy
+from tests.helpers import assert_manifest_matches_store
 from trainer.common.errors import UserError
 from trainer.launcher.demo_assets import TEST_CLIPS, TRAIN_CLIPS
 from trainer.storage import store as storage

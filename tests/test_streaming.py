@@ -15,8 +15,21 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from tests.conftest import REPO_ROOT, trainer_env
 from tests.gcs_emulator import BUCKET
+from tests.helpers import (
+    DEMO_SPEECH_FLAGS,
+    REPO_ROOT,
+    few_clips,
+    final_weights,
+    finish_all,
+    image_task,
+    run_trainer,
+    speech_task,
+    start_nodes,
+    trainer_env,
+    vertex_outputs,
+    wait_until,
+)
 from tests.tiny_assets import write_sentiment_csv
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
@@ -271,7 +284,6 @@ def test_streaming_from_cloud_storage_writes_no_shard_to_local_disk(
     """A process that streams (and decodes) a whole gs:// shard set, eight times the size of
     its largest shard, leaves its cache, temporary and working directories as they were:
     Parquet row groups and tar members are read through the store, never saved."""
-    from tests.test_shards import few_clips
 
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
     source = few_clips(demo_assets, tmp_path / "speech", per_split=24)
@@ -310,8 +322,6 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
     tmp_path, gcs, text_model
 ):
     """The kill-and-resume test of tests/test_resume.py, streaming from Cloud Storage."""
-    from tests.conftest import start_nodes
-    from tests.test_resume import final_weights, finish_all, vertex_outputs, wait_until
     from trainer.storage.checkpoints import complete_checkpoints
 
     job = f"gs://{BUCKET}/{uuid.uuid4().hex}"
@@ -449,7 +459,6 @@ def test_interleaving_flags_are_checked(extra, message):
 def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, tmp_path):
     """train+test of the demo's speech as a stream: the duration filter keeps what it keeps
     on the map-style data, and the collator makes Whisper batches from streamed clips."""
-    from tests.test_speech_task import speech_task
 
     shards = tmp_path / "speech-shards"
     done = subprocess.run(
@@ -478,7 +487,6 @@ def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, 
 
 
 def test_image_streams_augment_and_collate(tmp_path):
-    from tests.test_image_task import image_task
     from tests.tiny_assets import build_tiny_vit, write_colour_images
 
     write_colour_images(tmp_path / "images")
@@ -506,7 +514,6 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs)
     """The speech task through `python -m trainer`: train+test streamed from the bucket by
     two processes, each reading its own examples, and the final evaluation from the same
     shard set's test split (map-style)."""
-    from tests.conftest import DEMO_SPEECH_FLAGS, run_trainer
 
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)

@@ -19,8 +19,8 @@ from transformers import (
     TrainingArguments,
 )
 
-from tests.conftest import checked_task, run_trainer, trainer_env, use_delivered_model
 from tests.gcs_emulator import BUCKET
+from tests.helpers import checked_task, run_trainer, trainer_env, use_delivered_model
 from tests.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags

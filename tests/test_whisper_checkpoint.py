@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.conftest import checked_task
+from tests.helpers import checked_task
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_trainer, trainer_env, use_delivered_model
+from tests.helpers import run_trainer, trainer_env, use_delivered_model
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,339 @@
+"""What more than one test module uses, as plain functions and constants (no fixtures: those
+are in tests/conftest.py). No test module imports another test module; they import this.
+
+- running the real entrypoint: `trainer_env`, `start_trainer`, `run_trainer`, `start_nodes`,
+  `start_node`, `finish_all`, `use_delivered_model`;
+- building a task as the launcher does: `checked_task`, `speech_task`, `image_task`;
+- storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
+- small things: `free_port`, `wait_until`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
+  driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.common.cache import cache_dir, torch_extensions_dir
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+PERSISTENT_EXTENSIONS_DIR = torch_extensions_dir(os.environ, cache_dir())
+"""DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
+
+DEMO_SPEECH_FLAGS = ["--text_column_name", "transcription", "--language", "en"]
+"""What the demo's speech set needs when it is given as --dataset_name."""
+
+CONFIG = REPO_ROOT / "config.yaml"
+HPTUNING = REPO_ROOT / "hptuning.yaml"
+
+
+def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
+    """Lay out one cached snapshot the way huggingface_hub stores it."""
+    revision = "0" * 40
+    repo = cache / f"{kind}s--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / ("config.json" if kind == "model" else "README.md")).write_text("{}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+# Tasks built from flags, in-process --------------------------------------------------------
+
+
+def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
+    """The task object as the launcher builds it from flags, its input checks passed."""
+    from trainer.config.flags import parse_flags
+
+    flags = parse_flags(
+        ["--task", task, "--model_name_or_path", str(model_dir),
+         "--dataset_name", str(dataset_dir), *extra]
+    )  # fmt: skip
+    flags.task.check_inputs()
+    return flags.task
+
+
+def speech_task(model_dir, dataset_dir, *extra):
+    """The speech task (English), its model and processor."""
+    task = checked_task("speech-recognition", model_dir, dataset_dir, "--language", "en", *extra)
+    model, processor = task.build_model_and_processor()
+    return task, model, processor
+
+
+def image_task(model_dir: Path, dataset_dir: Path, *extra: str):
+    return checked_task("image-classification", model_dir, dataset_dir, *extra)
+
+
+def few_clips(speech, target: Path, per_split: int) -> Path:
+    """An audiofolder of the first `per_split` clips of each split of `speech` (anything
+    with a `dataset_dir`, e.g. the `demo_assets` fixture), hard-linked."""
+    for split in ("train", "test"):
+        with (speech.dataset_dir / split / "metadata.csv").open() as handle:
+            rows = list(csv.DictReader(handle))[:per_split]
+        (target / split).mkdir(parents=True)
+        with (target / split / "metadata.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        for row in rows:
+            (target / split / row["file_name"]).hardlink_to(
+                speech.dataset_dir / split / row["file_name"]
+            )
+    return target
+
+
+# The real entrypoint, as subprocesses --------------------------------------------------------
+
+
+def trainer_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        TRAINER_CACHE_DIR=str(cache_dir),
+        TORCH_EXTENSIONS_DIR=str(PERSISTENT_EXTENSIONS_DIR),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class TrainerProcess:
+    """A started `python -m trainer` and the file its output goes to."""
+
+    process: subprocess.Popen
+    log: Path
+
+    def finish(self, timeout: float = 600) -> tuple[int, str]:
+        """Wait for it (killing it on timeout); return its exit code and all it printed."""
+        try:
+            self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode, self.log.read_text()
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher alone, as a stopping container's main process gets it
+        (torchrun, which the launcher becomes, passes it on to the training processes)."""
+        self.process.send_signal(signal.SIGTERM)
+
+    def kill_node(self) -> None:
+        """SIGKILL the launcher and every process under it, as a dead machine would.
+
+        torchrun starts each worker in its own session, so killing the launcher's process
+        group is not enough: the whole process tree is collected first, then killed.
+        """
+        import psutil
+
+        launcher = psutil.Process(self.process.pid)
+        for process in [launcher, *launcher.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
+def start_trainer(
+    args: list[str], cwd: Path, env: dict[str, str], log_name: str = "trainer.log"
+) -> TrainerProcess:
+    """Start `python -m trainer ARGS` exactly as a user (or the image's entrypoint) would.
+
+    Output goes to `cwd/log_name`, not a pipe: with several nodes running, an undrained
+    pipe blocks one node's prints and with it, through the collectives, every other node.
+    """
+    log = cwd / log_name
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainer", *args],
+            cwd=cwd,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a test can kill the whole node
+        )
+    return TrainerProcess(process, log)
+
+
+def run_trainer(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600):
+    return start_trainer(args, cwd, env).finish(timeout)
+
+
+def start_nodes(
+    root: Path,
+    model_dir: Path,
+    dataset_dir: Path,
+    args: list[str],
+    num_nodes: int = 2,
+    port: int | None = None,
+    **env,
+) -> list[TrainerProcess]:
+    """Start one launcher per simulated Vertex AI node, as each replica would run it.
+
+    The chief listens at 127.0.0.1 on `port` (a free one if not given); see `start_node`.
+    """
+    port = port or free_port()
+    return [
+        start_node(root, rank, num_nodes, port, model_dir, dataset_dir, args, **env)
+        for rank in range(num_nodes)
+    ]
+
+
+def start_node(
+    root: Path,
+    rank: int,
+    num_nodes: int,
+    port: int,
+    model_dir: Path,
+    dataset_dir: Path,
+    args: list[str],
+    log_name: str = "trainer.log",
+    **env,
+) -> TrainerProcess:
+    """Start node `rank` of a simulated Vertex AI job, as its replica would run.
+
+    It gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1:`port`), Vertex's
+    node-level RANK/WORLD_SIZE, and its own directory `root/node{rank}` with its own copy
+    of the model and data: nodes share no disk. One training process per node. Starting
+    a node again in an existing directory is a restart on the same machine (its local
+    files are still there); under a new `root` it is a fresh machine.
+    """
+    cluster = {"workerpool0": [f"127.0.0.1:{port}"],
+               "workerpool1": [f"127.0.0.1:{port}"] * (num_nodes - 1)}  # fmt: skip
+    pool, index = ("workerpool0", 0) if rank == 0 else ("workerpool1", rank - 1)
+    node_dir = root / f"node{rank}"
+    if not node_dir.exists():
+        node_dir.mkdir(parents=True)
+        shutil.copytree(model_dir, node_dir / "model-in")
+        shutil.copytree(dataset_dir, node_dir / "data")
+    spec = {"cluster": cluster, "environment": "cloud",
+            "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
+    node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
+                           RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
+    node_args = ["--model_name_or_path", str(node_dir / "model-in"),
+                 "--dataset_name", str(node_dir / "data"), "--nproc_per_node", "1",
+                 *args]  # fmt: skip
+    return start_trainer(node_args, cwd=node_dir, env=node_env, log_name=log_name)
+
+
+def finish_all(nodes, timeout=600) -> list[str]:
+    """Wait for every node; each must exit 0. Their outputs, in rank order."""
+    outputs = []
+    for rank, node in enumerate(nodes):
+        code, output = node.finish(timeout)
+        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
+        outputs.append(output)
+    return outputs
+
+
+def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
+    """Use a saved model in a fresh interpreter with plain transformers, as its users will
+    (tests/delivered_model.py); what came out, as a dict.
+
+    One thread: torch's default (one per core) spins on a loaded 2-core machine, which
+    made 20 generated tokens of the tiny model take 16 s instead of 0.2 s."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.delivered_model", task, str(model_dir), str(item)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Storage -------------------------------------------------------------------------------------
+
+
+def assert_manifest_matches_store(checkpoint) -> None:
+    """A complete checkpoint's manifest lists exactly the files stored beside it."""
+    from trainer.storage.checkpoints import MANIFEST, NODE_MARKERS, read_manifest
+
+    listed = {entry.path for entry in read_manifest(checkpoint)}
+    stored = {path for path in checkpoint.list_files()
+              if path != MANIFEST and not path.startswith(f"{NODE_MARKERS}/")}  # fmt: skip
+    assert listed == stored, f"{checkpoint.uri}: manifest and store disagree"
+
+
+def vertex_outputs(base: str) -> dict[str, str]:
+    """The variables Vertex AI sets from a job's baseOutputDirectory."""
+    return {
+        "AIP_CHECKPOINT_DIR": f"{base}/checkpoints/",
+        "AIP_MODEL_DIR": f"{base}/model/",
+        "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/",
+    }
+
+
+def final_weights(base: str, tmp_path):
+    """The weights of the model a job delivered to `base`/model, as tensors by name."""
+    from safetensors.torch import load_file
+
+    from trainer.storage.store import open_store
+
+    local = tmp_path / f"model-{uuid.uuid4().hex}"
+    open_store(f"{base}/model").download(local)
+    return load_file(local / "model.safetensors")
+
+
+# Made-up node and job files -----------------------------------------------------------------
+
+
+def proc(version: str, open_module: bool = False) -> str:
+    """/proc/driver/nvidia/version as the proprietary or the open kernel module writes it."""
+    module = "Open Kernel Module for x86_64" if open_module else "x86_64 Kernel Module"
+    return (
+        f"NVRM version: NVIDIA UNIX {module}  {version}  Release Build  (dvs-builder@U16)  "
+        "Thu Sep 18 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+
+
+TORCH_2_13 = [  # torch 2.13.0's Requires-Dist on PyPI (the CUDA 13.0 build)
+    "filelock",
+    "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,"
+    'nvtx]==13.0.3; platform_system == "Linux"',
+    'nvidia-cudnn-cu13==9.20.0.48; platform_system == "Linux"',
+]
+
+
+def parse_strictly(data: dict, message_type):
+    """Parse REST-style JSON/YAML into a Vertex or Cloud Build message; unknown fields fail.
+
+    gcloud itself does not reject a misspelled field of a custom job (it drops it), so
+    this is what catches one before Vertex AI silently ignores it.
+    """
+    from google.protobuf import json_format
+
+    message = message_type()
+    json_format.ParseDict(data, message_type.pb(message), ignore_unknown_fields=False)
+    return message
