@@ -1,5 +1,6 @@
 """A finished training process destroys its process group before the interpreter exits
-(trainer.training.main.release_process_group): left to the exit, gloo's threads can abort it."""
+(trainer.training.distributed.release_process_group): left to the exit, gloo's threads
+can abort it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import free_port
-from trainer.training.main import release_process_group
+from trainer.training.distributed import release_process_group
 
 
 def test_a_finished_process_releases_its_process_group_once():
