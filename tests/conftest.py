@@ -1,5 +1,5 @@
-"""Fixtures: offline demo assets, a Hub cache, a Cloud Storage emulator. Plain helper
-functions are in tests/helpers.py."""
+"""Fixtures: offline demo assets, a Hub cache, a Cloud Storage emulator, and a guard that
+nothing is written into the checkout. Plain helper functions are in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -23,6 +23,35 @@ from tests.helpers import (  # noqa: F401
 from trainer.config import recipes as config_file
 from trainer.data.sources import looks_like_path
 from trainer.launcher.demo_assets import DemoAssets, prepare_demo_assets
+
+CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
+"""Entries of the repository root that a test run may create: everything else a test
+creates there fails the session (`checkout_stays_clean`)."""
+_ROOT_AT_START = pytest.StashKey[set]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_stays_clean(request):
+    """Record the repository root's entries; `pytest_sessionfinish` compares at the end."""
+    request.config.stash[_ROOT_AT_START] = {entry.name for entry in REPO_ROOT.iterdir()}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if a test created a file or directory in the repository root
+    (outputs, logs, caches: tests write under their tmp_path)."""
+    before = session.config.stash.get(_ROOT_AT_START, None)
+    if before is None:  # no test ran
+        return
+    created = sorted(
+        {entry.name for entry in REPO_ROOT.iterdir()} - before - CHECKOUT_LITTER_IGNORED
+    )
+    if created:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests wrote into the repository root {REPO_ROOT}: {', '.join(created)}"
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_sep("!", message, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
