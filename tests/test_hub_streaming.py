@@ -72,7 +72,7 @@ def write_speech_repository(root: Path, dataset_dir: Path) -> Path:
     `Audio()`) holds each clip's bytes, beside its `transcription` and a unique `__key__`."""
     from datasets import Audio, Dataset, Features, Value
 
-    from trainer.data.shard_index import _write_parquet
+    from trainer.shards import _write_parquet
 
     features = Features({"__key__": Value("string"), "audio": Audio(),
                          "transcription": Value("string")})  # fmt: skip
