@@ -22,7 +22,12 @@ from tests.helpers import (  # noqa: F401
 )
 from trainer.config import recipes as config_file
 from trainer.data.sources import looks_like_path
-from trainer.launcher.demo_assets import DemoAssets, prepare_demo_assets
+from trainer.launcher.demo_assets import (
+    MODEL_DIRNAME,
+    DemoAssets,
+    build_tiny_whisper,
+    prepare_demo_assets,
+)
 
 CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
 """Entries of the repository root that a test run may create: everything else a test
@@ -80,6 +85,28 @@ def demo_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_assets(demo_cache) -> DemoAssets:
+    """The demo's tiny Whisper (where the launcher's demo looks for it in `demo_cache`) and
+    a small speech set in the demo set's layout whose words are tones, not espeak-ng's
+    voices (tests/tiny_assets.py): built in about a second, for every test that needs a
+    model and an audiofolder but not a model that learns English speech."""
+    from tests.tiny_assets import write_tone_speech
+
+    model_dir = demo_cache / "demo" / MODEL_DIRNAME
+    if not model_dir.exists():
+        scratch = model_dir.with_name(f".{MODEL_DIRNAME}.partial")
+        build_tiny_whisper(scratch)
+        scratch.rename(model_dir)
+    dataset_dir = demo_cache / "tone-speech"
+    if not dataset_dir.exists():
+        write_tone_speech(dataset_dir)
+    return DemoAssets(model_dir=model_dir, dataset_dir=dataset_dir)
+
+
+@pytest.fixture(scope="session")
+def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
+    """The demo's own assets, as `python -m trainer` builds them: the same tiny Whisper and
+    about a thousand clips synthesized with espeak-ng (15-25 s to build). For tests in
+    which the model must learn real speech, or that check the synthesized set itself."""
     return prepare_demo_assets(demo_cache / "demo")
 
 

@@ -106,12 +106,12 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     )
 
 
-def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
+def test_two_nodes_on_one_machine_with_zero3(tmp_path, spoken_assets):
     """Two launchers with Vertex-style CLUSTER_SPECs, sharing no directory, meet and train.
 
     Log-mel features are computed by the training processes (as on GPU nodes), so that path
     runs under DeepSpeed too."""
-    nodes = start_nodes(tmp_path, demo_assets.model_dir, demo_assets.dataset_dir,
+    nodes = start_nodes(tmp_path, spoken_assets.model_dir, spoken_assets.dataset_dir,
                         [*DEMO_SPEECH_FLAGS, "--deepspeed", "zero3", *SHORT_RUN,
                          "--log_mel_on", "device", "--output_dir", "out"])  # fmt: skip
     outputs = []
@@ -127,7 +127,7 @@ def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
     assert "node 1 of 2 (worker)" in outputs[1]
 
     assert_trained_model_reloads_and_generates(
-        tmp_path / "node0" / "out" / "model", demo_assets.model_dir, demo_assets.dataset_dir
+        tmp_path / "node0" / "out" / "model", spoken_assets.model_dir, spoken_assets.dataset_dir
     )
     # ZeRO-3 partitions parameters and optimizer state: each node holds only its own shard.
     for rank in (0, 1):

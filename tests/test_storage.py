@@ -12,8 +12,8 @@ import pytest
 
 from tests.gcs_emulator import BUCKET, FlakyProxy
 from tests.helpers import assert_manifest_matches_store
+from tests.tiny_assets import TONE_CLIPS
 from trainer.common.errors import UserError
-from trainer.launcher.demo_assets import TEST_CLIPS, TRAIN_CLIPS
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import (
     MANIFEST,
@@ -192,7 +192,7 @@ def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
     fetched_at = copy.stat().st_mtime_ns
     _, processor = flags.task.build_model_and_processor()
     train, evaluation = flags.task.load_datasets(processor)
-    assert (len(train), len(evaluation)) == (TRAIN_CLIPS, TEST_CLIPS)
+    assert (len(train), len(evaluation)) == (TONE_CLIPS["train"], TONE_CLIPS["test"])
     assert train[0]["audio"].get_all_samples().sample_rate == 16_000
     assert copy.stat().st_mtime_ns == fetched_at, "the dataset was fetched twice"
 

@@ -510,7 +510,7 @@ def test_image_streams_augment_and_collate(tmp_path):
 
 
 @pytest.mark.slow
-def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs):
+def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, spoken_assets, gcs):
     """The speech task through `python -m trainer`: train+test streamed from the bucket by
     two processes, each reading its own examples, and the final evaluation from the same
     shard set's test split (map-style)."""
@@ -518,7 +518,7 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs)
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(demo_assets.dataset_dir), uri,
+        [sys.executable, "-m", "trainer.shards", str(spoken_assets.dataset_dir), uri,
          "--task", "speech-recognition", "--text_column_name", "transcription",
          "--shard_size_mb", "0.2"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
@@ -526,7 +526,7 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs)
     assert done.returncode == 0, done.stderr[-3000:]
     audit_dir = tmp_path / "audit"
     code, output = run_trainer(
-        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+        ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
          "--dataset_name", uri, *DEMO_SPEECH_FLAGS, "--streaming", "true",
          "--train_split_name", "train+test", "--max_steps", "3",
          "--per_device_train_batch_size", "4", "--save_strategy", "no",
