@@ -116,7 +116,7 @@ def keys_of(examples) -> list[str]:
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_four_processes_read_every_example_once_whether_or_not_shards_divide(
+def test_four_ranks_read_every_example_once_whether_or_not_shards_divide(
     shard_sets_in, shard_format, monkeypatch
 ):
     shard_sets = shard_sets_in(shard_format)
