@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: install demo test lint format bench image-check clean
+.PHONY: install demo test test-all lint format bench image-check clean
 
 install: $(STAMP)
 
@@ -27,8 +27,15 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/python -m trainer --nproc_per_node 2
 
+# The fast tier: the layer contracts, then every test that starts no training run.
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Everything (what CI runs): the fast tier first, so a broken build fails in minutes,
+# then the end-to-end runs that start real training processes.
+test-all: test
+	$(BIN)/python -m pytest -q -m slow tests
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
