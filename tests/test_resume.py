@@ -89,15 +89,16 @@ def steps_logged(log: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(gcs_emulator, spoken_assets, tmp_path_factory) -> tuple[str, float]:
+def uninterrupted(gcs_emulator, spoken_assets, tmp_path_factory) -> tuple[str, float, float]:
     """The reference: the job of RUN, never interrupted (run once for the tests below).
-    Its outputs' base URI and its seconds per training step."""
+    Its outputs' base URI, its seconds per training step and its final WER."""
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}/uninterrupted"
     root = tmp_path_factory.mktemp("uninterrupted")
     finish_all(start_nodes(root, spoken_assets.model_dir, spoken_assets.dataset_dir, RUN,
                            STORAGE_EMULATOR_HOST=gcs_emulator, **vertex_outputs(base)))  # fmt: skip
     runtime = json.loads((root / "node0" / "out" / "train_results.json").read_text())
-    return base, runtime["train_runtime"] / MAX_STEPS
+    evaluation = json.loads((root / "node0" / "out" / "eval_results.json").read_text())
+    return base, runtime["train_runtime"] / MAX_STEPS, evaluation["eval_wer"]
 
 
 def assert_same_weights(reference: str, resumed: str, tmp_path) -> float:
@@ -115,7 +116,7 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
     nodes are mid-collective; with restartJobOnWorkerRestart it then restarts every node.
     The survivor must stop within a bound, the restarted worker must neither hang nor
     train alone, and the restarted job must resume from the newest complete checkpoint."""
-    reference, seconds_per_step = uninterrupted
+    reference, seconds_per_step, reference_wer = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
     inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
@@ -183,7 +184,8 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
                if line]  # fmt: skip
     steps = [int(r["global_step"]) for r in reports]
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, reports
-    assert all(float(r["wer"]) >= 0 for r in reports)
+    # the resumed job ends with the uninterrupted one's weights: it scores as that one did
+    assert float(reports[-1]["wer"]) == pytest.approx(reference_wer, abs=1e-6), reports
 
 
 class WedgedChief:
@@ -249,7 +251,7 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
     """A Spot preemption notice (SIGTERM to node 1's container): both nodes finish the step
     in flight, save it, upload it and exit with code 75 and one line; the restarted job
     resumes from exactly that step and ends with the uninterrupted run's weights."""
-    reference, _ = uninterrupted
+    reference, _, _ = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
     inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
