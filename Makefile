@@ -27,15 +27,17 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/python -m trainer --nproc_per_node 2
 
-# The fast tier: the layer contracts, then every test that starts no training run.
+# The fast tier (a few minutes): the layer contracts, then every test not marked slow.
+# pytest exits 5 when a marker selects no test: a tier left empty is not a failure.
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" tests || test $$? -eq 5
 
 # Everything (what CI runs): the fast tier first, so a broken build fails in minutes,
-# then the end-to-end runs that start real training processes.
+# then the end-to-end runs that start real training processes (and the few other tests
+# of many seconds each).
 test-all: test
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q -m slow tests || test $$? -eq 5
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

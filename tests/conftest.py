@@ -1,5 +1,5 @@
-"""Fixtures: offline demo assets, a Hub cache, a Cloud Storage emulator. Plain helper
-functions are in tests/helpers.py."""
+"""Fixtures: offline demo assets, a Hub cache, a Cloud Storage emulator, and a guard that
+nothing is written into the checkout. Plain helper functions are in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -21,9 +21,38 @@ from tests.helpers import (  # noqa: F401
     warm_hub_cache,
 )
 from trainer.config import recipes as config_file
-from trainer.config.demo import DemoAssets
+from trainer.config.demo import MODEL_DIRNAME, DemoAssets
 from trainer.data.sources import looks_like_path
-from trainer.launcher.demo_assets import prepare_demo_assets
+from trainer.launcher.demo_assets import build_tiny_whisper, prepare_demo_assets
+
+CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
+"""Entries of the repository root that a test run may create: everything else a test
+creates there fails the session (`checkout_stays_clean`)."""
+_ROOT_AT_START = pytest.StashKey[set]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_stays_clean(request):
+    """Record the repository root's entries; `pytest_sessionfinish` compares at the end."""
+    request.config.stash[_ROOT_AT_START] = {entry.name for entry in REPO_ROOT.iterdir()}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if a test created a file or directory in the repository root
+    (outputs, logs, caches: tests write under their tmp_path)."""
+    before = session.config.stash.get(_ROOT_AT_START, None)
+    if before is None:  # no test ran
+        return
+    created = sorted(
+        {entry.name for entry in REPO_ROOT.iterdir()} - before - CHECKOUT_LITTER_IGNORED
+    )
+    if created:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests wrote into the repository root {REPO_ROOT}: {', '.join(created)}"
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_sep("!", message, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,6 +81,28 @@ def demo_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_assets(demo_cache) -> DemoAssets:
+    """The demo's tiny Whisper (where the launcher's demo looks for it in `demo_cache`) and
+    a small speech set in the demo set's layout whose words are tones, not espeak-ng's
+    voices (tests/tiny_assets.py): built in about a second, for every test that needs a
+    model and an audiofolder but not a model that learns English speech."""
+    from tests.tiny_assets import write_tone_speech
+
+    model_dir = demo_cache / "demo" / MODEL_DIRNAME
+    if not model_dir.exists():
+        scratch = model_dir.with_name(f".{MODEL_DIRNAME}.partial")
+        build_tiny_whisper(scratch)
+        scratch.rename(model_dir)
+    dataset_dir = demo_cache / "tone-speech"
+    if not dataset_dir.exists():
+        write_tone_speech(dataset_dir)
+    return DemoAssets(model_dir=model_dir, dataset_dir=dataset_dir)
+
+
+@pytest.fixture(scope="session")
+def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
+    """The demo's own assets, as `python -m trainer` builds them: the same tiny Whisper and
+    about a thousand clips synthesized with espeak-ng (15-25 s to build). For tests in
+    which the model must learn real speech, or that check the synthesized set itself."""
     return prepare_demo_assets(demo_cache / "demo")
 
 

@@ -4,9 +4,9 @@
 `from_pretrained` / `pipeline()` only (nothing from this project is imported) and prints
 one JSON object with what came out, for the calling test to check.
 
-- speech-recognition: `generate()` with no arguments; the prompt it chose (the same call
-  with `return_dict_in_generate`, which returns the prompt too); and
-  `pipeline("automatic-speech-recognition")` on the audio file INPUT.
+- speech-recognition: `generate()` with no arguments and the text it decodes to; the
+  prompt it chose (the same call with `return_dict_in_generate`, which returns the prompt
+  too); and `pipeline("automatic-speech-recognition")` on the audio file INPUT.
 - image-classification: `pipeline("image-classification")` on the image file INPUT.
 - text-classification: `pipeline("text-classification")` on the sentence INPUT.
 """
@@ -34,6 +34,7 @@ def speech(model_dir: str, audio_file: str) -> dict:
     prompt_length = prompted.shape[1] - generated.shape[1]
     return {
         "generated_tokens": generated.shape[1],
+        "generated_text": processor.batch_decode(generated, skip_special_tokens=True)[0],
         "largest_id": int(generated.max()),
         "vocab_size": model.config.vocab_size,
         "prompt": processor.tokenizer.convert_ids_to_tokens(prompted[0, :prompt_length]),

@@ -4,6 +4,7 @@ are in tests/conftest.py). No test module imports another test module; they impo
 - running the real entrypoint: `trainer_env`, `start_trainer`, `run_trainer`, `start_nodes`,
   `start_node`, `finish_all`, `use_delivered_model`;
 - building a task as the launcher does: `checked_task`, `speech_task`, `image_task`;
+  `python -m trainer.shards` in-process: `make_shards_in_process`;
 - storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
 - small things: `free_port`, `wait_until`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
   driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +107,24 @@ def few_clips(speech, target: Path, per_split: int) -> Path:
                 speech.dataset_dir / split / row["file_name"]
             )
     return target
+
+
+def make_shards_in_process(*args) -> int:
+    """`python -m trainer.shards ARGS` run in this process (`trainer.shards.main`): its exit
+    code, 0 when it returns. What it prints is left to the caller (capsys). The environment
+    variables and warning filters that it sets for its own process are put back."""
+    from trainer import shards
+
+    environment = dict(os.environ)
+    with warnings.catch_warnings():
+        try:
+            shards.main([str(arg) for arg in args])
+        except SystemExit as exit_info:
+            return exit_info.code
+        finally:
+            os.environ.clear()
+            os.environ.update(environment)
+    return 0
 
 
 # The real entrypoint, as subprocesses --------------------------------------------------------

@@ -20,6 +20,7 @@ from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
 
 pytestmark = pytest.mark.slow
 
+EVAL_LINE = re.compile(r"^eval at step (\d+) \| loss ([\d.]+) \| wer ([\d.]+)", re.MULTILINE)
 RANK_LINE = re.compile(
     r"rank (\d+)/(\d+) \(node (\d+), local rank \d+\): first batch of \d+ examples, "
     r"fingerprint (\w+)"
@@ -44,8 +45,17 @@ def rank_reports(output: str) -> dict[int, tuple[int, int, str]]:
     }
 
 
+ENGLISH_TRANSCRIBE = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+
+
+def evaluations(output: str) -> dict[int, tuple[float, float]]:
+    """step -> (loss, WER) of each `eval at step N` line."""
+    return {int(step): (float(loss), float(wer)) for step, loss, wer in EVAL_LINE.findall(output)}
+
+
 def assert_trained_model_reloads_and_generates(model_dir, initial_model_dir, dataset_dir):
-    """The saved folder loads with from_pretrained, holds trained weights, and transcribes."""
+    """The saved folder loads with from_pretrained, holds trained weights, and transcribes
+    English (the run's --language en) with no arguments to generate()."""
     model = WhisperForConditionalGeneration.from_pretrained(model_dir)
     processor = WhisperProcessor.from_pretrained(model_dir)
     initial = WhisperForConditionalGeneration.from_pretrained(initial_model_dir).state_dict()
@@ -59,10 +69,20 @@ def assert_trained_model_reloads_and_generates(model_dir, initial_model_dir, dat
     waveform = clip.get_all_samples().data.mean(dim=0).numpy()
     features = processor.feature_extractor(waveform, sampling_rate=16_000, return_tensors="pt")
     with torch.no_grad():
-        generated = model.generate(features.input_features, max_new_tokens=8)
-    assert 0 < generated.shape[1] <= 8 + 4
-    assert int(generated.max()) < model.config.vocab_size
-    assert isinstance(processor.batch_decode(generated, skip_special_tokens=True)[0], str)
+        transcript = model.generate(features.input_features, max_new_tokens=8)
+        # the same call, returning the prompt that generate() chose too
+        prompted = model.generate(
+            features.input_features, max_new_tokens=8, return_dict_in_generate=True
+        ).sequences
+    tokenizer = processor.tokenizer
+    prompt = prompted[0, : prompted.shape[1] - transcript.shape[1]]
+    assert tokenizer.convert_ids_to_tokens(prompt) == ENGLISH_TRANSCRIBE
+    assert prompted[0, len(prompt) :].tolist() == transcript[0].tolist()
+    assert 0 < transcript.shape[1] <= 8 and int(transcript.max()) < model.config.vocab_size
+    # the prompt is special tokens only: the text is the transcript's, nothing more
+    assert processor.batch_decode(prompted, skip_special_tokens=True) == processor.batch_decode(
+        transcript, skip_special_tokens=True
+    )
 
 
 def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
@@ -92,8 +112,16 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     assert sum(map(float, phases.values())) == pytest.approx(float(startup.group(1)), abs=0.5)
 
     out = tmp_path / "out"
+    # --eval_on_start (the demo recipe) scores the untrained model at step 0; the results
+    # saved are step 4's, and 4 steps of training lowered the evaluation loss.
+    scores = evaluations(output)
+    assert sorted(scores) == [0, 4], output[-3000:]
     eval_results = json.loads((out / "eval_results.json").read_text())
-    assert eval_results["eval_wer"] >= 0 and eval_results["eval_loss"] > 0
+    loss, wer = scores[4]
+    assert eval_results["eval_loss"] == pytest.approx(loss, abs=1e-4)
+    assert eval_results["eval_wer"] == pytest.approx(wer, abs=1e-4)
+    assert loss < scores[0][0], f"evaluation loss {scores[0][0]} before training, {loss} after"
+    assert f"result: WER {scores[0][1]:.1f} before training -> {wer:.1f} after 4 steps" in output
     checkpoint = out / "checkpoint-4"
     shards = list((checkpoint / "global_step4").glob("*optim_states.pt"))
     assert len(shards) == 2, "ZeRO-2 writes one optimizer shard per rank"
@@ -106,12 +134,12 @@ def test_demo_trains_two_processes_with_zero2(tmp_path, demo_cache):
     )
 
 
-def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
+def test_two_nodes_on_one_machine_with_zero3(tmp_path, spoken_assets):
     """Two launchers with Vertex-style CLUSTER_SPECs, sharing no directory, meet and train.
 
     Log-mel features are computed by the training processes (as on GPU nodes), so that path
     runs under DeepSpeed too."""
-    nodes = start_nodes(tmp_path, demo_assets.model_dir, demo_assets.dataset_dir,
+    nodes = start_nodes(tmp_path, spoken_assets.model_dir, spoken_assets.dataset_dir,
                         [*DEMO_SPEECH_FLAGS, "--deepspeed", "zero3", *SHORT_RUN,
                          "--log_mel_on", "device", "--output_dir", "out"])  # fmt: skip
     outputs = []
@@ -127,7 +155,7 @@ def test_two_nodes_on_one_machine_with_zero3(tmp_path, demo_assets):
     assert "node 1 of 2 (worker)" in outputs[1]
 
     assert_trained_model_reloads_and_generates(
-        tmp_path / "node0" / "out" / "model", demo_assets.model_dir, demo_assets.dataset_dir
+        tmp_path / "node0" / "out" / "model", spoken_assets.model_dir, spoken_assets.dataset_dir
     )
     # ZeRO-3 partitions parameters and optimizer state: each node holds only its own shard.
     for rank in (0, 1):

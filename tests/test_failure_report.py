@@ -41,15 +41,15 @@ speech.SpeechRecognitionTask.data_collator = _failing_collator
 
 
 @pytest.mark.slow
-def test_a_failing_rank_is_reported_once(tmp_path, demo_assets):
+def test_a_failing_rank_is_reported_once(tmp_path, spoken_assets):
     hooks, run_dir = tmp_path / "hooks", tmp_path / "run"
     hooks.mkdir(), run_dir.mkdir()
     (hooks / "sitecustomize.py").write_text(RANK_ONE_FAILS)
     env = trainer_env(tmp_path / "cache")
     env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
     code, output = run_trainer(
-        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
-         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+        ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
+         "--dataset_name", str(spoken_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
          "--max_steps", "2", "--per_device_train_batch_size", "2", "--eval_strategy", "no",
          "--save_strategy", "no", "--output_dir", "out"],
         cwd=run_dir,
@@ -129,13 +129,13 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
 
 
 @pytest.mark.slow
-def test_the_other_node_says_where_the_cause_is(tmp_path, demo_assets):
+def test_the_other_node_says_where_the_cause_is(tmp_path, spoken_assets):
     """Node 1's process fails; node 0's process only sees its collective break: node 1's
     log has the cause, node 0's one line pointing there, and no traceback."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(RANK_ONE_FAILS)
-    nodes = start_nodes(tmp_path / "nodes", demo_assets.model_dir, demo_assets.dataset_dir,
+    nodes = start_nodes(tmp_path / "nodes", spoken_assets.model_dir, spoken_assets.dataset_dir,
                         [*DEMO_SPEECH_FLAGS, "--max_steps", "2", "--eval_strategy", "no",
                          "--save_strategy", "no", "--per_device_train_batch_size", "2",
                          "--output_dir", "out"],

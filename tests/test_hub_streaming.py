@@ -150,7 +150,9 @@ def test_the_clients_ask_only_routes_the_loopback_hub_serves(hub, hub_reads):
     assert set(hub.unknown) <= {"GET /api/agent-harnesses"}, hub.unknown
 
 
-def test_four_processes_read_every_hub_example_once_with_labels_from_its_class_label(hub_reads):
+def test_four_ranks_read_every_hub_example_once_with_labels_from_its_class_label(hub_reads):
+    """The stream of each of 4 ranks (RANK and WORLD_SIZE set in turn in one child process,
+    as each training process sees them), and the labels from the ClassLabel feature."""
     reads, _ = hub_reads
     assert reads["labels"] == SENTIMENTS
     parts = reads["parts"]["3"]
@@ -214,16 +216,18 @@ def assert_no_training_example_in(root: Path) -> None:
     assert not holding, f"training examples written to disk: {holding}"
 
 
-def test_whisper_streams_a_hub_speech_dataset_to_two_processes(demo_assets, tmp_path):
+def test_whisper_streams_a_hub_speech_dataset_divided_between_two_ranks(demo_assets, tmp_path):
     """Whisper fine-tuning streamed from a Hub speech dataset, as users stream Common
-    Voice: each process reads its own Parquet file's clips, decoded from the embedded
-    bytes into Whisper batches, and the test split is evaluated at 16 kHz, while no
-    training clip is written to disk."""
+    Voice: each of two ranks (RANK and WORLD_SIZE set in turn in one child process) reads
+    its own Parquet file's clips, decoded from the embedded bytes into Whisper batches, and
+    the test split is evaluated at 16 kHz, while no training clip is written to disk.
+    Two real training processes stream from the Hub in
+    `test_two_processes_train_on_disjoint_hub_examples` (slow)."""
     repo = write_speech_repository(tmp_path / "repo", demo_assets.dataset_dir)
     with running_hub({SPEECH: Repository.from_directory(repo)}) as hub:
         reads, scratch = read_in_child(hub, "speech", demo_assets.model_dir, tmp_path)
     first, second = map(set, reads["parts"])
-    assert not first & second, "both processes read one clip"
+    assert not first & second, "both ranks read one clip"
     assert first | second == {f"train/clip{i}" for i in range(SPEECH_CLIPS["train"][0])}
     config = json.loads((demo_assets.model_dir / "config.json").read_text())
     mels, frames = config["num_mel_bins"], 2 * config["max_source_positions"]
@@ -259,8 +263,8 @@ def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path)
 
 def read_from_hub(model_dir: str) -> dict:
     """Build the text task from flags, load its training stream and evaluation split from
-    the Hub, and read the stream as 4 processes (seeds 3, 3, 4), in a later epoch, as 2
-    processes with 2 loader workers, and across a mid-epoch resume."""
+    the Hub, and read the stream as each of 4 ranks (seeds 3, 3, 4), in a later epoch, as
+    rank 1 of 2 with 2 loader workers, and across a mid-epoch resume."""
     from torch.utils.data import DataLoader
 
     from trainer.config.flags import parse_flags
@@ -311,7 +315,7 @@ def read_from_hub(model_dir: str) -> dict:
 
 def read_speech_from_hub(model_dir: str) -> dict:
     """Build the speech task from flags, load its training stream and evaluation split from
-    the Hub, read the stream as 2 processes and collate 3 of the first one's clips."""
+    the Hub, read the stream as each of 2 ranks and collate 3 of the first one's clips."""
     from trainer.config.flags import parse_flags
     from trainer.data.streams import POSITION, prepare_stream
 

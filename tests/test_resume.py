@@ -89,15 +89,16 @@ def steps_logged(log: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(gcs_emulator, demo_assets, tmp_path_factory) -> tuple[str, float]:
+def uninterrupted(gcs_emulator, spoken_assets, tmp_path_factory) -> tuple[str, float, float]:
     """The reference: the job of RUN, never interrupted (run once for the tests below).
-    Its outputs' base URI and its seconds per training step."""
+    Its outputs' base URI, its seconds per training step and its final WER."""
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}/uninterrupted"
     root = tmp_path_factory.mktemp("uninterrupted")
-    finish_all(start_nodes(root, demo_assets.model_dir, demo_assets.dataset_dir, RUN,
+    finish_all(start_nodes(root, spoken_assets.model_dir, spoken_assets.dataset_dir, RUN,
                            STORAGE_EMULATOR_HOST=gcs_emulator, **vertex_outputs(base)))  # fmt: skip
     runtime = json.loads((root / "node0" / "out" / "train_results.json").read_text())
-    return base, runtime["train_runtime"] / MAX_STEPS
+    evaluation = json.loads((root / "node0" / "out" / "eval_results.json").read_text())
+    return base, runtime["train_runtime"] / MAX_STEPS, evaluation["eval_wer"]
 
 
 def assert_same_weights(reference: str, resumed: str, tmp_path) -> float:
@@ -109,16 +110,16 @@ def assert_same_weights(reference: str, resumed: str, tmp_path) -> float:
 
 
 def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uninterrupted(
-    tmp_path, demo_assets, gcs, uninterrupted
+    tmp_path, spoken_assets, gcs, uninterrupted
 ):
     """Vertex AI restarts a failed worker with the same hostname, at once, while the other
     nodes are mid-collective; with restartJobOnWorkerRestart it then restarts every node.
     The survivor must stop within a bound, the restarted worker must neither hang nor
     train alone, and the restarted job must resume from the newest complete checkpoint."""
-    reference, seconds_per_step = uninterrupted
+    reference, seconds_per_step, reference_wer = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
-    inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
+    inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
     checkpoints = open_store(f"{base}/checkpoints")
     port = free_port()
 
@@ -183,7 +184,8 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
                if line]  # fmt: skip
     steps = [int(r["global_step"]) for r in reports]
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, reports
-    assert all(float(r["wer"]) >= 0 for r in reports)
+    # the resumed job ends with the uninterrupted one's weights: it scores as that one did
+    assert float(reports[-1]["wer"]) == pytest.approx(reference_wer, abs=1e-6), reports
 
 
 class WedgedChief:
@@ -208,7 +210,7 @@ class WedgedChief:
 
 
 def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeout(
-    tmp_path, demo_assets
+    tmp_path, spoken_assets
 ):
     """A worker restarted alone (or started) while its chief is wedged must not hold its
     machine for ever: it exits 1 with one line once --rdzv_timeout plus the margin has passed
@@ -219,7 +221,7 @@ def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeou
     started = time.monotonic()
     try:
         flags = [*RUN, "--rdzv_timeout", str(rdzv_timeout)]
-        inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
+        inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
         worker = start_node(tmp_path, 1, 2, chief.port, *inputs, flags)
         code, log = worker.finish(timeout=START_GIVE_UP_BOUND)
     finally:
@@ -244,15 +246,15 @@ PREEMPTED_LINE = re.compile(r"^preempted: SIGTERM on node (\d+) .*?: (checkpoint
 
 
 def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resumes_there(
-    tmp_path, demo_assets, gcs, uninterrupted
+    tmp_path, spoken_assets, gcs, uninterrupted
 ):
     """A Spot preemption notice (SIGTERM to node 1's container): both nodes finish the step
     in flight, save it, upload it and exit with code 75 and one line; the restarted job
     resumes from exactly that step and ends with the uninterrupted run's weights."""
-    reference, _ = uninterrupted
+    reference, _, _ = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
-    inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
+    inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
     checkpoints = open_store(f"{base}/checkpoints")
 
     nodes = start_nodes(tmp_path / "job", *inputs, RUN, **env)
@@ -381,7 +383,7 @@ speech.SpeechRecognitionTask.compute_metrics = _failing_metrics
 """
 
 
-def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_assets, gcs):
+def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_assets, gcs):
     """Training ends, then the final evaluation fails: the model is already in the bucket,
     the run exits non-zero, and one error line says what failed and where the model is."""
     hooks, run_dir = tmp_path / "hooks", tmp_path / "run"
@@ -391,8 +393,8 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_asset
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs, **vertex_outputs(base))
     env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
     code, output = run_trainer(
-        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
-         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+        ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
+         "--dataset_name", str(spoken_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
          "--max_steps", "2", "--per_device_train_batch_size", "2", "--eval_strategy", "no",
          "--save_strategy", "no", "--max_eval_samples", "2", "--generation_max_length", "4",
          "--output_dir", "out"],
@@ -413,7 +415,7 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_asset
     open_store(f"{base}/model").download(local)
     model = WhisperForConditionalGeneration.from_pretrained(local)
     WhisperProcessor.from_pretrained(local)
-    initial = WhisperForConditionalGeneration.from_pretrained(demo_assets.model_dir).state_dict()
+    initial = WhisperForConditionalGeneration.from_pretrained(spoken_assets.model_dir).state_dict()
     trained = model.state_dict()
     changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
     assert len(changed) > len(initial) // 2, "the delivered weights are not the trained ones"

@@ -1,5 +1,8 @@
 """`python -m trainer.shards`: local layouts become Parquet shards with embedded media and an
-index, locally and in Cloud Storage (the emulator); bad input is one error line."""
+index, locally and in Cloud Storage (the emulator); bad input is one error line.
+
+Most cases call `trainer.shards.main` in this process (a subprocess costs seconds of
+imports); two run the real command line: a success into Cloud Storage and a bad input."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ import pytest
 from PIL import Image
 
 from tests.gcs_emulator import BUCKET
-from tests.helpers import REPO_ROOT, few_clips, image_task, speech_task, trainer_env
+from tests.helpers import (
+    REPO_ROOT,
+    few_clips,
+    image_task,
+    make_shards_in_process,
+    speech_task,
+    trainer_env,
+)
 from tests.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
 from trainer.data.shard_index import INDEX, KEY_COLUMN, read_index
 from trainer.data.shard_reader import shard_split
@@ -24,6 +34,7 @@ from trainer.storage.store import open_store
 
 
 def make_shards(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real command line, `python -m trainer.shards ARGS`, in a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "trainer.shards", *map(str, args)],
         cwd=REPO_ROOT,
@@ -34,16 +45,28 @@ def make_shards(*args: str, env: dict | None = None) -> subprocess.CompletedProc
     )
 
 
-def error_lines(done: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in done.stderr.splitlines() if line.startswith("error:")]
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-def test_audiofolder_becomes_parquet_shards_with_the_audio_inside(demo_assets, tmp_path):
+def made(code: int, capsys) -> None:
+    """`make_shards_in_process` succeeded (else: what it printed on stderr)."""
+    assert code == 0, capsys.readouterr().err[-3000:]
+
+
+@pytest.fixture
+def trainer_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_audiofolder_becomes_parquet_shards_with_the_audio_inside(
+    demo_assets, tmp_path, trainer_cache, capsys
+):
     target = tmp_path / "shards"
-    done = make_shards(demo_assets.dataset_dir, target, "--task", "speech-recognition",
-                       "--text_column_name", "transcription", "--shard_size_mb", "1",
-                       env=trainer_env(tmp_path / "cache"))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    code = make_shards_in_process(demo_assets.dataset_dir, target, "--task",
+                                  "speech-recognition", "--text_column_name", "transcription",
+                                  "--shard_size_mb", "1")  # fmt: skip
+    made(code, capsys)
 
     index = read_index(open_store(str(target)))
     for split in ("train", "test"):
@@ -66,6 +89,7 @@ def test_audiofolder_becomes_parquet_shards_with_the_audio_inside(demo_assets, t
 
 
 def test_imagefolder_goes_to_cloud_storage_with_its_label_names(tmp_path, gcs):
+    """Through the real command line (a subprocess), as the other cases are not."""
     source = tmp_path / "images"
     write_colour_images(source)
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/images"
@@ -88,21 +112,22 @@ def test_imagefolder_goes_to_cloud_storage_with_its_label_names(tmp_path, gcs):
     assert Image.open(io.BytesIO(image["bytes"])).size[0] > 0
 
 
-def test_text_labels_are_recorded_for_streams(tmp_path):
+def test_text_labels_are_recorded_for_streams(tmp_path, capsys):
     source = tmp_path / "sentiment"
     write_sentiment_csv(source)
     columns = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
-    done = make_shards(source, tmp_path / "shards", "--task", "text-classification", *columns)
-    assert done.returncode == 0, done.stderr[-3000:]
+    code = make_shards_in_process(
+        source, tmp_path / "shards", "--task", "text-classification", *columns
+    )
+    made(code, capsys)
     index = read_index(open_store(str(tmp_path / "shards")))
     assert index.labels == {"sentiment": ["negative", "neutral", "positive"]}
     assert set(index.splits) == {"train", "test"}
 
 
-def test_common_voice_directory(common_voice_dir, tmp_path):
-    done = make_shards(common_voice_dir, tmp_path / "cv", "--task", "speech-recognition",
-                       "--text_column_name", "sentence")  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_common_voice_directory(common_voice_dir, tmp_path, capsys):
+    flags = ["--task", "speech-recognition", "--text_column_name", "sentence"]
+    made(make_shards_in_process(common_voice_dir, tmp_path / "cv", *flags), capsys)
     index = read_index(open_store(str(tmp_path / "cv")))
     assert set(index.splits) == {"train", "validation", "test"}
     assert "path" not in index.columns and "audio" in index.columns
@@ -117,16 +142,29 @@ def test_common_voice_directory(common_voice_dir, tmp_path):
         ("sentiment", ["--task", "text-classification", "--shard_size_mb", "0"], "positive"),
     ],
 )
-def test_bad_input_is_one_error_line(tmp_path, layout, args, message):
+def test_bad_input_is_one_error_line(tmp_path, layout, args, message, capsys):
     source = tmp_path / layout
     source.mkdir()
     if layout == "sentiment":
         write_sentiment_csv(source)
     if layout == "header-only":
         (source / "train.csv").write_text("text,label\n")
-    done = make_shards(source, tmp_path / "out", *args)
+    code = make_shards_in_process(source, tmp_path / "out", *args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / INDEX).exists()
+
+
+def test_the_real_command_line_says_bad_input_in_one_error_line(tmp_path):
+    """The cases above in-process; this one through `python -m trainer.shards`."""
+    source = tmp_path / "sentiment"
+    write_sentiment_csv(source)
+    done = make_shards(source, tmp_path / "out", "--task", "text-classification")
     assert done.returncode == 2
-    assert len(error_lines(done)) == 1 and message in error_lines(done)[0], done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f'error: Column "text" (--text_column_name) not found in {source}')
     assert not (tmp_path / "out" / INDEX).exists()
 
 
@@ -136,7 +174,7 @@ def streamed(location: Path, split: str) -> list[dict]:
 
 
 def test_webdataset_shards_hold_the_clips_as_files_and_stream_as_parquet_does(
-    demo_assets, tmp_path
+    demo_assets, tmp_path, trainer_cache, capsys
 ):
     """Demo speech as tars: `KEY.wav` (the source file) + `KEY.json` per sample, KEY the
     example's `__key__`; the same examples, audio and texts as the Parquet shards of the
@@ -149,9 +187,8 @@ def test_webdataset_shards_hold_the_clips_as_files_and_stream_as_parquet_does(
         ("tar", "webdataset"),
         ("again", "webdataset"),
     ):
-        done = make_shards(source, tmp_path / name, *flags, "--format", shard_format,
-                           env=trainer_env(tmp_path / "cache"))  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        made(make_shards_in_process(source, tmp_path / name, *flags, "--format", shard_format),
+             capsys)  # fmt: skip
     parquet, tars = (read_index(open_store(str(tmp_path / name))) for name in ("parquet", "tar"))
     assert tars.features == parquet.features and tars.labels is None
 
@@ -210,20 +247,20 @@ def flac_samples(demo_assets, split: str, rows: range) -> list[tuple[str, bytes]
     return members
 
 
-def index_in_bucket(local, task: str, columns: list[str], tmp_path, gcs):
-    """Upload the tars under `local` to a fresh bucket path and index them there with
-    `python -m trainer.shards URI --index_only`; the URI and the index it wrote."""
+def index_in_bucket(local, task: str, columns: list[str], capsys):
+    """Upload the tars under `local` to a fresh bucket path (the `gcs` emulator) and index
+    them there with `python -m trainer.shards URI --index_only`; the URI and the index."""
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/wds"
     open_store(uri).upload(local)
-    done = make_shards(uri, "--index_only", "--task", task, *columns,
-                       env=trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"wrote {uri}/{INDEX}" in done.stdout
+    code = make_shards_in_process(uri, "--index_only", "--task", task, *columns)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert f"wrote {uri}/{INDEX}" in out
     return uri, read_index(open_store(uri))
 
 
 def test_users_speech_tars_in_cloud_storage_are_indexed_in_place_and_streamed(
-    demo_assets, tmp_path, gcs
+    demo_assets, tmp_path, gcs, trainer_cache, capsys
 ):
     """KEY.flac + KEY.txt tars, as the webdataset library writes them, in the bucket:
     `--index_only` reads each once and writes index.json beside them; the speech task
@@ -235,7 +272,7 @@ def test_users_speech_tars_in_cloud_storage_are_indexed_in_place_and_streamed(
     write_tar(local / "train-00001.tar", flac_samples(demo_assets, "train", range(5, 9)))
     write_tar(local / "test" / "00000.tar", flac_samples(demo_assets, "test", range(3)))
     columns = ["--audio_column_name", "flac", "--text_column_name", "txt"]
-    uri, index = index_in_bucket(local, "speech-recognition", columns, tmp_path, gcs)
+    uri, index = index_in_bucket(local, "speech-recognition", columns, capsys)
     assert {
         split: [(s.file, s.rows) for s in shards] for split, shards in index.splits.items()
     } == {
@@ -272,7 +309,7 @@ def png_samples(prefix: str, count: int) -> list[tuple[str, bytes]]:
     return members
 
 
-def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs):
+def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs, capsys):
     """KEY.png + KEY.cls tars: splits from folder and file names, the class ids recorded as
     the label values, and the image task builds its head from them and streams."""
     from tests.tiny_assets import build_tiny_vit
@@ -283,7 +320,7 @@ def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs):
     write_tar(local / "train" / "part-1.tar", png_samples("b", 6))
     write_tar(local / "colours-valid-0.tar", png_samples("v", 3))
     columns = ["--image_column_name", "png", "--label_column_name", "cls"]
-    uri, index = index_in_bucket(local, "image-classification", columns, tmp_path, gcs)
+    uri, index = index_in_bucket(local, "image-classification", columns, capsys)
     assert (index.rows("train"), index.rows("validation")) == (15, 3)
     assert index.labels == {"cls": [0, 1, 2]} and index.features["png"] == {"_type": "Image"}
 
@@ -317,14 +354,16 @@ ONE_TAR = {"train-0.tar": [("a.flac", b"fLaC"), ("a.txt", b"hi")]}
         (ONE_TAR, ["elsewhere", "--text_column_name", "txt"], "SOURCE alone with --index_only"),
     ],
 )  # fmt: skip
-def test_bad_webdataset_sets_are_one_error_line(tmp_path, tars, args, message):
+def test_bad_webdataset_sets_are_one_error_line(tmp_path, tars, args, message, capsys):
     source = tmp_path / "wds"
     source.mkdir()
     (source / "README.md").write_text("not a tar")
     for name, members in tars.items():
         write_tar(source / name, members)
-    done = make_shards(source, *args, "--index_only", "--task", "speech-recognition",
-                       "--audio_column_name", "flac")  # fmt: skip
-    assert done.returncode == 2
-    assert len(error_lines(done)) == 1 and message in error_lines(done)[0], done.stderr
+    code = make_shards_in_process(source, *args, "--index_only", "--task",
+                                  "speech-recognition", "--audio_column_name", "flac")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(error_lines(err)) == 1 and message in error_lines(err)[0], err
+    assert "Traceback" not in err
     assert not (source / INDEX).exists()

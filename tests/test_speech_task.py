@@ -8,9 +8,9 @@ import torch
 from transformers import EvalPrediction
 
 from tests.helpers import checked_task, speech_task
+from tests.tiny_assets import TONE_CLIPS, write_tone_speech
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
-from trainer.launcher.demo_assets import TRAIN_CLIPS, synthesize_speech_dataset
 
 
 def test_common_voice_directory_loads_mp3_at_16khz(demo_assets, common_voice_dir):
@@ -35,7 +35,7 @@ def test_audiofolder_duration_filter_reads_headers(demo_assets):
     )  # fmt: skip
     train, _ = task.load_datasets(processor)
     durations = [ex["audio"].get_all_samples().duration_seconds for ex in train]
-    assert 0 < len(train) < TRAIN_CLIPS, "the filter should keep some clips and drop others"
+    assert 0 < len(train) < TONE_CLIPS["train"], "the filter should keep some clips and drop others"
     assert max(durations) <= 1.4 + 0.01
 
 
@@ -128,7 +128,7 @@ def test_attention_is_sdpa_unless_a_flag_says_otherwise(demo_assets):
 def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tmp_path):
     # The demo's sentences all have three one-token words: transcripts of differing lengths.
     data = tmp_path / "speech"
-    synthesize_speech_dataset(
+    write_tone_speech(
         data,
         {"train": ["one", "red green blue", "the dog runs fast today", "open the door please"],
          "test": ["good morning"]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -12,11 +13,12 @@ import pytest
 
 from tests.gcs_emulator import BUCKET, FlakyProxy
 from tests.helpers import assert_manifest_matches_store
+from tests.tiny_assets import TONE_CLIPS
 from trainer.common.errors import UserError
-from trainer.launcher.demo_assets import TEST_CLIPS, TRAIN_CLIPS
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import (
     MANIFEST,
+    NODE_MARKERS,
     CheckpointUploader,
     complete_checkpoints,
     find_resumable_checkpoint,
@@ -95,13 +97,26 @@ def node_checkpoint(tmp_path, node, step, shard_rank):
     return make_files(root, files)
 
 
-def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path):
+def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path, monkeypatch):
     store = open_store(fresh_prefix())
+    looked_for_the_worker = threading.Event()
+    read_text = type(store).read_text
+
+    def watched_read_text(self, name):
+        text = read_text(self, name)
+        if name == f"{NODE_MARKERS}/node-1.json" and text is None:
+            looked_for_the_worker.set()
+        return text
+
+    monkeypatch.setattr(type(store), "read_text", watched_read_text)
     chief, worker = uploader(store, tmp_path, 0, 2), uploader(store, tmp_path, 1, 2)
     chief.submit(node_checkpoint(tmp_path, 0, 4, shard_rank=0))
-    # The chief's part alone never makes the checkpoint complete.
-    with pytest.raises(TimeoutError):
-        _wait_for(lambda: store.child("checkpoint-4").read_text(MANIFEST), seconds=3)
+    # The chief's part alone never makes the checkpoint complete: once the chief has
+    # uploaded it and looked for the worker's marker in vain, there is still no manifest.
+    assert looked_for_the_worker.wait(timeout=60), "the chief never looked for node 1's part"
+    checkpoint = store.child("checkpoint-4")
+    assert checkpoint.read_text(f"{NODE_MARKERS}/node-0.json"), "the chief's part is uploaded"
+    assert checkpoint.read_text(MANIFEST) is None, "a manifest without the worker's part"
     worker.submit(node_checkpoint(tmp_path, 1, 4, shard_rank=1))
     worker.close()
     chief.close()
@@ -156,18 +171,7 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
     assert "checkpoint-4 does not hold what its manifest lists" in warnings
 
 
-def _wait_for(condition, seconds: float):
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise TimeoutError
-
-
-def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
+def test_gs_dataset_is_fetched_once_per_machine_and_loads_as_a_local_one(
     gcs, demo_assets, tmp_path, monkeypatch
 ):
     from trainer.config.flags import parse_flags
@@ -192,7 +196,7 @@ def test_gs_dataset_is_fetched_once_per_machine_and_trains_as_local(
     fetched_at = copy.stat().st_mtime_ns
     _, processor = flags.task.build_model_and_processor()
     train, evaluation = flags.task.load_datasets(processor)
-    assert (len(train), len(evaluation)) == (TRAIN_CLIPS, TEST_CLIPS)
+    assert (len(train), len(evaluation)) == (TONE_CLIPS["train"], TONE_CLIPS["test"])
     assert train[0]["audio"].get_all_samples().sample_rate == 16_000
     assert copy.stat().st_mtime_ns == fetched_at, "the dataset was fetched twice"
 

@@ -5,6 +5,8 @@ the GCS emulator."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 import uuid
@@ -23,6 +25,7 @@ from tests.helpers import (
     final_weights,
     finish_all,
     image_task,
+    make_shards_in_process,
     run_trainer,
     speech_task,
     start_nodes,
@@ -52,11 +55,19 @@ FORMATS = ["parquet", "webdataset"]
 """`trainer.shards --format` values: a test parametrized over them reads both kinds of shards."""
 
 
+def make_shards(*args) -> None:
+    """`python -m trainer.shards ARGS`, in this process (tests/test_shards.py runs the real
+    command line); it must succeed."""
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        code = make_shards_in_process(*args)
+    assert code == 0, errors.getvalue()[-3000:]
+
+
 def make_sentiment_shards(
     root: Path,
     destination: str,
     shard_size_mb: float,
-    env=None,
     source: Path | None = None,
     shard_format: str = "parquet",
 ):
@@ -64,13 +75,8 @@ def make_sentiment_shards(
         source = root / "sentiment"
         if not source.exists():
             write_sentiment_csv(source)
-    done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(source), destination,
-         "--task", "text-classification", *COLUMNS, "--shard_size_mb", str(shard_size_mb),
-         "--format", shard_format],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    make_shards(source, destination, "--task", "text-classification", *COLUMNS,
+                "--shard_size_mb", shard_size_mb, "--format", shard_format)  # fmt: skip
     return read_index(open_store(destination))
 
 
@@ -110,7 +116,7 @@ def keys_of(examples) -> list[str]:
 
 
 @pytest.mark.parametrize("shard_format", FORMATS)
-def test_four_processes_read_every_example_once_whether_or_not_shards_divide(
+def test_four_ranks_read_every_example_once_whether_or_not_shards_divide(
     shard_sets_in, shard_format, monkeypatch
 ):
     shard_sets = shard_sets_in(shard_format)
@@ -281,24 +287,20 @@ print(sum(example["audio"].get_all_samples().data.numel() > 0 for example in str
 def test_streaming_from_cloud_storage_writes_no_shard_to_local_disk(
     demo_assets, tmp_path, gcs, shard_format
 ):
-    """A process that streams (and decodes) a whole gs:// shard set, eight times the size of
-    its largest shard, leaves its cache, temporary and working directories as they were:
-    Parquet row groups and tar members are read through the store, never saved."""
+    """A process that streams (and decodes) a whole gs:// shard set, eight or more shards
+    and over six times the size of its largest one, leaves its cache, temporary and working
+    directories as they were: Parquet row groups and tar members are read through the
+    store, never saved."""
 
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
     source = few_clips(demo_assets, tmp_path / "speech", per_split=24)
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
-    done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(source), uri, "--task",
-         "speech-recognition", "--text_column_name", "transcription", "--shard_size_mb", "0.2",
-         "--format", shard_format],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    make_shards(source, uri, "--task", "speech-recognition", "--text_column_name",
+                "transcription", "--shard_size_mb", "0.2", "--format", shard_format)  # fmt: skip
     index = read_index(open_store(uri))
     train = index.splits["train"]
     largest, corpus = max(s.bytes for s in train), sum(s.bytes for s in train)
-    assert len(train) == 8 and corpus > 6 * largest
+    assert len(train) >= 8 and corpus > 6 * largest
 
     scratch = tmp_path / "scratch"
     folders = {name: scratch / name for name in ("hf", "tmp", "cache", "xdg", "work")}
@@ -326,8 +328,7 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
 
     job = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs}
-    index = make_sentiment_shards(tmp_path, f"{job}/shards", 0.00097, env=trainer_env(
-        tmp_path / "cache", **env))  # fmt: skip
+    index = make_sentiment_shards(tmp_path, f"{job}/shards", 0.00097)
     assert [shard.rows for shard in index.splits["train"]] == [15] * 4
     corpus = sum(shard.bytes for shards in index.splits.values() for shard in shards)
     largest = max(shard.bytes for shards in index.splits.values() for shard in shards)
@@ -461,13 +462,8 @@ def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, 
     on the map-style data, and the collator makes Whisper batches from streamed clips."""
 
     shards = tmp_path / "speech-shards"
-    done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(demo_assets.dataset_dir), str(shards),
-         "--task", "speech-recognition", "--text_column_name", "transcription",
-         "--shard_size_mb", "0.2"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    make_shards(demo_assets.dataset_dir, shards, "--task", "speech-recognition",
+                "--text_column_name", "transcription", "--shard_size_mb", "0.2")  # fmt: skip
     flags = ["--text_column_name", "transcription", "--max_duration_in_seconds", "1.4",
              "--train_split_name", "train+test", "--eval_split_name", "test"]  # fmt: skip
     task, _, processor = speech_task(demo_assets.model_dir, shards, *flags)
@@ -491,12 +487,8 @@ def test_image_streams_augment_and_collate(tmp_path):
 
     write_colour_images(tmp_path / "images")
     build_tiny_vit(tmp_path / "vit")
-    done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(tmp_path / "images"), str(tmp_path / "s"),
-         "--task", "image-classification", "--shard_size_mb", "0.1"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    make_shards(tmp_path / "images", tmp_path / "s", "--task", "image-classification",
+                "--shard_size_mb", "0.1")  # fmt: skip
     task = image_task(tmp_path / "vit", tmp_path / "s", "--streaming", "--max_steps", "1",
                       "--augment", "true")  # fmt: skip
     _, processor = task.build_model_and_processor()
@@ -510,7 +502,7 @@ def test_image_streams_augment_and_collate(tmp_path):
 
 
 @pytest.mark.slow
-def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs):
+def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, spoken_assets, gcs):
     """The speech task through `python -m trainer`: train+test streamed from the bucket by
     two processes, each reading its own examples, and the final evaluation from the same
     shard set's test split (map-style)."""
@@ -518,7 +510,7 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs)
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/speech"
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs)
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.shards", str(demo_assets.dataset_dir), uri,
+        [sys.executable, "-m", "trainer.shards", str(spoken_assets.dataset_dir), uri,
          "--task", "speech-recognition", "--text_column_name", "transcription",
          "--shard_size_mb", "0.2"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
@@ -526,7 +518,7 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, demo_assets, gcs)
     assert done.returncode == 0, done.stderr[-3000:]
     audit_dir = tmp_path / "audit"
     code, output = run_trainer(
-        ["--nproc_per_node", "2", "--model_name_or_path", str(demo_assets.model_dir),
+        ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
          "--dataset_name", uri, *DEMO_SPEECH_FLAGS, "--streaming", "true",
          "--train_split_name", "train+test", "--max_steps", "3",
          "--per_device_train_batch_size", "4", "--save_strategy", "no",

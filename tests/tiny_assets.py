@@ -1,20 +1,27 @@
-"""Offline assets for the classification tasks: tiny random ViT and BERT, and data they learn.
+"""Offline test assets: tiny random ViT and BERT and data they learn, and a small speech set
+in the demo's layout that needs no speech synthesizer.
 
-Like the speech demo's assets, everything is built locally so that the image and text
-tasks run end to end (tests, smoke tests in an image) without a model hub or network:
-the models are randomly initialised from small configs with a fixed seed, BERT's WordPiece
-tokenizer is trained on the text set itself, and the data is synthesized.
+Like the speech demo's assets, everything is built locally so that the tasks run end to
+end (tests, smoke tests in an image) without a model hub or network: the models are
+randomly initialised from small configs with a fixed seed, BERT's WordPiece tokenizer is
+trained on the text set itself, and the data is synthesized.
 
 - Images: coloured squares whose class is their dominant colour, with a distractor shape,
   noise and varying brightness; a few stored as JPEG or palette PNG, so decoding and RGB
   conversion are exercised. A ViT of ~30 k parameters learns them in a few dozen steps.
 - Texts: short financial-news-style sentences whose class is their sentiment.
+- Speech (`write_tone_speech`): the demo's three-word sentences as an `audiofolder` at
+  22,050 Hz, each word a tone burst of its own pitch: the demo set's layout, columns,
+  sample rate and clip lengths, written in milliseconds by numpy, with no espeak-ng. For
+  tests that need audio files and transcripts, not a model that learns English speech.
 """
 
 from __future__ import annotations
 
 import csv
 import random
+import wave
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +160,63 @@ def write_sentiment_csv(dataset_dir: Path) -> None:
             writer = csv.writer(handle)
             writer.writerow(["sentence", "sentiment"])
             writer.writerows(rows)
+
+
+TONE_CLIPS = {"train": 48, "test": 24}
+"""Clips per split of `write_tone_speech`'s default set."""
+TONE_SAMPLE_RATE = 22_050
+"""espeak-ng's rate, as in the demo set: the training pipeline must resample to 16 kHz."""
+
+
+def write_tone_speech(
+    dataset_dir: Path, sentences_per_split: dict[str, list[str]] | None = None
+) -> None:
+    """An `audiofolder` like the demo's speech set: `<split>/NNNN.wav` (16-bit mono,
+    22,050 Hz) and `<split>/metadata.csv` with `file_name,transcription`.
+
+    Each word is a tone of its own pitch (0.2-0.6 s, with a little noise), between short
+    pauses: a three-word clip lasts about 0.9 to 2.3 s, as the demo's spoken ones do.
+    Without `sentences_per_split`, TONE_CLIPS clips of the demo's sentences (seeded)."""
+    from trainer.launcher.demo_assets import DEMO_SENTENCES
+
+    rng = np.random.default_rng(SEED)
+    if sentences_per_split is None:
+        sentences = list(DEMO_SENTENCES)
+        sentences_per_split = {
+            split: [sentences[i] for i in rng.choice(len(sentences), count)]
+            for split, count in TONE_CLIPS.items()
+        }
+    for split, texts in sentences_per_split.items():
+        folder = dataset_dir / split
+        folder.mkdir(parents=True)
+        rows = []
+        for index, text in enumerate(texts):
+            name = f"{index:04d}.wav"
+            _write_wav(folder / name, _tone_words(text, rng))
+            rows.append((name, text))
+        with (folder / "metadata.csv").open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["file_name", "transcription"])
+            writer.writerows(rows)
+
+
+def _tone_words(text: str, rng: np.random.Generator) -> np.ndarray:
+    rate = TONE_SAMPLE_RATE
+    pieces = [np.zeros(int(rate * rng.uniform(0.05, 0.15)))]
+    for word in text.split():
+        pitch = 150 + zlib.crc32(word.lower().encode()) % 1500
+        seconds = rng.uniform(0.2, 0.6)
+        t = np.arange(int(rate * seconds)) / rate
+        envelope = np.minimum(1, np.minimum(t, seconds - t) / 0.02)  # no clicks
+        pieces.append(0.4 * envelope * np.sin(2 * np.pi * pitch * t))
+        pieces.append(np.zeros(int(rate * rng.uniform(0.05, 0.15))))
+    samples = np.concatenate(pieces)
+    return samples + rng.normal(0, 0.01, samples.shape)
+
+
+def _write_wav(path: Path, samples: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(TONE_SAMPLE_RATE)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
