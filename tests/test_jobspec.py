@@ -10,23 +10,9 @@ import yaml
 from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuningJob
 from google.protobuf import json_format
 
-from tests.conftest import REPO_ROOT, trainer_env
+from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly, trainer_env
 from trainer import jobspec
 from trainer.config.hardware import Hardware
-
-CONFIG = REPO_ROOT / "config.yaml"
-HPTUNING = REPO_ROOT / "hptuning.yaml"
-
-
-def parse_strictly(data: dict, message_type):
-    """Parse REST-style JSON/YAML into a Vertex or Cloud Build message; unknown fields fail.
-
-    gcloud itself does not reject a misspelled field of a custom job (it drops it), so
-    this is what catches one before Vertex AI silently ignores it.
-    """
-    message = message_type()
-    json_format.ParseDict(data, message_type.pb(message), ignore_unknown_fields=False)
-    return message
 
 
 def rendered(*argv: str) -> dict[str, dict]:
