@@ -21,11 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.common.errors import UserError
+from trainer.config.flags import (
+    TRAINING_DEFAULTS,
+    FlagParser,
+    TaskArguments,
+    build_parser,
+    selected_task_name,
+)
 from trainer.config.launcher_flags import LauncherArguments
 from trainer.config.recipes import expand_config_file, shipped_recipes
+from trainer.data.arguments import DataArguments
+from trainer.storage.locations import OutputArguments
+from trainer.tasks import DEFAULT_TASK, load_task
+from trainer.tasks.arguments import ModelArguments
 
 USAGE = "python -m trainer [recipe.yaml] [flags]"
-HELP_FLAGS = ("-h", "--help", "--help-all")
 """The flags that print help instead of launching; `--help-all` lists every flag."""
 
 CURATED_TRAINING_FLAGS = (
@@ -98,9 +108,6 @@ def render_help(argv: list[str], everything: bool = False) -> str:
     """The help for the command line `argv` (without its help flags): a recipe or --task in
     it selects the task whose flags are shown. A recipe that cannot be read, or an unknown
     task, gives the help of the default task with a note saying so (no error)."""
-    from trainer.config.flags import TRAINING_DEFAULTS, FlagParser, build_parser
-    from trainer.tasks import load_task
-
     selected = select_task(argv)
     task_class = load_task(selected.task_name)
     launcher = FlagParser([LauncherArguments], add_help=False)
@@ -139,8 +146,6 @@ class Selection:
 
 
 def select_task(argv: list[str]) -> Selection:
-    from trainer.config.flags import selected_task_name
-    from trainer.tasks import DEFAULT_TASK, load_task
 
     notes, recipe = [], None
     try:
@@ -173,11 +178,6 @@ def help_sections(
 ) -> tuple[list[Section], int]:
     """The sections' flags, grouped by the dataclass each flag's `dest` belongs to, and how
     many Hugging Face training flags are left out (none with `everything`)."""
-    from trainer.config.flags import TaskArguments
-    from trainer.data.arguments import DataArguments
-    from trainer.storage.locations import OutputArguments
-    from trainer.tasks.arguments import ModelArguments
-
     launcher_names = _field_names(LauncherArguments)
     groups: list[tuple[set[str], list[argparse.Action]]] = [
         (_field_names(TaskArguments, ModelArguments, DataArguments), []),

@@ -21,8 +21,9 @@ from trainer.common.cache import clear_stale_build_locks
 from trainer.common.errors import UserError
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
-from trainer.config.help import HELP_FLAGS, print_help
 from trainer.launcher.cuda_driver import ensure_cuda_driver
+
+HELP_FLAGS = ("-h", "--help", "--help-all")
 
 
 def wait_for_name(
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if set(HELP_FLAGS) & set(argv):
+            # Imported here, not at the top: it loads the tasks (and with them torch),
+            # which must not happen before the driver check of a real launch.
+            from trainer.config.help import print_help
+
             print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
             return
         driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
