@@ -19,7 +19,6 @@ from trainer.config.hardware_defaults import (
     MIB,
     SHM_NCCL_RESERVE,
     SHM_PER_LOADER_WORKER,
-    last_flag_value,
     loader_workers_for_shm,
 )
 from trainer.launcher import cuda_driver, prepare
@@ -284,12 +283,6 @@ def test_loader_workers_fit_shared_memory(shm, workers, procs, allowed):
     assert (warning is None) == (fitted == workers)
     if warning:
         assert f"from {workers} to {allowed}" in warning and "--shm-size" in warning
-
-
-def test_last_flag_value_is_what_argparse_keeps():
-    argv = ["--dataloader_num_workers", "4", "--x", "1", "--dataloader_num_workers=2"]
-    assert last_flag_value(argv, "--dataloader_num_workers") == "2"
-    assert last_flag_value(["--x", "1"], "--dataloader_num_workers") is None
 
 
 def test_small_shm_lowers_the_recipes_workers_with_a_warning(

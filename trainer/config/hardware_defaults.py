@@ -94,17 +94,6 @@ def loader_workers_for_shm(
     )
 
 
-def last_flag_value(argv: list[str], name: str) -> str | None:
-    """The value argparse will use for `name`: its last occurrence, `--name v` or `--name=v`."""
-    value = None
-    for i, token in enumerate(argv):
-        if token == name and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif token.startswith(f"{name}="):
-            value = token.split("=", 1)[1]
-    return value
-
-
 def flag_names(argv: list[str]) -> set[str]:
     """The flag names in a command line: `--name` and `--name=value` both give `--name`."""
     return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
