@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly, trainer_env
 from trainer import jobspec
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 from trainer.config.hardware import Hardware
 
 
@@ -109,7 +110,8 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         assert args == expected_args
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
-        assert env == expected_env
+        gpus = str(pool.machine_spec.accelerator_count)  # what the launcher must see
+        assert env == expected_env | {GPUS_PER_REPLICA_VARIABLE: gpus}
         assert pool.container_spec.image_uri == options.image
     strategy = "SPOT" if options.spot else "FLEX_START" if options.flex_start else None
     assert job.scheduling.strategy.name == (strategy or "STRATEGY_UNSPECIFIED")
@@ -162,9 +164,13 @@ def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
     assert not list(tmp_path.iterdir()), "nothing is written on bad input"
 
 
+PUBLISHED_JOB = json.dumps({"python_module": "", "package_uris": [], "job_args": []})
+
+
 def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = None) -> str:
     """CLUSTER_SPEC as Vertex AI sets it on one replica of this job (Vertex AI docs,
-    "Distributed training")."""
+    "Distributed training"), its "job" a JSON string without worker pools, as in the data
+    published with the Vertex SDK (python-aiplatform test_cloud_profiler.py)."""
     cluster = {
         f"workerpool{number}": [
             f"cmle-training-workerpool{number}-3f1c9e2a-{replica}:2222"
@@ -173,7 +179,9 @@ def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = No
         for number, spec in enumerate(job["workerPoolSpecs"])
     }
     task = {"type": pool, "index": index} | ({"trial": trial} if trial else {})
-    return json.dumps({"cluster": cluster, "environment": "cloud", "task": task, "job": job})
+    return json.dumps(
+        {"cluster": cluster, "environment": "cloud", "task": task, "job": PUBLISHED_JOB}
+    )
 
 
 def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None) -> dict:
@@ -217,8 +225,8 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
 ):
     """Run the launcher on each node exactly as Vertex AI would run config.yaml.
 
-    Vertex runs the image with the pool's args and nothing else, and CLUSTER_SPEC carries
-    the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
+    Vertex runs the image with the pool's args and env, and the env carries the GPUs each
+    pool asked for (CLUSTER_SPEC does not). The machine's GPUs are the one input
     faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
     from trainer.launcher.prepare import prepare_launch
@@ -249,7 +257,8 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
 def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
     demo_cache, monkeypatch, capsys
 ):
-    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line."""
+    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line:
+    the pool's GPU count reaches the launcher through the job spec's env."""
     from trainer.launcher import main as launch
 
     job = yaml.safe_load(CONFIG.read_text())

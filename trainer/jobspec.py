@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from trainer.common.errors import UserError
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 from trainer.config.deepspeed import preset_names
 from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
 from trainer.config.launcher_flags import LauncherArguments
@@ -293,6 +294,7 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
     """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others."""
     gpu, count = resolve_accelerator(options)
     env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+    env[GPUS_PER_REPLICA_VARIABLE] = str(count)  # CLUSTER_SPEC does not say it
 
     def pool(replicas: int) -> dict:
         return {
