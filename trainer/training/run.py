@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import PrinterCallback, set_seed
 
 from trainer.common.errors import UserError
+from trainer.config.cluster import reports_to_tuning
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
@@ -283,8 +284,11 @@ def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: 
                 interval=flags.outputs.tensorboard_sync_seconds,
             )
         )
-    tuning = "CLOUD_ML_TRIAL_ID" in os.environ or "CLOUD_ML_HP_METRIC_FILE" in os.environ
-    if tuning and place.is_global_main and flags.training.metric_for_best_model:
+    if (
+        reports_to_tuning(os.environ)
+        and place.is_global_main
+        and flags.training.metric_for_best_model
+    ):
         callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
     return callbacks
 
