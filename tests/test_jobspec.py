@@ -79,6 +79,21 @@ def test_a_misspelled_field_is_caught():
 
 
 @pytest.mark.parametrize(
+    ("machine", "gpus"),
+    [("n1-standard-4", 1), ("n1-standard-8", 2), ("n1-standard-16", 4), ("n1-standard-96", 4),
+     ("g2-standard-4", 1), ("g2-standard-48", 4), ("a2-highgpu-8g", 8)],
+)  # fmt: skip
+def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
+    def pools(*argv):
+        job = rendered("--machine_type", machine, *argv)["config.yaml"]
+        return {pool["machineSpec"]["acceleratorCount"] for pool in job["workerPoolSpecs"]}
+
+    assert pools() == {gpus}
+    offered = jobspec.GPU_MACHINES[machine][1]
+    assert pools("--accelerator_count", str(offered[-1])) == {offered[-1]}  # an explicit ask
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g"],
@@ -102,7 +117,10 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
     for pool in pools:
         assert pool.machine_spec.machine_type == options.machine_type
         assert pool.machine_spec.accelerator_type.name == gpu
-        assert pool.machine_spec.accelerator_count == (options.accelerator_count or count[-1])
+        expected_count = options.accelerator_count or jobspec.default_gpu_count(
+            options.machine_type, count
+        )
+        assert pool.machine_spec.accelerator_count == expected_count
         args = list(pool.container_spec.args)
         expected_args = [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
         if options.spot and "--save_interval_minutes" not in training_flags:

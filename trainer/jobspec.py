@@ -59,6 +59,22 @@ Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
 docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here to use another machine.
 """
 
+CPUS_PER_GPU = 4
+"""vCPUs one GPU's training process needs: itself plus about three data-loader workers
+decoding and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU).
+A T4 fed by one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs
+cannot feed."""
+
+
+def default_gpu_count(machine_type: str, counts: tuple[int, ...]) -> int:
+    """The GPUs a machine gets unless --accelerator_count says: the most it offers that its
+    vCPUs can feed (`CPUS_PER_GPU`), for the machine types whose vCPUs the name gives
+    (`n1-standard-N`, `g2-standard-N`); the others come with one GPU count each."""
+    vcpus = re.fullmatch(r"[a-z0-9]+-standard-(\d+)", machine_type)
+    fed = [count for count in counts if not vcpus or count * CPUS_PER_GPU <= int(vcpus[1])]
+    return max(fed or counts[:1])
+
+
 DEFAULT_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
@@ -97,7 +113,11 @@ class JobSpecArguments:
         default=None, metadata={"help": "GPU type (default: the machine type's own)."}
     )
     accelerator_count: int | None = field(
-        default=None, metadata={"help": "GPUs per machine (default: the most it offers)."}
+        default=None,
+        metadata={
+            "help": "GPUs per machine (default: the most it offers that its vCPUs can feed, "
+            "4 vCPUs a GPU: n1-standard-4 gets 1 T4, n1-standard-16 gets 4)."
+        },
     )
     image: str = field(
         default=DEFAULT_IMAGE,
@@ -173,7 +193,9 @@ def resolve_accelerator(options: JobSpecArguments) -> tuple[str, int]:
             f"{options.machine_type} comes with {gpu}, not {options.accelerator_type}; "
             f"pick a machine type that has {options.accelerator_type}."
         )
-    count = counts[-1] if options.accelerator_count is None else options.accelerator_count
+    count = options.accelerator_count
+    if count is None:
+        count = default_gpu_count(options.machine_type, counts)
     if count not in counts:
         fits = sorted(m for m, (g, c) in GPU_MACHINES.items() if g == gpu and count in c)
         hint = f"use {' or '.join(fits)}" if fits else f"no machine type has {count} of them"
