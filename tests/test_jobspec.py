@@ -170,6 +170,18 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--flex_start", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
         (["--spot", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
         (["--spot", "--save_interval_minutes", "0"], "--save_interval_minutes must be more than 0"),
+        (["--tensorboard", "projects/p/locations/l/tensorboards/1"],
+         "--tensorboard needs --service_account"),
+        (["--tensorboard", "my-board", "--service_account", "sa@p.iam.gserviceaccount.com"],
+         "--tensorboard 'my-board' is not of the form projects/P/locations/L/tensorboards/ID"),
+        (["--service_account", "trainer"], "--service_account 'trainer' is not of the form"),
+        (["--network", "projects/my-project/global/networks/vpc"],
+         "is not of the form projects/PROJECT_NUMBER/global/networks/NAME"),
+        (["--reservation", "r1"], "is not of the form projects/P/zones/Z/reservations/NAME"),
+        (["--reservation", "any", "--spot"], "--reservation and --spot"),
+        (["--persistent_resource_id", "pool", "--flex_start"],
+         "--persistent_resource_id and --flex_start"),
+        (["--persistent_resource_id", "My_Pool"], "--persistent_resource_id 'My_Pool'"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):

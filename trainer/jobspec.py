@@ -166,6 +166,42 @@ class JobSpecArguments:
         default=False,
         metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
     )
+    service_account: str | None = field(
+        default=None,
+        metadata={
+            "help": "The service account every node runs as (serviceAccount; default: Vertex "
+            "AI's own). Needed by --tensorboard."
+        },
+    )
+    tensorboard: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Vertex AI TensorBoard instance for the job's logs: "
+            "projects/P/locations/L/tensorboards/ID (needs --service_account)."
+        },
+    )
+    enable_web_access: bool = field(
+        default=False,
+        metadata={"help": "An interactive shell into every node, e.g. to look into a hang."},
+    )
+    network: str | None = field(
+        default=None,
+        metadata={
+            "help": "A peered VPC network for the nodes: projects/PROJECT_NUMBER/global/"
+            "networks/NAME."
+        },
+    )
+    reservation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Compute Engine reservation to draw the machines from: "
+            "projects/P/zones/Z/reservations/NAME, or 'any' for any matching one."
+        },
+    )
+    persistent_resource_id: str | None = field(
+        default=None,
+        metadata={"help": "Run on this Vertex AI persistent resource (already provisioned)."},
+    )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
     parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
 
@@ -228,6 +264,75 @@ def check_options(options: JobSpecArguments) -> None:
             raise UserError(f'--env takes NAME=VALUE, got "{item}".')
     check_image_is_pinned(options.image)
     check_flex_start(options)
+    check_placement(options)
+
+
+PLACEMENT_SHAPES = {
+    "service_account": (r"[^@\s]+@[^@\s]+\.[a-z]+", "NAME@PROJECT.iam.gserviceaccount.com"),
+    "tensorboard": (
+        r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+",
+        "projects/P/locations/L/tensorboards/ID",
+    ),
+    "network": (
+        r"projects/\d+/global/networks/[^/]+",
+        "projects/PROJECT_NUMBER/global/networks/NAME",
+    ),
+    "reservation": (
+        r"any|projects/[^/]+/zones/[^/]+/reservations/[^/]+",
+        "projects/P/zones/Z/reservations/NAME or any",
+    ),
+    "persistent_resource_id": (r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?", "lower-case letters, digits, -"),
+}
+"""Flag -> (what Vertex AI accepts, an example): its API reference for CustomJobSpec and
+MachineSpec's ReservationAffinity, checked here rather than by a rejected submission."""
+
+
+def check_placement(options: JobSpecArguments) -> None:
+    """Who the nodes run as, where they run, and what they may reach."""
+    for name, (shape, example) in PLACEMENT_SHAPES.items():
+        value = getattr(options, name)
+        if value is not None and not re.fullmatch(shape, value):
+            raise UserError(f"--{name} {value!r} is not of the form {example}.")
+    if options.tensorboard and not options.service_account:
+        raise UserError(
+            "--tensorboard needs --service_account: Vertex AI writes to a TensorBoard instance "
+            "only as a service account that has roles/aiplatform.user and roles/storage.admin "
+            "on the job's bucket (docs/deploy.md)."
+        )
+    scheduled = "--spot" if options.spot else "--flex_start" if options.flex_start else None
+    if options.reservation and scheduled:
+        raise UserError(
+            f"--reservation and {scheduled}: reserved machines are neither Spot VMs nor "
+            "scheduled by Dynamic Workload Scheduler; choose one."
+        )
+    if options.persistent_resource_id and scheduled:
+        raise UserError(
+            f"--persistent_resource_id and {scheduled}: a persistent resource's machines are "
+            "already provisioned, so the job has no scheduling strategy; choose one."
+        )
+
+
+def placement_fields(options: JobSpecArguments) -> dict:
+    """The CustomJobSpec fields of the placement flags that were given (REST names)."""
+    fields = {
+        "serviceAccount": options.service_account,
+        "tensorboard": options.tensorboard,
+        "enableWebAccess": options.enable_web_access or None,
+        "network": options.network,
+        "persistentResourceId": options.persistent_resource_id,
+    }
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def reservation_affinity(reservation: str) -> dict:
+    """MachineSpec.reservationAffinity for --reservation (a name, or any)."""
+    if reservation == "any":
+        return {"reservationAffinityType": "ANY_RESERVATION"}
+    return {
+        "reservationAffinityType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": [reservation],
+    }
 
 
 def check_flex_start(options: JobSpecArguments) -> None:
@@ -324,7 +429,12 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
                 "machineType": options.machine_type,
                 "acceleratorType": gpu,
                 "acceleratorCount": count,
-            },
+            }
+            | (
+                {"reservationAffinity": reservation_affinity(options.reservation)}
+                if options.reservation
+                else {}
+            ),
             "replicaCount": replicas,
             "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
             "containerSpec": {
@@ -355,6 +465,7 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
         "workerPoolSpecs": pools,
         "baseOutputDirectory": {"outputUriPrefix": options.base_output_dir},
         "scheduling": scheduling,
+        **placement_fields(options),
     }
 
 
