@@ -96,7 +96,7 @@ def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g"],
+        ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g", "--accept_tcp_between_nodes"],
         ["--spot", "--max_wait_hours", "3", "--save_interval_minutes", "5"],
         ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
         ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
@@ -104,6 +104,8 @@ def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
         ["--flex_start", "--max_wait_hours", "6", "--timeout_hours", "168"],
         ["--flex_start", "--machine_type", "g2-standard-96"],
         ["--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32],
+        ["--machine_type", "a3-highgpu-8g", "--nodes", "1"],  # one node: NVLink only
+        ["--machine_type", "a3-megagpu-8g", "--accept_tcp_between_nodes"],
     ],
 )
 def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
@@ -182,6 +184,9 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--persistent_resource_id", "pool", "--flex_start"],
          "--persistent_resource_id and --flex_start"),
         (["--persistent_resource_id", "My_Pool"], "--persistent_resource_id 'My_Pool'"),
+        (["--machine_type", "a3-megagpu-8g"],
+         "--nodes 2 on a3-megagpu-8g: this image does not set up A3's GPUDirect-TCPX/TCPXO"),
+        (["--machine_type", "a3-highgpu-8g", "--nodes", "4"], "pass --accept_tcp_between_nodes"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):

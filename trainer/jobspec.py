@@ -166,6 +166,14 @@ class JobSpecArguments:
         default=False,
         metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
     )
+    accept_tcp_between_nodes: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a multi-node job on A3 machines although this image configures no "
+            "GPUDirect-TCPX/TCPXO: NCCL then runs over TCP between nodes (a few GB/s instead of "
+            "hundreds); every multi-node run prints its measured all-reduce bandwidth."
+        },
+    )
     service_account: str | None = field(
         default=None,
         metadata={
@@ -265,6 +273,22 @@ def check_options(options: JobSpecArguments) -> None:
     check_image_is_pinned(options.image)
     check_flex_start(options)
     check_placement(options)
+    check_fabric(options)
+
+
+def check_fabric(options: JobSpecArguments) -> None:
+    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3
+    Mega), which need NCCL plugins and settings this image does not carry and that could
+    not be verified here; without them NCCL falls back to TCP, many times slower. So a
+    multi-node A3 job needs the user's explicit consent."""
+    multi_node_a3 = options.nodes > 1 and options.machine_type.startswith("a3-")
+    if multi_node_a3 and not options.accept_tcp_between_nodes:
+        raise UserError(
+            f"--nodes {options.nodes} on {options.machine_type}: this image does not set up "
+            "A3's GPUDirect-TCPX/TCPXO fabric, so NCCL would run over TCP between nodes "
+            "(a few GB/s, not hundreds); use one A3 node, or pass "
+            "--accept_tcp_between_nodes to run anyway (docs/deploy.md)."
+        )
 
 
 PLACEMENT_SHAPES = {

@@ -63,7 +63,10 @@ class WhisperTrainer(Seq2SeqTrainer):
         leaves out (trainer/tasks/english_spelling.py): every checkpoint and the delivered
         model can then be evaluated and fine-tuned again."""
         super()._save(output_dir, state_dict)
-        save_english_spelling(self.processing_class.tokenizer, output_dir or self.args.output_dir)
+        if self.args.should_save:  # every rank calls _save (ZeRO-3 gathers); one writes
+            save_english_spelling(
+                self.processing_class.tokenizer, output_dir or self.args.output_dir
+            )
 
     def _prepare_inputs(self, inputs):
         if AUDIO_BATCH_KEY in inputs:

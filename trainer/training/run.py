@@ -35,6 +35,7 @@ from trainer.training.callbacks import (
     TensorBoardSyncCallback,
 )
 from trainer.training.distributed import ProcessPlace, release_process_group, use_gloo_on_cpu
+from trainer.training.fabric import report_fabric
 from trainer.training.failures import FailedAfterTraining, model_kept_if_failing
 from trainer.training.memory import decide_gradient_checkpointing
 from trainer.training.preemption import Stopped, StopRequest
@@ -73,6 +74,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     args = build_training_arguments(flags, gradient_checkpointing=checkpointing)
     startup.mark("model")
     place = ProcessPlace.from_env()
+    if place.num_nodes > 1:
+        report_fabric(place, args)
     locations = resolve_output_locations(flags.outputs, os.environ, args.output_dir)
     output_dir = Path(args.output_dir)
 
