@@ -24,6 +24,7 @@ from google.protobuf import json_format
 
 from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly
 from trainer import jobspec
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 
 CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"
 REGION = "europe-west4"
@@ -139,7 +140,7 @@ def test_custom_job_create_sends_config_yaml_as_written(capture, tmp_path):
         assert pool["containerSpec"]["imageUri"] == jobspec.DEFAULT_IMAGE
         assert pool["containerSpec"]["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
         env = {item["name"]: item["value"] for item in pool["containerSpec"]["env"]}
-        assert env == jobspec.DEFAULT_ENV
+        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
         assert pool["diskSpec"] == {"bootDiskSizeGb": 200}
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://BUCKET/whisper-small-sr"}
     assert spec["scheduling"] == {
