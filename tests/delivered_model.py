@@ -6,7 +6,8 @@ one JSON object with what came out, for the calling test to check.
 
 - speech-recognition: `generate()` with no arguments and the text it decodes to; the
   prompt it chose (the same call with `return_dict_in_generate`, which returns the prompt
-  too); and `pipeline("automatic-speech-recognition")` on the audio file INPUT.
+  too); `pipeline("automatic-speech-recognition")` on the audio file INPUT; and the
+  tokenizer's English normaliser (WER's), which needs the folder's spelling table.
 - image-classification: `pipeline("image-classification")` on the image file INPUT.
 - text-classification: `pipeline("text-classification")` on the sentence INPUT.
 """
@@ -42,6 +43,8 @@ def speech(model_dir: str, audio_file: str) -> dict:
             processor.tokenizer("x").input_ids[:-2]
         ),
         "pipeline_text": recognizer(audio_file)["text"],
+        # English WER's normaliser: raises when the folder lacks its spelling table
+        "normalized": processor.tokenizer.normalize("The colour of the flavour"),
     }
 
 

@@ -153,6 +153,11 @@ def test_two_nodes_on_one_machine_with_zero3(tmp_path, spoken_assets):
     assert chief[0][:2] == (2, 0) and worker[1][:2] == (2, 1), "world size 2, node ranks 0/1"
     assert chief[0][2] != worker[1][2], "both nodes trained on the same batch"
     assert "node 1 of 2 (worker)" in outputs[1]
+    # Before the first step, the chief says how fast the nodes' all-reduce ran (gloo here).
+    fabric = re.search(r"fabric: all-reduce bus bandwidth ([0-9.]+) GB/s between 2 nodes \(gloo",
+                       outputs[0])  # fmt: skip
+    assert fabric and float(fabric[1]) > 0, outputs[0][-3000:]
+    assert "fabric:" not in outputs[1], "one line, from the chief"
 
     assert_trained_model_reloads_and_generates(
         tmp_path / "node0" / "out" / "model", spoken_assets.model_dir, spoken_assets.dataset_dir

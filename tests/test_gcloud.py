@@ -24,6 +24,7 @@ from google.protobuf import json_format
 
 from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly
 from trainer import jobspec
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 
 CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"
 REGION = "europe-west4"
@@ -139,7 +140,7 @@ def test_custom_job_create_sends_config_yaml_as_written(capture, tmp_path):
         assert pool["containerSpec"]["imageUri"] == jobspec.DEFAULT_IMAGE
         assert pool["containerSpec"]["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
         env = {item["name"]: item["value"] for item in pool["containerSpec"]["env"]}
-        assert env == jobspec.DEFAULT_ENV
+        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
         assert pool["diskSpec"] == {"bootDiskSizeGb": 200}
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://BUCKET/whisper-small-sr"}
     assert spec["scheduling"] == {
@@ -317,4 +318,50 @@ def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_pa
     assert sent.scheduling.strategy.name == "SPOT"
     assert sent.scheduling.restart_job_on_worker_restart and not sent.scheduling.disable_retries
     assert sent.scheduling.max_wait_duration.total_seconds() == 4 * 3600
+    assert trial == sent
+
+
+PLACED = {
+    "serviceAccount": "trainer@p.iam.gserviceaccount.com",
+    "tensorboard": "projects/p/locations/europe-west4/tensorboards/1234",
+    "enableWebAccess": True,
+    "network": "projects/123456/global/networks/training-vpc",
+}
+
+
+def test_placement_fields_are_sent_as_the_api_names_them(capture, tmp_path):
+    """Service account, TensorBoard, web access, network and a specific reservation reach
+    the API from `trainer.jobspec`'s flags, in the custom job and in every tuning trial."""
+    reservation = "projects/p/zones/europe-west4-a/reservations/a100-pool"
+    body, sent, trial = send_generated_job(
+        capture, tmp_path,
+        ["--service_account", PLACED["serviceAccount"], "--tensorboard", PLACED["tensorboard"],
+         "--enable_web_access", "--network", PLACED["network"], "--reservation", reservation],
+        "placed",
+    )  # fmt: skip
+    spec = body["jobSpec"]
+    assert {name: spec[name] for name in PLACED} == PLACED
+    for pool in spec["workerPoolSpecs"]:
+        assert pool["machineSpec"]["reservationAffinity"] == {
+            "reservationAffinityType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": [reservation],
+        }
+    assert sent.service_account == PLACED["serviceAccount"] and sent.enable_web_access
+    affinity = sent.worker_pool_specs[0].machine_spec.reservation_affinity
+    assert affinity.reservation_affinity_type.name == "SPECIFIC_RESERVATION"
+    assert trial == sent
+
+
+def test_a_job_on_a_persistent_resource_names_it(capture, tmp_path):
+    body, sent, trial = send_generated_job(
+        capture, tmp_path,
+        ["--persistent_resource_id", "a100-pool", "--reservation", "any"], "persistent",
+    )  # fmt: skip
+    assert body["jobSpec"]["persistentResourceId"] == "a100-pool"
+    assert sent.persistent_resource_id == "a100-pool"
+    for pool in sent.worker_pool_specs:
+        assert pool.machine_spec.reservation_affinity.reservation_affinity_type.name == (
+            "ANY_RESERVATION"
+        )
     assert trial == sent

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly, trainer_env
 from trainer import jobspec
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 from trainer.config.hardware import Hardware
 
 
@@ -78,9 +79,24 @@ def test_a_misspelled_field_is_caught():
 
 
 @pytest.mark.parametrize(
+    ("machine", "gpus"),
+    [("n1-standard-4", 1), ("n1-standard-8", 2), ("n1-standard-16", 4), ("n1-standard-96", 4),
+     ("g2-standard-4", 1), ("g2-standard-48", 4), ("a2-highgpu-8g", 8)],
+)  # fmt: skip
+def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
+    def pools(*argv):
+        job = rendered("--machine_type", machine, *argv)["config.yaml"]
+        return {pool["machineSpec"]["acceleratorCount"] for pool in job["workerPoolSpecs"]}
+
+    assert pools() == {gpus}
+    offered = jobspec.GPU_MACHINES[machine][1]
+    assert pools("--accelerator_count", str(offered[-1])) == {offered[-1]}  # an explicit ask
+
+
+@pytest.mark.parametrize(
     "argv",
     [
-        ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g"],
+        ["--nodes", "4", "--spot", "--machine_type", "a3-highgpu-8g", "--accept_tcp_between_nodes"],
         ["--spot", "--max_wait_hours", "3", "--save_interval_minutes", "5"],
         ["--nodes", "1", "--machine_type", "n1-standard-8", "--accelerator_count", "2"],
         ["--machine_type", "g2-standard-48", "--env", "NCCL_DEBUG=INFO", "EXTRA=1"],
@@ -88,6 +104,8 @@ def test_a_misspelled_field_is_caught():
         ["--flex_start", "--max_wait_hours", "6", "--timeout_hours", "168"],
         ["--flex_start", "--machine_type", "g2-standard-96"],
         ["--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32],
+        ["--machine_type", "a3-highgpu-8g", "--nodes", "1"],  # one node: NVLink only
+        ["--machine_type", "a3-megagpu-8g", "--accept_tcp_between_nodes"],
     ],
 )
 def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
@@ -101,7 +119,10 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
     for pool in pools:
         assert pool.machine_spec.machine_type == options.machine_type
         assert pool.machine_spec.accelerator_type.name == gpu
-        assert pool.machine_spec.accelerator_count == (options.accelerator_count or count[-1])
+        expected_count = options.accelerator_count or jobspec.default_gpu_count(
+            options.machine_type, count
+        )
+        assert pool.machine_spec.accelerator_count == expected_count
         args = list(pool.container_spec.args)
         expected_args = [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
         if options.spot and "--save_interval_minutes" not in training_flags:
@@ -109,7 +130,8 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         assert args == expected_args
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
-        assert env == expected_env
+        gpus = str(pool.machine_spec.accelerator_count)  # what the launcher must see
+        assert env == expected_env | {GPUS_PER_REPLICA_VARIABLE: gpus}
         assert pool.container_spec.image_uri == options.image
     strategy = "SPOT" if options.spot else "FLEX_START" if options.flex_start else None
     assert job.scheduling.strategy.name == (strategy or "STRATEGY_UNSPECIFIED")
@@ -150,6 +172,21 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--flex_start", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
         (["--spot", "--max_wait_hours", "-1"], "--max_wait_hours must be 0"),
         (["--spot", "--save_interval_minutes", "0"], "--save_interval_minutes must be more than 0"),
+        (["--tensorboard", "projects/p/locations/l/tensorboards/1"],
+         "--tensorboard needs --service_account"),
+        (["--tensorboard", "my-board", "--service_account", "sa@p.iam.gserviceaccount.com"],
+         "--tensorboard 'my-board' is not of the form projects/P/locations/L/tensorboards/ID"),
+        (["--service_account", "trainer"], "--service_account 'trainer' is not of the form"),
+        (["--network", "projects/my-project/global/networks/vpc"],
+         "is not of the form projects/PROJECT_NUMBER/global/networks/NAME"),
+        (["--reservation", "r1"], "is not of the form projects/P/zones/Z/reservations/NAME"),
+        (["--reservation", "any", "--spot"], "--reservation and --spot"),
+        (["--persistent_resource_id", "pool", "--flex_start"],
+         "--persistent_resource_id and --flex_start"),
+        (["--persistent_resource_id", "My_Pool"], "--persistent_resource_id 'My_Pool'"),
+        (["--machine_type", "a3-megagpu-8g"],
+         "--nodes 2 on a3-megagpu-8g: this image does not set up A3's GPUDirect-TCPX/TCPXO"),
+        (["--machine_type", "a3-highgpu-8g", "--nodes", "4"], "pass --accept_tcp_between_nodes"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
@@ -162,9 +199,13 @@ def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
     assert not list(tmp_path.iterdir()), "nothing is written on bad input"
 
 
+PUBLISHED_JOB = json.dumps({"python_module": "", "package_uris": [], "job_args": []})
+
+
 def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = None) -> str:
     """CLUSTER_SPEC as Vertex AI sets it on one replica of this job (Vertex AI docs,
-    "Distributed training")."""
+    "Distributed training"), its "job" a JSON string without worker pools, as in the data
+    published with the Vertex SDK (python-aiplatform test_cloud_profiler.py)."""
     cluster = {
         f"workerpool{number}": [
             f"cmle-training-workerpool{number}-3f1c9e2a-{replica}:2222"
@@ -173,7 +214,9 @@ def vertex_cluster_spec(job: dict, pool: str, index: int, trial: str | None = No
         for number, spec in enumerate(job["workerPoolSpecs"])
     }
     task = {"type": pool, "index": index} | ({"trial": trial} if trial else {})
-    return json.dumps({"cluster": cluster, "environment": "cloud", "task": task, "job": job})
+    return json.dumps(
+        {"cluster": cluster, "environment": "cloud", "task": task, "job": PUBLISHED_JOB}
+    )
 
 
 def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None) -> dict:
@@ -217,8 +260,8 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
 ):
     """Run the launcher on each node exactly as Vertex AI would run config.yaml.
 
-    Vertex runs the image with the pool's args and nothing else, and CLUSTER_SPEC carries
-    the job spec with the GPUs each pool asked for. The machine's GPUs are the one input
+    Vertex runs the image with the pool's args and env, and the env carries the GPUs each
+    pool asked for (CLUSTER_SPEC does not). The machine's GPUs are the one input
     faked here (this machine has none): the launcher is told it found the pool's A100s.
     """
     from trainer.launcher.prepare import prepare_launch
@@ -249,7 +292,8 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
 def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
     demo_cache, monkeypatch, capsys
 ):
-    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line."""
+    """The same node with CUDA unusable (this machine: torch sees no GPU) gets one line:
+    the pool's GPU count reaches the launcher through the job spec's env."""
     from trainer.launcher import main as launch
 
     job = yaml.safe_load(CONFIG.read_text())

@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
-from trainer.config.cluster import requested_accelerators
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE as GPUS
+from trainer.config.cluster import reports_to_tuning, requested_accelerators
 from trainer.config.hardware import Hardware
 from trainer.config.hardware_defaults import (
     MIB,
@@ -51,6 +52,7 @@ PROTO_JOB = {  # the spelling of Vertex AI's documented example: proto field nam
     ]
 }
 REST_JOB = {"workerPoolSpecs": [{"machineSpec": {"acceleratorCount": 4}}]}
+PUBLISHED_JOB = '{"python_module":"","package_uris":[],"job_args":[]}'  # the Vertex SDK's data
 
 
 @pytest.mark.parametrize(
@@ -63,11 +65,36 @@ REST_JOB = {"workerPoolSpecs": [{"machineSpec": {"acceleratorCount": 4}}]}
         ({"CLUSTER_SPEC": vertex_spec("workerpool0", {"worker_pool_specs": [{}]})}, None),
         ({"CLUSTER_SPEC": vertex_spec("workerpool1", REST_JOB)}, None),  # pool not listed
         ({"CLUSTER_SPEC": vertex_spec("workerpool0", None)}, None),
+        ({"CLUSTER_SPEC": vertex_spec("workerpool1", PUBLISHED_JOB)}, None),
         ({}, None),
+        # The job spec's env says it, whatever CLUSTER_SPEC carries.
+        ({"CLUSTER_SPEC": vertex_spec("workerpool1", PUBLISHED_JOB), GPUS: "4"}, 4),
+        ({"CLUSTER_SPEC": vertex_spec("workerpool0", PROTO_JOB), GPUS: "2"}, 2),
+        ({GPUS: "0"}, 0),
     ],
 )
-def test_requested_accelerators_come_from_this_pools_machine_spec(env, count):
+def test_requested_accelerators_come_from_the_pools_env_or_machine_spec(env, count):
     assert requested_accelerators(env) == count
+
+
+@pytest.mark.parametrize(
+    ("env", "reports"),
+    [
+        ({"CLUSTER_SPEC": json.dumps({"task": {"type": "workerpool0", "trial": "3"}})}, True),
+        ({"CLUSTER_SPEC": vertex_spec("workerpool0", PUBLISHED_JOB)}, True),  # no trial mark
+        ({"CLOUD_ML_TRIAL_ID": "3"}, True),
+        ({"CLOUD_ML_HP_METRIC_FILE": "/tmp/metrics"}, True),
+        ({"AIP_MODEL_DIR": "gs://b/model/"}, False),  # off Vertex AI's cluster: not asked
+        ({}, False),
+    ],
+)
+def test_evaluations_reach_hyperparameter_tuning_on_vertex_whatever_marks_the_trial(env, reports):
+    assert reports_to_tuning(env) is reports
+
+
+def test_a_gpu_count_that_is_not_a_number_is_one_line():
+    with pytest.raises(UserError, match=f"^{GPUS}=eight is not a GPU count"):
+        requested_accelerators({GPUS: "eight"})
 
 
 @pytest.mark.parametrize(

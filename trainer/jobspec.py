@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from trainer.common.errors import UserError
+from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 from trainer.config.deepspeed import preset_names
 from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
 from trainer.config.launcher_flags import LauncherArguments
@@ -57,6 +58,22 @@ GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
 Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
 docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here to use another machine.
 """
+
+CPUS_PER_GPU = 4
+"""vCPUs one GPU's training process needs: itself plus about three data-loader workers
+decoding and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU).
+A T4 fed by one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs
+cannot feed."""
+
+
+def default_gpu_count(machine_type: str, counts: tuple[int, ...]) -> int:
+    """The GPUs a machine gets unless --accelerator_count says: the most it offers that its
+    vCPUs can feed (`CPUS_PER_GPU`), for the machine types whose vCPUs the name gives
+    (`n1-standard-N`, `g2-standard-N`); the others come with one GPU count each."""
+    vcpus = re.fullmatch(r"[a-z0-9]+-standard-(\d+)", machine_type)
+    fed = [count for count in counts if not vcpus or count * CPUS_PER_GPU <= int(vcpus[1])]
+    return max(fed or counts[:1])
+
 
 DEFAULT_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -96,7 +113,11 @@ class JobSpecArguments:
         default=None, metadata={"help": "GPU type (default: the machine type's own)."}
     )
     accelerator_count: int | None = field(
-        default=None, metadata={"help": "GPUs per machine (default: the most it offers)."}
+        default=None,
+        metadata={
+            "help": "GPUs per machine (default: the most it offers that its vCPUs can feed, "
+            "4 vCPUs a GPU: n1-standard-4 gets 1 T4, n1-standard-16 gets 4)."
+        },
     )
     image: str = field(
         default=DEFAULT_IMAGE,
@@ -145,6 +166,50 @@ class JobSpecArguments:
         default=False,
         metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
     )
+    accept_tcp_between_nodes: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a multi-node job on A3 machines although this image configures no "
+            "GPUDirect-TCPX/TCPXO: NCCL then runs over TCP between nodes (a few GB/s instead of "
+            "hundreds); every multi-node run prints its measured all-reduce bandwidth."
+        },
+    )
+    service_account: str | None = field(
+        default=None,
+        metadata={
+            "help": "The service account every node runs as (serviceAccount; default: Vertex "
+            "AI's own). Needed by --tensorboard."
+        },
+    )
+    tensorboard: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Vertex AI TensorBoard instance for the job's logs: "
+            "projects/P/locations/L/tensorboards/ID (needs --service_account)."
+        },
+    )
+    enable_web_access: bool = field(
+        default=False,
+        metadata={"help": "An interactive shell into every node, e.g. to look into a hang."},
+    )
+    network: str | None = field(
+        default=None,
+        metadata={
+            "help": "A peered VPC network for the nodes: projects/PROJECT_NUMBER/global/"
+            "networks/NAME."
+        },
+    )
+    reservation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Compute Engine reservation to draw the machines from: "
+            "projects/P/zones/Z/reservations/NAME, or 'any' for any matching one."
+        },
+    )
+    persistent_resource_id: str | None = field(
+        default=None,
+        metadata={"help": "Run on this Vertex AI persistent resource (already provisioned)."},
+    )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
     parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
 
@@ -172,7 +237,9 @@ def resolve_accelerator(options: JobSpecArguments) -> tuple[str, int]:
             f"{options.machine_type} comes with {gpu}, not {options.accelerator_type}; "
             f"pick a machine type that has {options.accelerator_type}."
         )
-    count = counts[-1] if options.accelerator_count is None else options.accelerator_count
+    count = options.accelerator_count
+    if count is None:
+        count = default_gpu_count(options.machine_type, counts)
     if count not in counts:
         fits = sorted(m for m, (g, c) in GPU_MACHINES.items() if g == gpu and count in c)
         hint = f"use {' or '.join(fits)}" if fits else f"no machine type has {count} of them"
@@ -205,6 +272,91 @@ def check_options(options: JobSpecArguments) -> None:
             raise UserError(f'--env takes NAME=VALUE, got "{item}".')
     check_image_is_pinned(options.image)
     check_flex_start(options)
+    check_placement(options)
+    check_fabric(options)
+
+
+def check_fabric(options: JobSpecArguments) -> None:
+    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3
+    Mega), which need NCCL plugins and settings this image does not carry and that could
+    not be verified here; without them NCCL falls back to TCP, many times slower. So a
+    multi-node A3 job needs the user's explicit consent."""
+    multi_node_a3 = options.nodes > 1 and options.machine_type.startswith("a3-")
+    if multi_node_a3 and not options.accept_tcp_between_nodes:
+        raise UserError(
+            f"--nodes {options.nodes} on {options.machine_type}: this image does not set up "
+            "A3's GPUDirect-TCPX/TCPXO fabric, so NCCL would run over TCP between nodes "
+            "(a few GB/s, not hundreds); use one A3 node, or pass "
+            "--accept_tcp_between_nodes to run anyway (docs/deploy.md)."
+        )
+
+
+PLACEMENT_SHAPES = {
+    "service_account": (r"[^@\s]+@[^@\s]+\.[a-z]+", "NAME@PROJECT.iam.gserviceaccount.com"),
+    "tensorboard": (
+        r"projects/[^/]+/locations/[^/]+/tensorboards/[^/]+",
+        "projects/P/locations/L/tensorboards/ID",
+    ),
+    "network": (
+        r"projects/\d+/global/networks/[^/]+",
+        "projects/PROJECT_NUMBER/global/networks/NAME",
+    ),
+    "reservation": (
+        r"any|projects/[^/]+/zones/[^/]+/reservations/[^/]+",
+        "projects/P/zones/Z/reservations/NAME or any",
+    ),
+    "persistent_resource_id": (r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?", "lower-case letters, digits, -"),
+}
+"""Flag -> (what Vertex AI accepts, an example): its API reference for CustomJobSpec and
+MachineSpec's ReservationAffinity, checked here rather than by a rejected submission."""
+
+
+def check_placement(options: JobSpecArguments) -> None:
+    """Who the nodes run as, where they run, and what they may reach."""
+    for name, (shape, example) in PLACEMENT_SHAPES.items():
+        value = getattr(options, name)
+        if value is not None and not re.fullmatch(shape, value):
+            raise UserError(f"--{name} {value!r} is not of the form {example}.")
+    if options.tensorboard and not options.service_account:
+        raise UserError(
+            "--tensorboard needs --service_account: Vertex AI writes to a TensorBoard instance "
+            "only as a service account that has roles/aiplatform.user and roles/storage.admin "
+            "on the job's bucket (docs/deploy.md)."
+        )
+    scheduled = "--spot" if options.spot else "--flex_start" if options.flex_start else None
+    if options.reservation and scheduled:
+        raise UserError(
+            f"--reservation and {scheduled}: reserved machines are neither Spot VMs nor "
+            "scheduled by Dynamic Workload Scheduler; choose one."
+        )
+    if options.persistent_resource_id and scheduled:
+        raise UserError(
+            f"--persistent_resource_id and {scheduled}: a persistent resource's machines are "
+            "already provisioned, so the job has no scheduling strategy; choose one."
+        )
+
+
+def placement_fields(options: JobSpecArguments) -> dict:
+    """The CustomJobSpec fields of the placement flags that were given (REST names)."""
+    fields = {
+        "serviceAccount": options.service_account,
+        "tensorboard": options.tensorboard,
+        "enableWebAccess": options.enable_web_access or None,
+        "network": options.network,
+        "persistentResourceId": options.persistent_resource_id,
+    }
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def reservation_affinity(reservation: str) -> dict:
+    """MachineSpec.reservationAffinity for --reservation (a name, or any)."""
+    if reservation == "any":
+        return {"reservationAffinityType": "ANY_RESERVATION"}
+    return {
+        "reservationAffinityType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": [reservation],
+    }
 
 
 def check_flex_start(options: JobSpecArguments) -> None:
@@ -293,6 +445,7 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
     """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others."""
     gpu, count = resolve_accelerator(options)
     env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+    env[GPUS_PER_REPLICA_VARIABLE] = str(count)  # CLUSTER_SPEC does not say it
 
     def pool(replicas: int) -> dict:
         return {
@@ -300,7 +453,12 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
                 "machineType": options.machine_type,
                 "acceleratorType": gpu,
                 "acceleratorCount": count,
-            },
+            }
+            | (
+                {"reservationAffinity": reservation_affinity(options.reservation)}
+                if options.reservation
+                else {}
+            ),
             "replicaCount": replicas,
             "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
             "containerSpec": {
@@ -331,6 +489,7 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
         "workerPoolSpecs": pools,
         "baseOutputDirectory": {"outputUriPrefix": options.base_output_dir},
         "scheduling": scheduling,
+        **placement_fields(options),
     }
 
 

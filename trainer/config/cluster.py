@@ -100,15 +100,31 @@ def resolve_topology(
     )
 
 
-def requested_accelerators(env: Mapping[str, str]) -> int | None:
-    """GPUs this replica's worker pool asked for, from the job spec inside CLUSTER_SPEC.
+GPUS_PER_REPLICA_VARIABLE = "TRAINER_GPUS_PER_REPLICA"
+"""Set by `python -m trainer.jobspec` in every worker pool's container env (and so in
+config.yaml) to the pool's acceleratorCount: what this node must have. Vertex AI's own
+CLUSTER_SPEC does not carry it (see `requested_accelerators`)."""
 
-    Vertex AI copies the CustomJobSpec into CLUSTER_SPEC's "job" with the API's proto field
-    names (`worker_pool_specs[i].machine_spec.accelerator_count`, as in the example of its
-    distributed-training page); the REST spelling (`workerPoolSpecs`, `machineSpec`,
-    `acceleratorCount`) is read as well, and "job" may be an object or a JSON string.
-    None when it does not say: the topology is what must be valid, the job spec is a hint.
+
+def requested_accelerators(env: Mapping[str, str]) -> int | None:
+    """GPUs this replica's worker pool asked for: what the launcher must see before it plans
+    a smaller world than the job pays for.
+
+    The job spec's own env (`TRAINER_GPUS_PER_REPLICA`) says it first. Without it, the job
+    spec copied into CLUSTER_SPEC's "job" is read, in case Vertex AI ever carries
+    `worker_pool_specs[i].machine_spec.accelerator_count` there (proto or REST spelling,
+    object or JSON string); in the CLUSTER_SPEC published with the Vertex SDK (python-
+    aiplatform tests/unit/aiplatform/test_cloud_profiler.py) "job" is a JSON string with
+    no worker pools at all. None when neither says: the topology is what must be valid.
     """
+    given = env.get(GPUS_PER_REPLICA_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit():
+            raise UserError(
+                f"{GPUS_PER_REPLICA_VARIABLE}={given} is not a GPU count (a whole number); "
+                "it is written by python -m trainer.jobspec as the pool's acceleratorCount."
+            )
+        return int(given)
     try:
         spec = json.loads(env.get("CLUSTER_SPEC", "").strip() or "{}")
         job = spec.get("job") or {}
@@ -120,6 +136,20 @@ def requested_accelerators(env: Mapping[str, str]) -> int | None:
         return None if count is None else int(count)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return None
+
+
+def reports_to_tuning(env: Mapping[str, str]) -> bool:
+    """Whether evaluations are reported to Vertex AI hyperparameter tuning (cloudml-hypertune).
+
+    No Google page documents what marks a trial for a custom container: cloudml-hypertune
+    reads `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, and CLUSTER_SPEC
+    may carry `task.trial`. A trial none of these mark would end without a metric, so on
+    Vertex AI (any CLUSTER_SPEC) the reports are written anyway: outside tuning they are a
+    small file nobody reads. Off Vertex AI, only when a variable asks for them.
+    """
+    return any(
+        name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
+    )
 
 
 def _either(mapping: Mapping, *names: str):

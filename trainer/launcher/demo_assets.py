@@ -19,7 +19,6 @@ a language model and ignore the audio: WER 93.
 import base64
 import csv
 import fcntl
-import importlib.util
 import itertools
 import os
 import random
@@ -49,8 +48,8 @@ from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from trainer.common.errors import UserError
 from trainer.config.demo import DemoAssets, demo_assets_in
+from trainer.tasks.english_spelling import SPELLING_FILE, openai_spelling_file, whisper_package_dir
 
-WHISPER_INSTALL_HINT = "install with: pip install --no-deps openai-whisper==20250625"
 ENDOFTEXT = "<|endoftext|>"
 TASK_TOKENS = {"translate": "<|translate|>", "transcribe": "<|transcribe|>"}
 MULTILINGUAL_LANGUAGES = 99
@@ -120,21 +119,6 @@ def default_clips() -> dict[str, list[tuple[str, Voice]]]:
     }
 
 
-def _whisper_package_dir() -> Path:
-    """The installed `openai-whisper` package, used only for its tokenizer asset files."""
-    spec = importlib.util.find_spec("whisper")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            f"the demo needs the openai-whisper tokenizer files; {WHISPER_INSTALL_HINT}"
-        )
-    return Path(spec.submodule_search_locations[0])
-
-
-def _english_spelling_file() -> Path:
-    """British-to-American spelling map used by `WhisperTokenizer.normalize` (English WER)."""
-    return _whisper_package_dir() / "normalizers" / "english.json"
-
-
 class _LocalTikTokenConverter(TikTokenConverter):
     """TikTokenConverter reading a local ranks file, without tiktoken's /tmp cache copy."""
 
@@ -164,7 +148,7 @@ def build_whisper_tokenizer(
     known tokens, which makes the BPE pick the same pieces as tiktoken does.
     """
     encoding = "multilingual" if multilingual else "gpt2"
-    ranks_file = str(_whisper_package_dir() / "assets" / f"{encoding}.tiktoken")
+    ranks_file = str(whisper_package_dir() / "assets" / f"{encoding}.tiktoken")
     vocab, merges = _LocalTikTokenConverter(ranks_file).extract_vocab_merges_from_model(ranks_file)
     special_tokens = (
         "<|startoftranscript|>",
@@ -178,7 +162,7 @@ def build_whisper_tokenizer(
     tokenizer = WhisperTokenizer(
         vocab=vocab,
         merges=merges,
-        normalizer_file=str(_english_spelling_file()),
+        normalizer_file=str(openai_spelling_file()),
         unk_token=ENDOFTEXT,
         bos_token=ENDOFTEXT,
         eos_token=ENDOFTEXT,
@@ -307,7 +291,7 @@ def save_random_whisper(
     model.save_pretrained(model_dir)
     processor.save_pretrained(model_dir)
     # save_pretrained skips the English spelling map that `tokenizer.normalize` needs.
-    shutil.copyfile(_english_spelling_file(), model_dir / "normalizer.json")
+    shutil.copyfile(openai_spelling_file(), model_dir / SPELLING_FILE)
 
 
 def _speak(text: str, voice: Voice, wav_path: Path) -> None:

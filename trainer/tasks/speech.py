@@ -16,6 +16,7 @@ per split), or a local Common Voice-style directory (`clips/` plus `train.tsv`, 
 from __future__ import annotations
 
 import csv
+import os
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from trainer.data.sources import (
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
+from trainer.tasks.english_spelling import restore_english_spelling
 from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -221,6 +223,9 @@ class SpeechRecognitionTask(Task):
         checkpoint.check_processor(self.options.max_duration_in_seconds)
         self._prompt = checkpoint.prompt(self.options.language, self.options.whisper_task)
         use_prompt(self._prompt, model, processor.tokenizer)
+        notice = restore_english_spelling(processor.tokenizer)
+        if notice and os.environ.get("RANK", "0") == "0":
+            print(notice, flush=True)
         if self.options.freeze_encoder:
             model.freeze_encoder()
         self._max_label_length = model.config.max_target_positions
@@ -271,9 +276,9 @@ class SpeechRecognitionTask(Task):
     def trainer_class(self):
         # Imported when training only: the launcher imports task modules for their flags,
         # and importing transformers' Trainer takes seconds.
-        from trainer.tasks.trainers import LogMelOnDeviceTrainer
+        from trainer.tasks.trainers import WhisperTrainer
 
-        return LogMelOnDeviceTrainer
+        return WhisperTrainer
 
     def data_collator(self, processor) -> SpeechCollator:
         return SpeechCollator(

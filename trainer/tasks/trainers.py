@@ -11,6 +11,7 @@ from functools import cached_property
 import torch
 from transformers import Seq2SeqTrainer, Trainer
 
+from trainer.tasks.english_spelling import save_english_spelling
 from trainer.tasks.speech_batches import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
@@ -42,8 +43,9 @@ class ClassWeightedTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
 
-class LogMelOnDeviceTrainer(Seq2SeqTrainer):
-    """Seq2SeqTrainer that computes Whisper's log-mel features on the training device.
+class WhisperTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer for Whisper: log-mel features computed on the training device, and
+    the English spelling table saved with every checkpoint and the model.
 
     With `--log_mel_on device` the collator hands over padded waveforms; they are copied to
     this process's GPU and become features there, a batch at a time, before the batch is
@@ -55,6 +57,16 @@ class LogMelOnDeviceTrainer(Seq2SeqTrainer):
     @cached_property
     def _log_mel(self) -> LogMelOnDevice:
         return LogMelOnDevice(self.processing_class.feature_extractor, self.args.device)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Save as the Trainer does, plus the English spelling table the tokenizer's own save
+        leaves out (trainer/tasks/english_spelling.py): every checkpoint and the delivered
+        model can then be evaluated and fine-tuned again."""
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:  # every rank calls _save (ZeRO-3 gathers); one writes
+            save_english_spelling(
+                self.processing_class.tokenizer, output_dir or self.args.output_dir
+            )
 
     def _prepare_inputs(self, inputs):
         if AUDIO_BATCH_KEY in inputs:

@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import PrinterCallback, set_seed
 
 from trainer.common.errors import UserError
+from trainer.config.cluster import reports_to_tuning
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
@@ -34,6 +35,7 @@ from trainer.training.callbacks import (
     TensorBoardSyncCallback,
 )
 from trainer.training.distributed import ProcessPlace, release_process_group, use_gloo_on_cpu
+from trainer.training.fabric import report_fabric
 from trainer.training.failures import FailedAfterTraining, model_kept_if_failing
 from trainer.training.memory import decide_gradient_checkpointing
 from trainer.training.preemption import Stopped, StopRequest
@@ -72,6 +74,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     args = build_training_arguments(flags, gradient_checkpointing=checkpointing)
     startup.mark("model")
     place = ProcessPlace.from_env()
+    if place.num_nodes > 1:
+        report_fabric(place, args)
     locations = resolve_output_locations(flags.outputs, os.environ, args.output_dir)
     output_dir = Path(args.output_dir)
 
@@ -283,8 +287,11 @@ def reporting_callbacks(flags: ParsedFlags, locations, output_dir: Path, place: 
                 interval=flags.outputs.tensorboard_sync_seconds,
             )
         )
-    tuning = "CLOUD_ML_TRIAL_ID" in os.environ or "CLOUD_ML_HP_METRIC_FILE" in os.environ
-    if tuning and place.is_global_main and flags.training.metric_for_best_model:
+    if (
+        reports_to_tuning(os.environ)
+        and place.is_global_main
+        and flags.training.metric_for_best_model
+    ):
         callbacks.append(HypertuneCallback(flags.training.metric_for_best_model))
     return callbacks
 
