@@ -14,7 +14,6 @@ The checked-in config.yaml and hptuning.yaml are its output for the defaults bel
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -28,6 +27,13 @@ from trainer.config.deepspeed import preset_names
 from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
 from trainer.config.launcher_flags import LauncherArguments
 from trainer.config.recipes import RECIPES_DIR, expand_config_file
+from trainer.config.secrets import (
+    SECRET_FLAG_VARIABLES,
+    looks_secret,
+    mask,
+    parse_references,
+    secret_values,
+)
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
@@ -84,8 +90,6 @@ FLEX_START_GPUS = {
 training jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a
 timeout of 7 days or less, the same machine configuration in every worker pool (which the
 generator always writes)."""
-SECRET_WORDS = {"token", "key", "secret", "password"}
-"""Words of a variable or flag name (HF_TOKEN, --hub_token, WANDB_API_KEY) that say secret."""
 
 
 @dataclass
@@ -140,6 +144,13 @@ class JobSpecArguments:
     deepspeed: str = field(default="zero2", metadata={"help": "DeepSpeed preset or JSON path."})
     env: list[str] = field(
         default_factory=list, metadata={"help": "Extra NAME=VALUE variables for every node."}
+    )
+    service_account: str | None = field(
+        default=None,
+        metadata={
+            "help": "The service account email the job runs as (serviceAccount): it reads the "
+            "--secret references and the bucket. Default: Vertex AI's own service agent."
+        },
     )
     skip_hub_check: bool = field(
         default=False,
@@ -244,14 +255,19 @@ def check_image_is_pinned(image: str) -> None:
 
 
 def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None:
-    """A job spec is readable by everyone who can list the project's jobs, and lands in git."""
+    """A job spec is readable by everyone who can list the project's jobs, and lands in git:
+    it may name secrets (`--secret NAME=projects/...`, resolved on the nodes), never hold one."""
     names = [item.split("=", 1)[0] for item in options.env]
     names += [flag.split("=", 1)[0] for flag in training_flags if flag.startswith("--")]
     for name in names:
-        if SECRET_WORDS & set(re.split(r"[-_]+", name.lower())):
+        if looks_secret(name):
+            flag = name.lstrip("-").replace("-", "_")
+            variable = SECRET_FLAG_VARIABLES.get(flag, flag.upper())
             raise UserError(
                 f"{name} looks like a secret, and a job spec is readable by everyone who can "
-                "list the project's jobs: keep data and models in the job's bucket instead."
+                "list the project's jobs: store it in Secret Manager and pass --secret "
+                f"{variable}=projects/PROJECT/secrets/SECRET/versions/latest instead "
+                "(docs/deploy.md)."
             )
 
 
@@ -268,6 +284,7 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
             "nor a /gcs/BUCKET/... path the nodes can read."
         )
     launcher_flags, rest = FlagParser([LauncherArguments]).parse_known_args(training_flags)
+    parse_references(launcher_flags.secret)
     if launcher_flags.dry_run:
         raise UserError("--dry-run in a job spec would make every node exit without training.")
     recipe = options.recipe
@@ -327,11 +344,14 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
         scheduling["strategy"] = "FLEX_START"
         scheduling["maxWaitDuration"] = f"{wait * 3600}s"
     pools = [pool(1)] + ([pool(options.nodes - 1)] if options.nodes > 1 else [])
-    return {
+    spec = {
         "workerPoolSpecs": pools,
         "baseOutputDirectory": {"outputUriPrefix": options.base_output_dir},
         "scheduling": scheduling,
     }
+    if options.service_account:
+        spec["serviceAccount"] = options.service_account
+    return spec
 
 
 def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> dict:
@@ -422,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         output, spec_argv = _parser(OutputArguments).parse_known_args(argv)
         files = render(spec_argv)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
         sys.exit(2)
     dest = Path(output.dest)
     stale = [name for name, text in files.items() if not _matches(dest / name, text)]
