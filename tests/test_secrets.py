@@ -134,6 +134,18 @@ def test_the_dry_run_shows_no_token_and_the_next_flag_as_given(launcher, given):
     assert plan["env"]["HF_TOKEN"] == "***", "the token goes to the training processes"
 
 
+@pytest.mark.parametrize(
+    "given",
+    [[f"--wandb_key={CANARY}"], ["--token", CANARY], [f"--api-key={CANARY}", "--seed", "1"]],
+    ids=["equals", "space", "dash-equals"],
+)
+def test_an_unknown_secret_looking_flag_is_refused_without_its_value(launcher, given):
+    code, out, err = launcher(given)
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert CANARY not in out + err
+
+
 # (c) every secret-looking flag of every parser -------------------------------------------------
 
 
