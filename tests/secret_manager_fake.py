@@ -10,12 +10,11 @@ so the launcher's own code path is what the tests run.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+from tests.helpers import serving
 
 
 class FakeSecretManager(ThreadingHTTPServer):
@@ -66,16 +65,6 @@ def _error(code: int, status: str, message: str) -> dict:
     return {"error": {"code": code, "message": message, "status": status}}
 
 
-@contextlib.contextmanager
-def running_fake(
-    secrets: dict[str, str], denied: set[str] = frozenset()
-) -> Iterator[FakeSecretManager]:
-    server = FakeSecretManager(secrets, set(denied))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+def running_fake(secrets: dict[str, str], denied: set[str] = frozenset()):
+    """The fake, serving on a thread for a `with` block."""
+    return serving(FakeSecretManager(secrets, set(denied)))
