@@ -6,7 +6,8 @@ are in tests/conftest.py). No test module imports another test module; they impo
 - building a task as the launcher does: `checked_task`, `speech_task`, `image_task`;
   `python -m trainer.shards` in-process: `make_shards_in_process`;
 - storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
-- small things: `free_port`, `wait_until`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
+- small things: `free_port`, `wait_until`, `serving` (a loopback server on a thread),
+  `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
   driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
 """
 
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -56,6 +58,36 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(server):
+    """Serve `server` (a socketserver, e.g. a loopback fake) on a thread for the block; it
+    is shut down and closed after."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def jobspec_refusal(argv: list[str], dest: Path, capsys) -> str:
+    """`python -m trainer.jobspec ARGV` in-process, which must refuse: exit code 2, one
+    `error:` line, nothing written to `dest`. Returns that line."""
+    from trainer import jobspec
+
+    try:
+        jobspec.main([*argv, "--dest", str(dest)])
+        raise AssertionError(f"jobspec accepted {argv}")
+    except SystemExit as exit_info:
+        assert exit_info.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert not list(dest.iterdir()), "nothing is written on bad input"
+    return err
 
 
 def wait_until(condition, timeout: float, what: str) -> None:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.helpers import serving
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 REVISION = r"(?P<revision>[^/]+)"
@@ -97,14 +98,8 @@ class LoopbackHub(ThreadingHTTPServer):
 
 @contextmanager
 def running_hub(repositories: dict[str, Repository]) -> Iterator[LoopbackHub]:
-    hub = LoopbackHub(repositories)
-    thread = threading.Thread(target=hub.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(LoopbackHub(repositories)) as hub:
         yield hub
-    finally:
-        hub.shutdown()
-        hub.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -29,6 +29,13 @@ from trainer.config.deepspeed import preset_names
 from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
 from trainer.config.launcher_flags import LauncherArguments
 from trainer.config.recipes import RECIPES_DIR, expand_config_file
+from trainer.config.secrets import (
+    SECRET_FLAG_VARIABLES,
+    looks_secret,
+    mask,
+    parse_references,
+    secret_values,
+)
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
@@ -101,8 +108,6 @@ FLEX_START_GPUS = {
 training jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a
 timeout of 7 days or less, the same machine configuration in every worker pool (which the
 generator always writes)."""
-SECRET_WORDS = {"token", "key", "secret", "password"}
-"""Words of a variable or flag name (HF_TOKEN, --hub_token, WANDB_API_KEY) that say secret."""
 
 
 @dataclass
@@ -177,8 +182,9 @@ class JobSpecArguments:
     service_account: str | None = field(
         default=None,
         metadata={
-            "help": "The service account every node runs as (serviceAccount; default: Vertex "
-            "AI's own). Needed by --tensorboard."
+            "help": "The service account email every node runs as (serviceAccount): it reads "
+            "the --secret references, the bucket and a --tensorboard instance. Default: "
+            "Vertex AI's own service agent."
         },
     )
     tensorboard: str | None = field(
@@ -396,14 +402,19 @@ def check_image_is_pinned(image: str) -> None:
 
 
 def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None:
-    """A job spec is readable by everyone who can list the project's jobs, and lands in git."""
+    """A job spec is readable by everyone who can list the project's jobs, and lands in git:
+    it may name secrets (`--secret NAME=projects/...`, resolved on the nodes), never hold one."""
     names = [item.split("=", 1)[0] for item in options.env]
     names += [flag.split("=", 1)[0] for flag in training_flags if flag.startswith("--")]
     for name in names:
-        if SECRET_WORDS & set(re.split(r"[-_]+", name.lower())):
+        if looks_secret(name):
+            flag = name.lstrip("-").replace("-", "_")
+            variable = SECRET_FLAG_VARIABLES.get(flag, flag.upper())
             raise UserError(
                 f"{name} looks like a secret, and a job spec is readable by everyone who can "
-                "list the project's jobs: keep data and models in the job's bucket instead."
+                "list the project's jobs: store it in Secret Manager and pass --secret "
+                f"{variable}=projects/PROJECT/secrets/SECRET/versions/latest instead "
+                "(docs/deploy.md)."
             )
 
 
@@ -420,6 +431,7 @@ def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
             "nor a /gcs/BUCKET/... path the nodes can read."
         )
     launcher_flags, rest = FlagParser([LauncherArguments]).parse_known_args(training_flags)
+    parse_references(launcher_flags.secret)
     if launcher_flags.dry_run:
         raise UserError("--dry-run in a job spec would make every node exit without training.")
     recipe = options.recipe
@@ -581,7 +593,7 @@ def main(argv: list[str] | None = None) -> None:
         output, spec_argv = _parser(OutputArguments).parse_known_args(argv)
         files = render(spec_argv)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
         sys.exit(2)
     dest = Path(output.dest)
     stale = [name for name, text in files.items() if not _matches(dest / name, text)]

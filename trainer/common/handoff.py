@@ -8,3 +8,8 @@ RUN_CONFIG_VARIABLE = "TRAINER_RUN_CONFIG"
 LAUNCHED_AT_VARIABLE = "TRAINER_LAUNCHED_AT"
 """When `python -m trainer` started (epoch seconds): the training program reports the time
 from there to its first optimizer step."""
+
+SECRET_VARIABLES_VARIABLE = "TRAINER_SECRET_VARIABLES"
+"""The names, comma-separated, of the variables the launcher filled with secrets (`--secret`,
+`--hub_token` as HF_TOKEN): a failure report masks their values even where the name does
+not look secret (trainer/config/secrets.py `secret_values`)."""

@@ -49,6 +49,16 @@ class LauncherArguments:
             "(checked before launch unless they are local paths or in the local cache)."
         },
     )
+    secret: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "NAME=RESOURCE: the Secret Manager secret version RESOURCE (projects/P/"
+            "secrets/S/versions/V), read at start-up with the job's service account, in the "
+            "training processes' environment variable NAME, e.g. HF_TOKEN=projects/P/secrets/"
+            "hf-token/versions/latest; repeatable. Never printed or saved (docs/deploy.md).",
+            "action": "extend",
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={"help": "Print the resolved topology and launch command as JSON; start nothing."},

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trainer.common.cache import cache_dir
@@ -51,14 +51,17 @@ from trainer.config.hardware_defaults import (
 )
 from trainer.config.launcher_flags import LauncherArguments
 from trainer.config.recipes import config_file_flags, expand_config_file
+from trainer.config.secrets import (
+    HUB_TOKEN_VARIABLE,
+    SECRET_FLAG_VARIABLES,
+    masked_value,
+    parse_references,
+)
 from trainer.tasks import DEFAULT_TASK, load_task
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
 )
-
-SECRET_FLAG_MARKERS = ("token", "key", "secret", "password")
-"""A flag whose name holds one of these has its value shown as *** in the dry run."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,19 @@ class RunConfig:
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)  # the demo's paths
 
+    def without_secrets(self) -> tuple[RunConfig, dict[str, str]]:
+        """This configuration with its secret flags (`--hub_token`) emptied, and their values
+        as the environment variables their libraries read instead (SECRET_FLAG_VARIABLES):
+        what the launcher hands to the training processes, so that the configuration they
+        get, and everything built from it, holds no secret."""
+        training = dict(self.flags["training"])
+        variables = {}
+        for name, variable in SECRET_FLAG_VARIABLES.items():
+            if training.get(name):
+                variables[variable] = training[name]
+                training[name] = None
+        return replace(self, flags={**self.flags, "training": training}), variables
+
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         data = json.loads(text)
@@ -119,7 +135,7 @@ class RunConfig:
     def describe(self) -> dict:
         """The configuration as the dry run shows it, secret-looking values masked."""
         flags = {
-            group: {name: _masked(name, value) for name, value in values.items()}
+            group: {name: masked_value(name, value) for name, value in values.items()}
             if isinstance(values, dict)
             else values
             for group, values in self.flags.items()
@@ -168,6 +184,11 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     values["training"]["deepspeed"] = None if deepspeed is None else str(deepspeed)
     settle_training_arguments(values, hardware)
     flags_from_values(values)  # every check the training processes will make, made here
+    if values["training"]["hub_token"] and HUB_TOKEN_VARIABLE in parse_references(launcher.secret):
+        raise UserError(
+            f"--hub_token and --secret {HUB_TOKEN_VARIABLE}=... both give the Hub token: "
+            "give one (--secret keeps it out of the job spec)."
+        )
     return RunConfig(
         launcher=launcher,
         topology=topology,
@@ -184,6 +205,7 @@ def split_launcher_flags(argv: list[str]) -> tuple[LauncherArguments, list[str]]
     """The launcher's own flags, and the training flags that remain."""
     options, training_argv = FlagParser([LauncherArguments]).parse_known_args(argv)
     launcher = LauncherArguments(**vars(options))
+    parse_references(launcher.secret)  # a malformed reference fails before anything else
     if launcher.chief_resolve_timeout < 0:
         raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     return launcher, training_argv
@@ -273,9 +295,3 @@ def settle_training_arguments(values: FlagValues, hardware: Hardware) -> None:
             config = json.loads(config)
         training.accelerator_config = {**config, "use_configured_state": True}
     values["training"] = vars(training)
-
-
-def _masked(name: str, value: object) -> object:
-    if value is not None and any(mark in name.lower() for mark in SECRET_FLAG_MARKERS):
-        return "***"
-    return value

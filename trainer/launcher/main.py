@@ -21,6 +21,7 @@ from trainer.common.cache import clear_stale_build_locks
 from trainer.common.errors import UserError
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
+from trainer.config.secrets import mask, secret_values
 from trainer.launcher.cuda_driver import ensure_cuda_driver
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
@@ -62,6 +63,7 @@ def wait_for_name(
 def main(argv: list[str] | None = None) -> None:
     launched_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
+    secrets = secret_values(argv, os.environ)  # kept out of every line printed below
     try:
         if set(HELP_FLAGS) & set(argv):
             # Imported here, not at the top: it loads the tasks (and with them torch),
@@ -77,16 +79,17 @@ def main(argv: list[str] | None = None) -> None:
 
         plan = prepare_launch(argv, os.environ)
         dry_run = plan.config.launcher.dry_run
+        secrets += plan.secret_env.values()
         for notice in [driver, *plan.notices]:  # stdout is the plan's JSON in a dry run
-            print(notice, file=sys.stderr if dry_run else sys.stdout, flush=True)
+            print(mask(notice, secrets), file=sys.stderr if dry_run else sys.stdout, flush=True)
         if dry_run:
-            print(json.dumps(plan.describe(), indent=2))
+            print(mask(json.dumps(plan.describe(), indent=2), secrets))
             return
         topology = plan.config.topology
         if topology.role == "worker":
             wait_for_name(topology.master_addr, plan.config.launcher.chief_resolve_timeout)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     if "TORCH_EXTENSIONS_DIR" in plan.env:
         for lock in clear_stale_build_locks(Path(plan.env["TORCH_EXTENSIONS_DIR"]), time.time()):
             print(f"removed a stale build lock left by a killed run: {lock}", flush=True)
-    env = {k: v for k, v in os.environ.items() if k not in plan.unset_env} | plan.env
+    env = {k: v for k, v in os.environ.items() if k not in plan.unset_env}
+    env |= plan.env | plan.secret_env
     env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
     os.execve(plan.argv[0], plan.argv, env)

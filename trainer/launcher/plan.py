@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainer.common.cache import torch_extensions_dir
-from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE, SECRET_VARIABLES_VARIABLE
 from trainer.config.resolve import RunConfig
+from trainer.config.secrets import MASK
 
 TRAINING_MODULE = "trainer.training.main"
 
@@ -36,6 +37,9 @@ class LaunchPlan:
     """Variables removed from the current environment before launching."""
     notices: list[str] = field(default_factory=list)
     """Lines for the log: what the launcher found and what it changed because of it."""
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Secret variables for the launched processes (`--hub_token` as HF_TOKEN, `--secret`
+    values): set like `env`, shown by name only."""
 
     def describe(self) -> dict:
         topology = self.config.topology
@@ -44,7 +48,8 @@ class LaunchPlan:
             "hardware": asdict(self.config.hardware),
             "config": self.config.describe(),
             "command": self.argv,
-            "env": {k: v for k, v in self.env.items() if k != RUN_CONFIG_VARIABLE},
+            "env": {k: v for k, v in self.env.items() if k != RUN_CONFIG_VARIABLE}
+            | {name: MASK for name in self.secret_env},
             "unset_env": self.unset_env,
             "notices": self.notices,
         }
@@ -55,9 +60,12 @@ def build_launch_plan(
     current_env: Mapping[str, str],
     cache_dir: Path,
     python: str = sys.executable,
+    secrets: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """The `accelerate launch` command and environment for this node (pure)."""
+    """The `accelerate launch` command and environment for this node (pure). `secrets`:
+    the `--secret` variables' values (trainer/launcher/secret_manager.py)."""
     topology, hardware = config.topology, config.hardware
+    handed_over, secret_env = config.without_secrets()
     argv = [
         # accelerate launch, with failures in one line
         python, "-m", "trainer.launcher.accelerate_launch",
@@ -91,10 +99,13 @@ def build_launch_plan(
         "OMP_NUM_THREADS": current_env.get(
             "OMP_NUM_THREADS", str(max(1, hardware.cpu_count // topology.nproc_per_node))
         ),
-        RUN_CONFIG_VARIABLE: config.to_json(),
+        RUN_CONFIG_VARIABLE: handed_over.to_json(),
     }
+    secret_env |= secrets or {}
+    if secret_env:
+        env[SECRET_VARIABLES_VARIABLE] = ",".join(sorted(secret_env))
     if hardware.gpu_count == 0:
         env["DS_ACCELERATOR"] = "cpu"
         env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir(current_env, cache_dir))
     unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
-    return LaunchPlan(config, argv, env, unset, notices=list(config.notices))
+    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env)

@@ -14,12 +14,14 @@ from trainer.launcher import hardware as node  # tests replace its detectors
 from trainer.launcher.demo_assets import prepare_demo_assets
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
 from trainer.launcher.plan import LaunchPlan, build_launch_plan
+from trainer.launcher.secret_manager import resolve_secrets
 from trainer.storage.locations import check_output_locations, resolve_output_locations
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
     """Everything before the exec: detect the hardware, resolve the run's configuration
-    once, build the demo's assets if it is the demo, and check the configuration's inputs
+    once, read its `--secret`s from Secret Manager, build the demo's assets if it is the
+    demo, and check the configuration's inputs
     with the code the training processes will run (local data, the GCS dataset fetch and
     probes, one Hub metadata call per uncached Hub id, writable destinations)."""
     hardware = node.detect_hardware()
@@ -31,10 +33,11 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
         # which otherwise warns, on a node known to have no GPU, that it found none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     config = resolve_run(argv, env, hardware)
+    secrets = resolve_secrets(config.launcher.secret, env)  # --secret, before anything starts
     if config.demo is not None:  # built on every node (once; cached): nodes share no disk
         prepare_demo_assets(config.demo.model_dir.parent)
-    check_inputs(config, env)
-    return build_launch_plan(config, env, cache_dir(env))
+    check_inputs(config, {**env, **secrets})  # a gated model's check with the secret HF_TOKEN
+    return build_launch_plan(config, env, cache_dir(env), secrets=secrets)
 
 
 def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:

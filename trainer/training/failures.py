@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from trainer.config.secrets import mask, secret_values
+
 
 class FailedAfterTraining(Exception):
     """Training finished and its model was delivered, but a later step failed: the run
@@ -36,8 +38,8 @@ def report_failed_after_training(error: FailedAfterTraining) -> None:
     """Once per node: the cause's traceback, then one line that says what failed and where
     the model is (the last line a reader of the log sees)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        traceback.print_exception(error.__cause__, file=sys.stderr)
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        print_traceback(error.__cause__)
+        print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
 
 
 PEER_FAILURE_GRACE_SECONDS = 5.0
@@ -59,7 +61,7 @@ def report_failure(error: Exception, sleep=time.sleep) -> None:
         f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
         f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
     )
-    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
+    cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())[:500]}"
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
         if env.get("LOCAL_RANK", "0") == "0":
@@ -70,8 +72,18 @@ def report_failure(error: Exception, sleep=time.sleep) -> None:
                 flush=True,
             )
         return
-    traceback.print_exception(error, file=sys.stderr)
+    print_traceback(error)
     print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
+
+
+def without_secrets(text: str) -> str:
+    """`text` with the values of this process's secret variables (HF_TOKEN, those the
+    launcher filled from --secret) masked: an exception's message may quote one."""
+    return mask(text, secret_values([], os.environ))
+
+
+def print_traceback(error: BaseException) -> None:
+    print(without_secrets("".join(traceback.format_exception(error))), end="", file=sys.stderr)
 
 
 PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")

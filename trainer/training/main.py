@@ -23,6 +23,7 @@ from trainer.training.failures import (
     FailedAfterTraining,
     report_failed_after_training,
     report_failure,
+    without_secrets,
 )
 from trainer.training.preemption import Stopped
 
@@ -48,7 +49,7 @@ def main() -> None:
         train(RunConfig.from_json(config_json), float(launched_at) if launched_at else None)
     except UserError as error:
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {error}", file=sys.stderr, flush=True)
+            print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except FailedAfterTraining as error:
         report_failed_after_training(error)

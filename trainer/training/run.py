@@ -19,6 +19,7 @@ from trainer.common.errors import UserError
 from trainer.config.cluster import reports_to_tuning
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
+from trainer.config.secrets import scrub_training_arguments
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
 from trainer.storage.checkpoints import (
     MANIFEST,
@@ -309,6 +310,8 @@ def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | 
     if gradient_checkpointing is not None:
         values = {**values, "gradient_checkpointing": gradient_checkpointing}
     try:
-        return flags.task.training_arguments_class(**values)
+        arguments = flags.task.training_arguments_class(**values)
     except ValueError as error:
         raise UserError(" ".join(str(error).split())) from None
+    scrub_training_arguments(arguments, os.environ)  # pickled into every checkpoint
+    return arguments
