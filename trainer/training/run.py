@@ -18,6 +18,7 @@ from transformers import PrinterCallback, set_seed
 from trainer.common.errors import UserError
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
+from trainer.config.training_arguments import build_training_arguments
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
 from trainer.storage.checkpoints import (
     MANIFEST,
@@ -293,15 +294,3 @@ def progress_by_time(given: tuple[str, ...]) -> bool:
     """Whether progress lines come by time: yes unless the command line or recipe chose a
     logging interval (`given`: the flags the user gave), which then wins."""
     return not set(given) & {"--logging_steps", "--logging_strategy"}
-
-
-def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | None = None):
-    """TrainingArguments from the resolved flags; `gradient_checkpointing`, when decided
-    here (`decide_gradient_checkpointing`), instead of the flag's value."""
-    values = vars(flags.training)
-    if gradient_checkpointing is not None:
-        values = {**values, "gradient_checkpointing": gradient_checkpointing}
-    try:
-        return flags.task.training_arguments_class(**values)
-    except ValueError as error:
-        raise UserError(" ".join(str(error).split())) from None
