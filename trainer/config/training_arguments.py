@@ -3,6 +3,8 @@ the config layer so that the launcher can build the same object to check it befo
 
 from __future__ import annotations
 
+import torch
+
 from trainer.common.errors import UserError
 from trainer.config.flags import ParsedFlags
 
@@ -13,7 +15,49 @@ def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | 
     values = vars(flags.training)
     if gradient_checkpointing is not None:
         values = {**values, "gradient_checkpointing": gradient_checkpointing}
+    return _construct(flags.task.training_arguments_class, values)
+
+
+def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
+    """The training processes' TrainingArguments, built in the launcher to check them: same
+    class, same values, same `__post_init__` (its validation, `report_to` normalised, the
+    DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but no devices.
+
+    `__post_init__` ends by setting up devices (`_setup_devices`), which creates
+    accelerate's `PartialState` for this process. In the launcher that is wrong three ways:
+    on a CPU-only node the run's `use_configured_state` (config/resolve.py
+    `settle_training_arguments`: the training processes create that state themselves)
+    makes it refuse outright; on a GPU node it makes cuda:0 current, a CUDA context in a
+    process that only execs the agent; and with --use_cpu where Vertex AI set WORLD_SIZE
+    and RANK (one per node) it waits for a gloo process group that no peer ever joins. So
+    the launcher's copy is a subclass that replaces exactly that step (the device reads as
+    CPU; nothing checked depends on it) and reports the run's planned world size instead
+    of this process's 1: DeepSpeed's `train_batch_size` is compared with world size x batch
+    size x accumulation steps. Reading the GPUs' properties (for TF32) stays: the launcher
+    reads them already (`detect_hardware`)."""
+    arguments_class = _without_devices(flags.task.training_arguments_class, world_size)
+    return _construct(arguments_class, vars(flags.training))
+
+
+def _construct(arguments_class: type, values: dict):
     try:
-        return flags.task.training_arguments_class(**values)
+        return arguments_class(**values)
     except ValueError as error:
         raise UserError(" ".join(str(error).split())) from None
+
+
+def _without_devices(arguments_class: type, planned_world_size: int) -> type:
+    """`arguments_class` without device setup, its world size the planned one (see
+    `training_arguments_before_launch`)."""
+
+    class WithoutDevices(arguments_class):
+        @property
+        def _setup_devices(self) -> torch.device:
+            return torch.device("cpu")
+
+        @property
+        def world_size(self) -> int:
+            return planned_world_size
+
+    WithoutDevices.__name__ = WithoutDevices.__qualname__ = arguments_class.__name__
+    return WithoutDevices
