@@ -3,10 +3,11 @@
 The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
 a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
 node, in every node's log) repeats what the training process has already said in its own
-`error:` line (trainer/training/failures.py). So: a process that reported itself (exit code 1 or 2)
-gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
-a preempted machine) gets one `error:` line naming its rank and node. A node whose
-rendezvous never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py).
+`error:` line (trainer/training/failures.py). So: a process that reported itself (exit
+code 1, 78 or 75) gets no second report, and its code is this node's; one that could not
+(killed by a signal: the kernel's OOM killer, a preempted machine) gets one `error:` line
+naming its rank and node, and exit code 1. A node whose rendezvous never completes gives
+up after --rdzv_timeout (trainer/launcher/start_deadline.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainer.common.log_lines import write_whole_lines
 from trainer.launcher.start_deadline import (
     MARGIN_SECONDS,
@@ -23,9 +24,9 @@ from trainer.launcher.start_deadline import (
     training_process_started,
 )
 
-REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
-"""trainer.training.main printed the line itself (1: failure, 2: bad input, 75: stopped on request
-after saving, trainer/training/preemption.py)."""
+REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE)
+"""trainer.training.main printed the line itself (1: failure, 78: bad input found in training,
+75: stopped on request after saving, trainer/training/preemption.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
