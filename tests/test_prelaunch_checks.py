@@ -236,6 +236,16 @@ def test_the_launchers_training_arguments_start_no_process_group(monkeypatch, te
     assert not torch.distributed.is_initialized()
 
 
+def test_tf32_is_judged_by_the_nodes_hardware(dry_run):
+    """TrainingArguments asks this process's GPU; the launcher asks the detected hardware
+    (here: none), as for every device decision."""
+    assert_refused(
+        dry_run("--tf32", "true"),
+        "--tf32 true needs an Ampere or newer GPU (compute capability 8.0+); this is a "
+        "CPU-only node: leave --tf32 out.",
+    )
+
+
 # --push_to_hub ------------------------------------------------------------------------------
 
 

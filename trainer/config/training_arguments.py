@@ -21,7 +21,8 @@ def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | 
 def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
     """The training processes' TrainingArguments, built in the launcher to check them: same
     class, same values, same `__post_init__` (its validation, `report_to` normalised, the
-    DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but no devices.
+    DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but nothing
+    that asks torch about this process's devices.
 
     `__post_init__` ends by setting up devices (`_setup_devices`), which creates
     accelerate's `PartialState` for this process. In the launcher that is wrong three ways:
@@ -31,12 +32,19 @@ def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
     process that only execs the agent; and with --use_cpu where Vertex AI set WORLD_SIZE
     and RANK (one per node) it waits for a gloo process group that no peer ever joins. So
     the launcher's copy is a subclass that replaces exactly that step (the device reads as
-    CPU; nothing checked depends on it) and reports the run's planned world size instead
-    of this process's 1: DeepSpeed's `train_batch_size` is compared with world size x batch
-    size x accumulation steps. Reading the GPUs' properties (for TF32) stays: the launcher
-    reads them already (`detect_hardware`)."""
+    CPU) and reports the run's planned world size instead of this process's 1: DeepSpeed's
+    `train_batch_size` is compared with world size x batch size x accumulation steps.
+
+    Two more steps ask this process's GPU: bf16 support (skipped under `use_cpu`) and TF32
+    support (which also switches TF32 on). The launcher judges both from the detected
+    `Hardware` instead, like every other device decision (`resolve_mixed_precision`,
+    `launcher/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
+    and `tf32` unset, and gets the run's values of both back afterwards."""
+    values = vars(flags.training)
     arguments_class = _without_devices(flags.task.training_arguments_class, world_size)
-    return _construct(arguments_class, vars(flags.training))
+    args = _construct(arguments_class, {**values, "use_cpu": True, "tf32": None})
+    args.use_cpu, args.tf32 = values["use_cpu"], values["tf32"]
+    return args
 
 
 def _construct(arguments_class: type, values: dict):

@@ -136,7 +136,7 @@ def check_hub_writes(push_to_hub: bool, hub_token: str | None, env: Mapping[str,
     if offline:
         raise UserError(
             f"--push_to_hub writes to the Hub at {endpoint}, which offline mode ({offline}=1) "
-            "forbids: leave --push_to_hub out, or unset it."
+            f"forbids: leave --push_to_hub out, or unset {offline}."
         )
     token = hub_token or env.get("HF_TOKEN") or get_token()
     if not token:

@@ -48,7 +48,7 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
-    args = check_training_arguments(flags, config.topology.world_size)
+    args = check_training_arguments(flags, config.topology.world_size, config.hardware)
     if not config.launcher.skip_hub_check:
         ids = hub_ids(flags.model.model_name_or_path, None) + [
             repo for source in sources for repo in hub_ids(None, source.data_args.dataset_name)

@@ -18,18 +18,31 @@ from transformers.integrations import (
 
 from trainer.common.errors import UserError
 from trainer.config.flags import ParsedFlags, selected_name
+from trainer.config.hardware import Hardware
 from trainer.config.training_arguments import training_arguments_before_launch
 from trainer.tasks import Task
 
 
-def check_training_arguments(flags: ParsedFlags, world_size: int):
+def check_training_arguments(flags: ParsedFlags, world_size: int, hardware: Hardware):
     """Build the run's TrainingArguments as its `world_size` processes will, check them,
     and return them; UserError (one line) for the first problem."""
     args = training_arguments_before_launch(flags, world_size)
+    check_tf32(args.tf32, hardware)
     check_metric(type(flags.task), args.metric_for_best_model)
     check_integrations(args.report_to)
     check_deepspeed_values(args)
     return args
+
+
+def check_tf32(tf32: bool | None, hardware: Hardware) -> None:
+    """TrainingArguments refuses `--tf32 true` in a process whose GPU lacks TF32; the
+    launcher asks the node's detected hardware (see `training_arguments_before_launch`)."""
+    capability = hardware.compute_capability
+    if tf32 and (capability is None or capability < (8, 0)):
+        raise UserError(
+            f"--tf32 true needs an Ampere or newer GPU (compute capability 8.0+); this is "
+            f"{hardware.gpu_name or 'a CPU-only node'}: leave --tf32 out."
+        )
 
 
 def check_metric(task_class: type[Task], metric: str | None) -> None:
