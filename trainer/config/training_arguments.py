@@ -39,11 +39,13 @@ def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
     support (which also switches TF32 on). The launcher judges both from the detected
     `Hardware` instead, like every other device decision (`resolve_mixed_precision`,
     `launcher/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
-    and `tf32` unset, and gets the run's values of both back afterwards."""
+    and `tf32` unset, and then gets the run's values back (of `dataloader_pin_memory` too,
+    which `use_cpu` turns off)."""
     values = vars(flags.training)
     arguments_class = _without_devices(flags.task.training_arguments_class, world_size)
     args = _construct(arguments_class, {**values, "use_cpu": True, "tf32": None})
-    args.use_cpu, args.tf32 = values["use_cpu"], values["tf32"]
+    for name in ("use_cpu", "tf32", "dataloader_pin_memory"):
+        setattr(args, name, values[name])
     return args
 
 
