@@ -99,6 +99,18 @@ def demo_assets(demo_cache) -> DemoAssets:
 
 
 @pytest.fixture(scope="session")
+def text_assets(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny BERT with a WordPiece tokenizer trained on the sentiment set, and that set."""
+    from tests.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
+
+    root = tmp_path_factory.mktemp("text-assets")
+    texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
+    build_tiny_bert(root / "bert", texts)
+    write_sentiment_csv(root / "sentiment")
+    return root / "bert", root / "sentiment"
+
+
+@pytest.fixture(scope="session")
 def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
     """The demo's own assets, as `python -m trainer` builds them: the same tiny Whisper and
     about a thousand clips synthesized with espeak-ng (15-25 s to build). For tests in

@@ -1,4 +1,4 @@
-"""A loopback Hugging Face Hub serving dataset repositories to the real clients.
+"""A loopback Hugging Face Hub serving dataset repositories (and `whoami`) to the real clients.
 
 `load_dataset("org/name", streaming=True)` (datasets 5.x over huggingface_hub's
 HfFileSystem) and the launcher's hub check ask a Hub these routes, and nothing else, for a
@@ -13,6 +13,9 @@ repository of Parquet files; each is answered the way huggingface.co answers it:
   them, with the `ETag`, `X-Repo-Commit` and `Content-Length` headers `hf_hub_download`
   checks; a missing file is 404 with `X-Error-Code: EntryNotFound`, which `datasets`
   reads as "no README / no dataset script here".
+- `GET /api/whoami-v2`: who the `Authorization: Bearer TOKEN` belongs to, with the token's
+  role (`read` or `write`), for a token in `tokens`; 401 otherwise: the launcher's check
+  that `--push_to_hub` can write.
 
 Anything else is answered 404 and recorded in `unknown`, so a test sees what a newer
 client asks for. huggingface_hub asks one such route, `/api/agent-harnesses` (a registry
@@ -85,9 +88,13 @@ class Repository:
 class LoopbackHub(ThreadingHTTPServer):
     """The Hub at `url`: repository id -> Repository."""
 
-    def __init__(self, repositories: dict[str, Repository]) -> None:
+    def __init__(
+        self, repositories: dict[str, Repository], tokens: dict[str, str] | None = None
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.repositories = repositories
+        self.tokens = tokens or {}
+        """Token -> its role (read, write), for whoami."""
         self.requests: list[tuple[str, str, str | None]] = []
         self.unknown: list[str] = []
 
@@ -97,8 +104,10 @@ class LoopbackHub(ThreadingHTTPServer):
 
 
 @contextmanager
-def running_hub(repositories: dict[str, Repository]) -> Iterator[LoopbackHub]:
-    with serving(LoopbackHub(repositories)) as hub:
+def running_hub(
+    repositories: dict[str, Repository], tokens: dict[str, str] | None = None
+) -> Iterator[LoopbackHub]:
+    with serving(LoopbackHub(repositories, tokens)) as hub:
         yield hub
 
 
@@ -116,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
         self.server.requests.append((method, url.path, self.headers.get("Range")))
+        if (method, url.path) == ("GET", "/api/whoami-v2"):
+            return self.whoami()
         for route_method, pattern, handler in ROUTES:
             match = pattern.fullmatch(url.path)
             if route_method == method and match:
@@ -132,6 +143,15 @@ class _Handler(BaseHTTPRequestHandler):
         siblings = [{"rfilename": path} for path in sorted(repo.files)]
         self._json(200, {"id": match["repo"], "sha": repo.sha, "private": False,
                          "disabled": False, "gated": False, "siblings": siblings})  # fmt: skip
+
+    def whoami(self) -> None:
+        token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        role = self.server.tokens.get(token)
+        if role is None:
+            return self._json(401, {"error": "Invalid credentials in Authorization header"})
+        token_info = {"displayName": "test", "role": role}
+        auth = {"type": "access_token", "accessToken": token_info}
+        self._json(200, {"type": "user", "name": "loopback-user", "auth": auth})
 
     def tree(self, repo: Repository, match, query) -> None:
         folder = unquote(match["path"] or "").rstrip("/")

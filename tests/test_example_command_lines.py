@@ -16,6 +16,7 @@ import shlex
 import pytest
 
 from tests.conftest import warm_hub_cache
+from tests.loopback_hub import running_hub
 from trainer.launcher import hardware
 from trainer.launcher import main as launch
 
@@ -175,11 +176,18 @@ HUB_IDS = [
 @pytest.fixture
 def example_hub_cache(tmp_path, monkeypatch):
     """A hub cache of this test only: the session's must not learn ids that other tests
-    expect to be missing (mozilla-foundation/common_voice_11_0)."""
+    expect to be missing (mozilla-foundation/common_voice_11_0). The ids are served from
+    it; `--push_to_hub` needs a Hub that accepts the run's token for writing (the
+    launcher asks `whoami`), here a loopback one."""
     cache = tmp_path / "hub-cache"
     for kind, repo_id in HUB_IDS:
         warm_hub_cache(cache, kind, repo_id)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    with running_hub({}, tokens={"hf_write": "write"}) as hub:
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_write")
+        yield
 
 
 @pytest.fixture

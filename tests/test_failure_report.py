@@ -14,6 +14,7 @@ from tests.helpers import (
     start_nodes,
     trainer_env,
 )
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE
 from trainer.launcher import accelerate_launch
 from trainer.training.failures import is_peer_failure, report_failure
 
@@ -82,7 +83,7 @@ class ChildFailed:
         return 3, self.failure
 
 
-@pytest.mark.parametrize("exitcode", [1, 2])
+@pytest.mark.parametrize("exitcode", [1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE])
 def test_a_process_that_reported_itself_gets_no_second_line(exitcode, capsys):
     assert accelerate_launch.report(ChildFailed(Failure(exitcode)), node_rank=1) == exitcode
     assert capsys.readouterr().err == ""

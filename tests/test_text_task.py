@@ -21,7 +21,6 @@ from transformers import (
 
 from tests.gcs_emulator import BUCKET
 from tests.helpers import checked_task, run_trainer, trainer_env, use_delivered_model
-from tests.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
 from trainer.config.recipes import RECIPES_DIR, config_file_flags
@@ -32,16 +31,6 @@ from trainer.tasks.trainers import ClassWeightedTrainer
 
 SENTIMENTS = ["negative", "neutral", "positive"]
 COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
-
-
-@pytest.fixture(scope="session")
-def text_assets(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny BERT with a WordPiece tokenizer trained on the sentiment set, and that set."""
-    root = tmp_path_factory.mktemp("text-assets")
-    texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
-    build_tiny_bert(root / "bert", texts)
-    write_sentiment_csv(root / "sentiment")
-    return root / "bert", root / "sentiment"
 
 
 def text_task(model_dir: Path, dataset_dir: Path, *extra: str):

@@ -1,4 +1,18 @@
-"""Exit codes with a meaning of their own, shared by the launcher and the training processes."""
+"""Exit codes with a meaning of their own, shared by the launcher and the training processes.
+
+Documented for users in docs/launching.md ("Exit codes"); keep the two in step. 1 is
+anything else (a bug, a crash, a failed collective, a process killed by a signal).
+"""
+
+CONFIG_ERROR_EXIT_CODE = 2
+"""Bad input found by `python -m trainer` (or `trainer.jobspec`, `trainer.shards`) before
+anything starts: one `error:` line, no process group, no GPU touched, nothing written."""
+
+CONFIG_ERROR_IN_TRAINING_EXIT_CODE = 78
+"""EX_CONFIG (sysexits.h): bad input that only the training processes could find, because
+it shows only once they load the model or the data (a `UserError` raised there), after the
+nodes started. Distinct from 2 so that a job's exit code says whether GPU time was spent;
+the launcher passes it on without a second report."""
 
 PREEMPTED_EXIT_CODE = 75
 """EX_TEMPFAIL (sysexits.h): "try again later". Not 0, so neither the job nor a tuning

@@ -3,18 +3,23 @@
 The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
 a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
 node, in every node's log) repeats what the training process has already said in its own
-`error:` line (trainer/training/failures.py). So: a process that reported itself (exit code 1 or 2)
-gets no second report; one that could not (killed by a signal: the kernel's OOM killer,
-a preempted machine) gets one `error:` line naming its rank and node. A node whose
-rendezvous never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py).
+`error:` line (trainer/training/failures.py). So: a process that reported itself (exit
+code 1, 78 or 75) gets no second report, and its code is this node's; one that could not
+(killed by a signal: the kernel's OOM killer, a preempted machine) gets one `error:` line
+naming its rank and node, and exit code 1. The same holds for a single process without
+DeepSpeed, which accelerate starts itself (its CalledProcessError instead of torchrun's).
+A node whose rendezvous never completes gives up after --rdzv_timeout
+(trainer/launcher/start_deadline.py).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
 import sys
 
-from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainer.common.log_lines import write_whole_lines
 from trainer.launcher.start_deadline import (
     MARGIN_SECONDS,
@@ -23,9 +28,9 @@ from trainer.launcher.start_deadline import (
     training_process_started,
 )
 
-REPORTED_EXIT_CODES = (1, 2, PREEMPTED_EXIT_CODE)
-"""trainer.training.main printed the line itself (1: failure, 2: bad input, 75: stopped on request
-after saving, trainer/training/preemption.py)."""
+REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE)
+"""trainer.training.main printed the line itself (1: failure, 78: bad input found in training,
+75: stopped on request after saving, trainer/training/preemption.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
         launch_command(args)
     except ChildFailedError as error:
         sys.exit(report(error, args.machine_rank))
+    except subprocess.CalledProcessError as error:
+        # One process without DeepSpeed: accelerate starts it itself, not through torchrun.
+        signal_name = signal.Signals(-error.returncode).name if error.returncode < 0 else None
+        where = f"rank 0 (node {args.machine_rank or 0}, local rank 0)"
+        sys.exit(report_exit(error.returncode, signal_name, where))
     except SignalException:
         # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
         # and waited for the training processes, which saved and said so themselves (or,
@@ -63,20 +73,23 @@ def watch_the_start(args) -> None:
 def report(error, node_rank: int | None) -> int:
     """Print the one line the failed process could not print; return the exit code."""
     rank, failure = error.get_first_failure()
-    if failure.exitcode in REPORTED_EXIT_CODES:
-        return failure.exitcode
-    if failure.exitcode < 0:
-        how = f"was killed by {failure.signal_name()}"
-        if failure.signal_name() == "SIGKILL":
+    signal_name = failure.signal_name() if failure.exitcode < 0 else None
+    where = f"rank {rank} (node {node_rank or 0}, local rank {failure.local_rank})"
+    return report_exit(failure.exitcode, signal_name, where)
+
+
+def report_exit(exitcode: int, signal_name: str | None, where: str) -> int:
+    """The node's exit code for a training process that ended with `exitcode` (negative:
+    killed by `signal_name`): its own when it reported itself, else 1 after one line."""
+    if exitcode in REPORTED_EXIT_CODES:
+        return exitcode
+    if exitcode < 0:
+        how = f"was killed by {signal_name}"
+        if signal_name == "SIGKILL":
             how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
     else:
-        how = f"exited with code {failure.exitcode}"
-    print(
-        f"error: training process rank {rank} (node {node_rank or 0}, local rank "
-        f"{failure.local_rank}) {how}",
-        file=sys.stderr,
-        flush=True,
-    )
+        how = f"exited with code {exitcode}"
+    print(f"error: training process {where} {how}", file=sys.stderr, flush=True)
     return 1
 
 

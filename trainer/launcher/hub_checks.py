@@ -9,6 +9,13 @@ No call is made for a local path or for an id already in the local Hugging Face 
 (what `from_pretrained` and `load_dataset` would use). With `HF_HUB_OFFLINE=1` nothing is
 ever asked of the network: an id must then be in the cache. `HF_ENDPOINT` and `HF_TOKEN`
 are honoured like the libraries do; `--skip_hub_check` turns the whole check off.
+
+With `--push_to_hub` the run also writes to the Hub, from the Trainer's start on
+(`create_repo`). `check_hub_writes` asks the Hub `whoami` with the token the Trainer will
+use (`--hub_token`, else `HF_TOKEN`, else `hf auth login`'s), so that no token, a token
+the Hub refuses or a read-only one, and an unreachable Hub fail here too. It is not
+skipped by `--skip_hub_check` or offline mode: a run that pushes needs the Hub, so the
+way out is to leave `--push_to_hub` off.
 """
 
 from __future__ import annotations
@@ -110,8 +117,56 @@ def ask_hub(kind: str, repo_id: str, env: Mapping[str, str]) -> None:
             f"The Hub at {endpoint} answered HTTP {status} about {kind} {repo_id}; {SKIP_HINT}."
         ) from None
     except Exception as error:  # noqa: BLE001 - any transport failure means "not reachable"
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise UserError(
             f"Cannot reach the Hugging Face Hub at {endpoint} to check {kind} {repo_id} "
-            f"({type(error).__name__}{': ' + reason if reason else ''}); {SKIP_HINT}."
+            f"({transport_failure(error)}); {SKIP_HINT}."
         ) from None
+
+
+def check_hub_writes(push_to_hub: bool, hub_token: str | None, env: Mapping[str, str]) -> None:
+    """With `push_to_hub`, raise a one-line UserError unless the Hub answers `whoami` for a
+    token that may write."""
+    if not push_to_hub:
+        return
+    from huggingface_hub import HfApi, get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    endpoint = (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    offline = offline_variable("model", env)
+    if offline:
+        raise UserError(
+            f"--push_to_hub writes to the Hub at {endpoint}, which offline mode ({offline}=1) "
+            f"forbids: leave --push_to_hub out, or unset {offline}."
+        )
+    token = hub_token or env.get("HF_TOKEN") or get_token()
+    if not token:
+        raise UserError(
+            "--push_to_hub needs a Hub token with write access: set HF_TOKEN for the run "
+            "(never in a job spec), pass --hub_token, or log in with hf auth login."
+        )
+    try:
+        who = HfApi(endpoint=endpoint, token=token).whoami()
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "?"
+        raise UserError(
+            f"The Hub at {endpoint} refused the token for --push_to_hub (HTTP {status}): "
+            "give the run a valid token with write access (HF_TOKEN or --hub_token)."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any transport failure means "not reachable"
+        raise UserError(
+            f"Cannot reach the Hugging Face Hub at {endpoint} for --push_to_hub "
+            f"({transport_failure(error)}): the run writes to it from its start; leave "
+            "--push_to_hub out or make the Hub reachable."
+        ) from None
+    role = who.get("auth", {}).get("accessToken", {}).get("role")
+    if role == "read":
+        raise UserError(
+            f"--push_to_hub: the token of {who.get('name', '?')} at {endpoint} is read-only; "
+            "give the run a token with write access (HF_TOKEN or --hub_token)."
+        )
+
+
+def transport_failure(error: Exception) -> str:
+    """The exception's type and the first line of its message, for one error line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trainer.common.cache import clear_stale_build_locks
 from trainer.common.errors import UserError
+from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.config.secrets import mask, secret_values
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             wait_for_name(topology.master_addr, plan.config.launcher.chief_resolve_timeout)
     except UserError as error:
         print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
         f"{topology.nproc_per_node} process(es) per node, world size {topology.world_size}, "

@@ -12,18 +12,19 @@ from trainer.config.cluster import requested_accelerators
 from trainer.config.resolve import RunConfig, resolve_run
 from trainer.launcher import hardware as node  # tests replace its detectors
 from trainer.launcher.demo_assets import prepare_demo_assets
-from trainer.launcher.hub_checks import check_hub_ids, hub_ids
+from trainer.launcher.hub_checks import check_hub_ids, check_hub_writes, hub_ids
 from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.launcher.secret_manager import resolve_secrets
+from trainer.launcher.training_checks import check_training_arguments
 from trainer.storage.locations import check_output_locations, resolve_output_locations
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
     """Everything before the exec: detect the hardware, resolve the run's configuration
     once, read its `--secret`s from Secret Manager, build the demo's assets if it is the
-    demo, and check the configuration's inputs
-    with the code the training processes will run (local data, the GCS dataset fetch and
-    probes, one Hub metadata call per uncached Hub id, writable destinations)."""
+    demo, and check the configuration with the code the training processes will run (local
+    data, the GCS dataset fetch and probes, their TrainingArguments, one Hub metadata call
+    per uncached Hub id, Hub writes with --push_to_hub, writable destinations)."""
     hardware = node.detect_hardware()
     node.check_gpus_usable(
         hardware.gpu_count, requested_accelerators(env), node.gpu_evidence(), env
@@ -41,16 +42,21 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
 
 
 def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
-    """What the configuration names exists and can be used: UserError otherwise."""
+    """What the configuration names exists and can be used, and the TrainingArguments the
+    training processes will build pass the checks that would otherwise fail in them
+    (trainer/launcher/training_checks.py): UserError otherwise. A dry run makes every
+    check but the write probes."""
     flags = config.parsed()
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
+    args = check_training_arguments(flags, config.topology.world_size, config.hardware)
     if not config.launcher.skip_hub_check:
         ids = hub_ids(flags.model.model_name_or_path, None) + [
             repo for source in sources for repo in hub_ids(None, source.data_args.dataset_name)
         ]
         check_hub_ids(ids, env, flags.model.cache_dir)
+    check_hub_writes(args.push_to_hub, args.hub_token, env)
     if not config.launcher.dry_run:  # a dry run writes nothing, not even a probe file
         check_output_locations(
             resolve_output_locations(flags.outputs, env, flags.training.output_dir)

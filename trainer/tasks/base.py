@@ -34,6 +34,10 @@ class Task(ABC):
     training_arguments_class: ClassVar[type[TrainingArguments]] = TrainingArguments
     default_metric: ClassVar[str]
     """The metric used for `metric_for_best_model` and hyperparameter tuning by default."""
+    metric_names: ClassVar[tuple[str, ...]]
+    """The names `compute_metrics` returns (the Trainer logs them with an `eval_` prefix):
+    with `loss`, what `--metric_for_best_model` may name. The launcher checks the flag
+    against them; the Trainer would find a wrong name only at the first evaluation."""
     default_model: ClassVar[str | None] = None
     """The model used when only a dataset is given (as the task's HF example script does)."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()

@@ -223,6 +223,7 @@ class ClassificationCollator:
 
 class ClassificationTask(Task):
     default_metric = "accuracy"
+    metric_names = ("accuracy", "macro_f1")  # classification_metrics
     input_column: ClassVar[str]
     """The input column's name once loaded ("image", "text")."""
     input_flag: ClassVar[str]

@@ -170,6 +170,7 @@ class SpeechRecognitionTask(Task):
     arguments_class = SpeechArguments
     training_arguments_class = Seq2SeqTrainingArguments
     default_metric = "wer"
+    metric_names = ("wer",)  # compute_metrics' word_error_rate
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
     detect_local_layout = staticmethod(detect_local_layout)

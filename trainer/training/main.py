@@ -3,9 +3,11 @@
 the environment (trainer/common/handoff.py), already resolved and checked.
 
 This module turns the run's outcome into one line and an exit code that torchrun and
-Vertex AI understand: 0 done, 2 a configuration error, 75 preempted after saving
-(trainer/common/exit_codes.py), 1 anything else. Run it through `python -m trainer`,
-which resolves the configuration once per node; started alone it says so.
+Vertex AI understand (trainer/common/exit_codes.py): 0 done, 78 a configuration error
+(a UserError: only what the launcher could not check before launch, such as a label or a
+length that shows only in the loaded data or model), 75 preempted after saving, 1
+anything else. Run it through `python -m trainer`, which resolves the configuration once
+per node; started alone it says so (78 too).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import sys
 
 from trainer.common.errors import UserError
-from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
@@ -50,7 +52,7 @@ def main() -> None:
     except UserError as error:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
     except FailedAfterTraining as error:
         report_failed_after_training(error)
         sys.exit(1)

@@ -19,7 +19,7 @@ from trainer.common.errors import UserError
 from trainer.config.cluster import reports_to_tuning
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
-from trainer.config.secrets import scrub_training_arguments
+from trainer.config.training_arguments import build_training_arguments
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
 from trainer.storage.checkpoints import (
     MANIFEST,
@@ -301,17 +301,3 @@ def progress_by_time(given: tuple[str, ...]) -> bool:
     """Whether progress lines come by time: yes unless the command line or recipe chose a
     logging interval (`given`: the flags the user gave), which then wins."""
     return not set(given) & {"--logging_steps", "--logging_strategy"}
-
-
-def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | None = None):
-    """TrainingArguments from the resolved flags; `gradient_checkpointing`, when decided
-    here (`decide_gradient_checkpointing`), instead of the flag's value."""
-    values = vars(flags.training)
-    if gradient_checkpointing is not None:
-        values = {**values, "gradient_checkpointing": gradient_checkpointing}
-    try:
-        arguments = flags.task.training_arguments_class(**values)
-    except ValueError as error:
-        raise UserError(" ".join(str(error).split())) from None
-    scrub_training_arguments(arguments, os.environ)  # pickled into every checkpoint
-    return arguments

@@ -1,0 +1,78 @@
+"""`TrainingArguments` from the resolved flags: what every training process builds, here in
+the config layer so that the launcher can build the same object to check it before launch."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from trainer.common.errors import UserError
+from trainer.config.flags import ParsedFlags
+from trainer.config.secrets import scrub_training_arguments
+
+
+def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | None = None):
+    """TrainingArguments from the resolved flags; `gradient_checkpointing`, when decided
+    here (`decide_gradient_checkpointing`), instead of the flag's value."""
+    values = vars(flags.training)
+    if gradient_checkpointing is not None:
+        values = {**values, "gradient_checkpointing": gradient_checkpointing}
+    arguments = _construct(flags.task.training_arguments_class, values)
+    scrub_training_arguments(arguments, os.environ)  # pickled into every checkpoint
+    return arguments
+
+
+def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
+    """The training processes' TrainingArguments, built in the launcher to check them: same
+    class, same values, same `__post_init__` (its validation, `report_to` normalised, the
+    DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but nothing
+    that asks torch about this process's devices.
+
+    `__post_init__` ends by setting up devices (`_setup_devices`), which creates
+    accelerate's `PartialState` for this process. In the launcher that is wrong three ways:
+    on a CPU-only node the run's `use_configured_state` (config/resolve.py
+    `settle_training_arguments`: the training processes create that state themselves)
+    makes it refuse outright; on a GPU node it makes cuda:0 current, a CUDA context in a
+    process that only execs the agent; and with --use_cpu where Vertex AI set WORLD_SIZE
+    and RANK (one per node) it waits for a gloo process group that no peer ever joins. So
+    the launcher's copy is a subclass that replaces exactly that step (the device reads as
+    CPU) and reports the run's planned world size instead of this process's 1: DeepSpeed's
+    `train_batch_size` is compared with world size x batch size x accumulation steps.
+
+    Two more steps ask this process's GPU: bf16 support (skipped under `use_cpu`) and TF32
+    support (which also switches TF32 on). The launcher judges both from the detected
+    `Hardware` instead, like every other device decision (`resolve_mixed_precision`,
+    `launcher/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
+    and `tf32` unset, and then gets the run's values back (of `dataloader_pin_memory` too,
+    which `use_cpu` turns off)."""
+    values = vars(flags.training)
+    arguments_class = _without_devices(flags.task.training_arguments_class, world_size)
+    args = _construct(arguments_class, {**values, "use_cpu": True, "tf32": None})
+    for name in ("use_cpu", "tf32", "dataloader_pin_memory"):
+        setattr(args, name, values[name])
+    return args
+
+
+def _construct(arguments_class: type, values: dict):
+    try:
+        return arguments_class(**values)
+    except ValueError as error:
+        raise UserError(" ".join(str(error).split())) from None
+
+
+def _without_devices(arguments_class: type, planned_world_size: int) -> type:
+    """`arguments_class` without device setup, its world size the planned one (see
+    `training_arguments_before_launch`)."""
+
+    class WithoutDevices(arguments_class):
+        @property
+        def _setup_devices(self) -> torch.device:
+            return torch.device("cpu")
+
+        @property
+        def world_size(self) -> int:
+            return planned_world_size
+
+    WithoutDevices.__name__ = WithoutDevices.__qualname__ = arguments_class.__name__
+    return WithoutDevices
