@@ -33,7 +33,7 @@ from trainer.common.errors import UserError
 from trainer.config.cluster import Topology, resolve_topology
 from trainer.config.deepspeed import resolve_deepspeed_config
 from trainer.config.demo import DEMO_RECIPE, DemoAssets, demo_assets_in
-from trainer.config.example_flags import translate_example_flags
+from trainer.config.example_flags import check_repeated_flags, translate_example_flags
 from trainer.config.flags import (
     FlagParser,
     FlagValues,
@@ -50,7 +50,7 @@ from trainer.config.hardware_defaults import (
     loader_workers_for_shm,
 )
 from trainer.config.launcher_flags import LauncherArguments
-from trainer.config.recipes import config_file_flags, expand_config_file
+from trainer.config.recipes import command_line, config_file_flags, expand_config_file
 from trainer.tasks import DEFAULT_TASK, load_task
 
 GIVE_BOTH = (
@@ -137,12 +137,13 @@ class RunConfig:
 
 def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> RunConfig:
     """The run's configuration: UserError (one line) for anything that cannot run."""
-    launcher, training_argv = split_launcher_flags(expand_config_file(argv))
+    check_repeated_flags(command_line(argv))  # a recipe's flags may be given again
+    translated, notices = translate_example_flags(expand_config_file(argv))
+    launcher, training_argv = split_launcher_flags(translated)
     topology = resolve_topology(
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
     )
     deepspeed = resolve_deepspeed_config(launcher.deepspeed)
-    training_argv, notices = translate_example_flags(training_argv)
     values = parse_flag_values(training_argv)  # fails on an unknown flag before anything else
     demo = None
     model, dataset = values["model"]["model_name_or_path"], values["data"]["dataset_name"]
