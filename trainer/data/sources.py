@@ -76,11 +76,18 @@ def fetch_directory(uri: str) -> Path:
     return target
 
 
-def check_splits(layout: LocalLayout, spec: str, directory: Path) -> None:
+EVALUATION_HINT = (
+    " (no evaluation split? --train_val_split 0.15 takes one from the training split; "
+    "--eval_strategy no trains without)"
+)
+
+
+def check_splits(layout: LocalLayout, spec: str, directory: Path, hint: str = "") -> None:
+    """Every split of `spec` is in the layout; `hint` ends the error line."""
     for name in split_names(spec):
         if name not in layout.splits:
             available = ", ".join(sorted(layout.splits))
-            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.')
+            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.{hint}')
 
 
 def check_shard_set(
@@ -124,11 +131,36 @@ def first_examples(
     return dataset.select(range(min(max_samples, len(dataset))))
 
 
+def split_off_evaluation(
+    train: Dataset, fraction: float, seed: int, where: str
+) -> tuple[Dataset, Dataset]:
+    """`--train_val_split`: (the rest of `train`, `fraction` of it for evaluation), drawn
+    with `seed`, so every process and every restart gets the same two parts."""
+    from datasets import IterableDataset
+
+    if isinstance(train, IterableDataset):
+        raise UserError("--train_val_split needs the whole training split; a stream has no "
+                        "length: leave --streaming out, or give --eval_split_name.")  # fmt: skip
+    try:
+        parts = train.train_test_split(test_size=fraction, seed=seed)
+    except ValueError as error:
+        raise UserError(f"--train_val_split {fraction} of {where}: {error}") from None
+    return parts["train"], parts["test"]
+
+
 def table_header(path: Path) -> list[str]:
-    """Column names of a CSV, TSV or JSON Lines file, read from its first line only."""
+    """Column names of a CSV, TSV or JSON Lines file, read from its first line only (a
+    Parquet file's from its schema; a `.json` array's from its first object)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(path).names
     with path.open(newline="", encoding="utf-8") as handle:
         first_line = handle.readline()
-    if path.suffix == ".jsonl":
+    if path.suffix == ".json" and first_line.lstrip().startswith("["):
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return list(rows[0]) if rows else []
+    if path.suffix in (".jsonl", ".json"):
         return list(json.loads(first_line)) if first_line.strip() else []
     delimiter = "\t" if path.suffix == ".tsv" else ","
     return next(csv.reader([first_line], delimiter=delimiter), [])
