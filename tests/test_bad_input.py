@@ -40,8 +40,9 @@ def launcher(monkeypatch, capsys, demo_assets, tmp_path, no_launch):
         defaults = {"--model_name_or_path": str(demo_assets.model_dir),
                     "--dataset_name": str(demo_assets.dataset_dir),
                     "--text_column_name": "transcription"}  # fmt: skip
-        given = [item for flag, value in defaults.items() if flag not in args
-                 for item in (flag, value)]  # fmt: skip (a flag given twice is an error)
+        given = [
+            item for flag, value in defaults.items() if flag not in args for item in (flag, value)
+        ]  # fmt: skip (a flag given twice is an error)
         with pytest.raises(SystemExit) as exit_info:
             launch.main([*given, *args])
         captured = capsys.readouterr()

@@ -76,15 +76,16 @@ class ForeignFlag:
     def describe(self) -> str:
         """What happens to the flag, for the table in docs/launching.md."""
         if self.kind == "renamed":
-            return f"accepted as {self.answer}"
+            return f"accepted as `{self.answer}`"
         if self.kind == "switch":
-            return f"accepted: true is {' '.join(self.tokens)}"
+            return f"accepted: true is `{' '.join(self.tokens)}`"
+        note = re.sub(r"(--[a-z_0-9]+)", r"`\1`", self.answer)
         if self.kind == "mapped":
             shown = "; ".join(
-                f"{value} is {' '.join(tokens)}" for value, tokens in self.values.items()
+                f"`{value}` is `{' '.join(tokens)}`" for value, tokens in self.values.items()
             )
-            return f"accepted: {shown}" + (f" ({self.answer})" if self.answer else "")
-        return f"{self.kind}: {self.answer}"
+            return f"accepted: {shown}" + (f" ({note})" if note else "")
+        return f"{self.kind}: {note}"
 
 
 def renamed(target, source, takes_value=True, check=None) -> ForeignFlag:
@@ -336,15 +337,15 @@ def markdown_table() -> str:
     """The table of docs/launching.md, from FOREIGN_FLAGS."""
     lines = ["| Flag | From | Here |", "|---|---|---|"]
     for name, flag in sorted(FOREIGN_FLAGS.items()):
-        answer = re.sub(r"(--[a-z_0-9]+)", r"`\1`", flag.describe()).replace("|", "\\|")
+        answer = flag.describe().replace("|", "\\|")
         lines.append(f"| `{name}` | {flag.source} | {answer} |")
     return "\n".join(lines)
 
 
 def documented_table(text: str) -> str | None:
     """The generated table as it stands in `text` (docs/launching.md), if it is there."""
-    match = re.search(re.escape(DOC_START) + r"\n(.*?)\n" + re.escape(DOC_END), text, re.S)
-    return match and match.group(1)
+    match = re.search(re.escape(DOC_START) + "(.*?)" + re.escape(DOC_END), text, re.S)
+    return match and match.group(1).strip("\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,9 @@
 Every source of a value meets here, in this order, later ones filling only what earlier
 ones left open:
 1. the command line, with a leading recipe YAML expanded before it (the command line wins);
-2. the HF example scripts' spellings, translated (trainer/config/example_flags.py);
+2. flags from elsewhere (example scripts, transformers 4, launchers), translated
+   (trainer/config/example_flags.py, after refusing a flag given twice), and the task
+   inferred when `--task` is not given (trainer/config/task_inference.py);
 3. a default model for a dataset without one, or the built-in demo for neither;
 4. hardware defaults for flags the user did not give: mixed precision, fast settings
    (trainer/config/hardware_defaults.py), loader workers that fit /dev/shm;
@@ -150,7 +152,8 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     training_argv, task_notices = with_inferred_task(training_argv)
     values = parse_flag_values(training_argv)  # fails on an unknown flag before anything else
     demo = None
-    model, dataset = values["model"]["model_name_or_path"], values["data"]["dataset_name"]
+    model = values["model"]["model_name_or_path"]
+    dataset = values["data"]["dataset_name"] or values["task_options"].get("train_file")
     if model is None and dataset is None:
         demo = demo_assets_in(cache_dir(env) / "demo")
         training_argv = with_demo(values, training_argv, demo)
@@ -214,8 +217,8 @@ def with_inferred_task(training_argv: list[str]) -> tuple[list[str], list[str]]:
 def settle_evaluation_split(values: FlagValues, given: set[str]) -> list[str]:
     """Which evaluation split is read: with --train_val_split, a part of the training
     split (and no --eval_split_name); with evaluation turned off (--eval_strategy no, no
-    --do_eval, no --eval_split_name), none, so that a dataset with only a train split runs.
-    The notices say which."""
+    --do_eval, no --eval_split_name), none, so that a dataset with only a train split runs;
+    with --train_file, the --validation_file if given, else none. The notices say which."""
     data, training = values["data"], values["training"]
     if data["train_val_split"] is not None:
         if "--eval_split_name" in given:
@@ -238,6 +241,11 @@ def settle_evaluation_split(values: FlagValues, given: set[str]) -> list[str]:
     ):
         data["eval_split_name"] = ""
         return ["evaluation off (--eval_strategy no): no evaluation split is read"]
+    options = values["task_options"]
+    if options.get("train_file") and "--eval_split_name" not in given:
+        data["eval_split_name"] = "validation" if options["validation_file"] else ""
+        if not options["validation_file"]:
+            return ["no --validation_file: no evaluation (--train_val_split makes one)"]
     return []
 
 

@@ -41,6 +41,10 @@ class LocalLayout:
     load_kwargs: dict = field(default_factory=dict)
 
 
+FILES = "the data files (--train_file ...)"
+"""How messages name a dataset given as files instead of --dataset_name."""
+
+
 def looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", "gs://")) or Path(name).is_dir()
 
@@ -180,6 +184,7 @@ def load_split(
     spec: str,
     detect_layout: Callable[[Path], LocalLayout],
     streaming: bool = False,
+    files: LocalLayout | None = None,
 ) -> tuple[Dataset | IterableDataset, Path | None]:
     """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
     directory; with `streaming`, as an IterableDataset that copies nothing whole.
@@ -187,10 +192,14 @@ def load_split(
     Returns the dataset and, for a local directory, the directory. The files of every local
     split are declared, not only the requested ones, so that labels inferred from folder
     names agree across splits. Streams of several splits are concatenated, one after the
-    other, as `split="a+b"` concatenates map-style splits.
+    other, as `split="a+b"` concatenates map-style splits. `files` is a layout of named
+    files (`--train_file` ...), read in place of `--dataset_name`.
     """
     from datasets import concatenate_datasets, load_dataset
 
+    if files is not None:
+        check_splits(files, spec, FILES)
+        return load_layout(FILES, files, spec, streaming), None
     name = data_args.dataset_name
     index = shard_index_of(name)
     if index is not None:
@@ -221,6 +230,15 @@ def load_split(
     directory = local_directory(name)
     layout = detect_layout(directory)
     check_splits(layout, spec, directory)
+    return load_layout(name, layout, spec, streaming), directory
+
+
+def load_layout(
+    name: str, layout: LocalLayout, spec: str, streaming: bool
+) -> Dataset | IterableDataset:
+    """A split spec of a local layout, every split's files declared (see `load_split`)."""
+    from datasets import concatenate_datasets, load_dataset
+
     data_files = {
         split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
         for split, paths in layout.splits.items()
@@ -232,13 +250,12 @@ def load_split(
                 **layout.load_kwargs))
             for split in split_names(spec)
         ]  # fmt: skip
-        return concatenate_datasets(parts), directory
-    local = load_or_explain(
+        return concatenate_datasets(parts)
+    return load_or_explain(
         name,
         lambda: load_dataset(layout.builder, data_files=data_files, split=spec,
                              **layout.load_kwargs),
     )  # fmt: skip
-    return local, directory
 
 
 def split_from_stream(

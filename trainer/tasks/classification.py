@@ -30,6 +30,8 @@ from trainer.common.errors import UserError
 from trainer.data.checks import check_columns
 from trainer.data.sources import (
     EVALUATION_HINT,
+    FILES,
+    LocalLayout,
     check_shard_set,
     check_splits,
     first_examples,
@@ -307,10 +309,12 @@ class ClassificationTask(Task):
             specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
             check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
             return
-        if name is None or not looks_like_path(name):
-            return  # a hub dataset: checked when it is loaded
-        directory = local_directory(name)
-        layout = self.detect_local_layout(directory)
+        layout, directory = self.file_layout(), FILES
+        if layout is None:
+            if name is None or not looks_like_path(name):
+                return  # a hub dataset: checked when it is loaded
+            directory = local_directory(name)
+            layout = self.detect_local_layout(directory)
         check_splits(layout, self.data_args.train_split_name, directory)
         if self.data_args.eval_split_name:
             check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
@@ -396,6 +400,12 @@ class ClassificationTask(Task):
 
     def load_source(self, spec: str, streaming: bool = False):
         dataset, _ = load_split(
-            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming
-        )
+            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming,
+            self.file_layout(),
+        )  # fmt: skip
         return dataset
+
+    def file_layout(self) -> LocalLayout | None:
+        """The layout of data named file by file (`--train_file` ...), for tasks that take
+        such flags; None when the data is `--dataset_name`."""
+        return None

@@ -54,6 +54,21 @@ class TextArguments(ClassificationArguments):
         default=128,
         metadata={"help": "Longer texts are truncated to this many tokens."},
     )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
+            "place of --dataset_name (run_glue.py's flag): the split train."
+        },
+    )
+    validation_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: the evaluation examples (the split validation)."},
+    )
+    test_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: more examples, the split test."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,6 +87,12 @@ class TextArguments(ClassificationArguments):
     def text_columns(self) -> list[str]:
         return [column.strip() for column in self.text_column_name.split(",")]
 
+    def data_files(self) -> dict[str, Path]:
+        """Split name -> file, for the files given by flag (empty for --dataset_name)."""
+        files = {"train": self.train_file, "validation": self.validation_file,
+                 "test": self.test_file}  # fmt: skip
+        return {split: Path(path).expanduser() for split, path in files.items() if path}
+
 
 class TextClassificationTask(ClassificationTask):
     arguments_class = TextArguments
@@ -87,17 +108,22 @@ class TextClassificationTask(ClassificationTask):
                 f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} file per "
                 "split in it (train.csv, test.csv, ...)."
             )
-        suffixes = sorted({path.suffix for path in files})
-        if len(suffixes) > 1:
-            raise UserError(f"{directory} mixes {', '.join(suffixes)} files: use one format.")
-        builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
-        columns = frozenset.intersection(*(frozenset(table_header(path)) for path in files))
-        return LocalLayout(
-            builder=builder,
-            splits={path.stem: [path] for path in files},
-            columns=columns,
-            load_kwargs=load_kwargs,
-        )
+        return table_layout({path.stem: path for path in files}, str(directory))
+
+    def file_layout(self) -> LocalLayout | None:
+        files = self.options.data_files()
+        if not files:
+            return None
+        if self.data_args.dataset_name is not None:
+            raise UserError("--train_file and --dataset_name both name the data: give one.")
+        if "train" not in files:
+            raise UserError("--validation_file and --test_file go with --train_file.")
+        for path in files.values():
+            if path.suffix not in TABLE_FORMATS or not path.is_file():
+                raise UserError(
+                    f"Data file {path} not found, or not one of {', '.join(TABLE_FORMATS)}."
+                )
+        return table_layout(files, "the files of --train_file, --validation_file, --test_file")
 
     def load_model_and_processor(self, labels: LabelSet):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -139,6 +165,21 @@ class TextClassificationTask(ClassificationTask):
         # A pair: the tokenizer marks the two (BERT: [SEP] and token type ids), and
         # truncation takes tokens from the longer one, as run_glue.py's tokenisation does.
         return lambda pairs: tokenize([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
+    """Split name -> table file, all in one format; the columns all of them have."""
+    suffixes = sorted({path.suffix for path in files.values()})
+    if len(suffixes) > 1:
+        raise UserError(f"{where}: {' and '.join(suffixes)} files mixed; use one format.")
+    builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
+    headers = [frozenset(table_header(path)) for path in files.values()]
+    return LocalLayout(
+        builder=builder,
+        splits={split: [path] for split, path in files.items()},
+        columns=frozenset.intersection(*headers),
+        load_kwargs=load_kwargs,
+    )
 
 
 TASK = TextClassificationTask
