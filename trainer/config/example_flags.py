@@ -117,6 +117,8 @@ def _answer(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str
             accepted = ", ".join(foreign.values)
             note = f" ({foreign.answer})" if foreign.answer else ""
             raise UserError(f"{name} takes one of {accepted}{note}.")
+        if not tokens:
+            return [], f"{name} {value} ignored: {foreign.answer}"
         return list(tokens), f"{name} {value} read as {' '.join(tokens)}"
     if foreign.kind == "ignored":
         return [], f"{name} ignored: {foreign.answer}"

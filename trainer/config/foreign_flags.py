@@ -82,7 +82,8 @@ class ForeignFlag:
         note = re.sub(r"(--[a-z_0-9]+)", r"`\1`", self.answer)
         if self.kind == "mapped":
             shown = "; ".join(
-                f"`{value}` is `{' '.join(tokens)}`" for value, tokens in self.values.items()
+                f"`{value}` is `{' '.join(tokens)}`" if tokens else f"`{value}` sets nothing"
+                for value, tokens in self.values.items()
             )
             return f"accepted: {shown}" + (f" ({note})" if note else "")
         return f"{self.kind}: {note}"
@@ -309,8 +310,8 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--model_size": mapped({size: ("--model_name_or_path", f"openai/whisper-{size}")
                             for size in WHISPER_SIZES}, WHISPER_SEED,
                            "or any checkpoint as --model_name_or_path"),
-    "--use_gpu": ignored("GPUs are used when the node has them (--use_cpu true forces the "
-                         "CPU)", WHISPER_SEED),
+    "--use_gpu": mapped({"true": (), "false": ("--use_cpu", "true")}, WHISPER_SEED,
+                        "GPUs are used when the node has them"),
     "--num_workers": renamed("--dataloader_num_workers", WHISPER_SEED),
     "--max_input_length": refused("give --max_duration_in_seconds (speech: seconds of audio) "
                                   "or --max_seq_length (text: tokens)", WHISPER_SEED),

@@ -48,7 +48,10 @@ def model_config(model: str, cache_dir: str | None) -> dict | None:
     if not path.is_file():
         if looks_like_path(model) or model.count("/") > 1:
             return None
-        cached = try_to_load_from_cache(model, "config.json", cache_dir=cache_dir)
+        try:
+            cached = try_to_load_from_cache(model, "config.json", cache_dir=cache_dir)
+        except ValueError:  # not a valid Hub id: the Hub check says so in one line
+            return None
         if not isinstance(cached, str):
             return None
         path = Path(cached)
