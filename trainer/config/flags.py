@@ -188,9 +188,7 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
     script's command line selects its task by the script's name, ours by --task); else
     each unknown flag with the nearest known one. Names only: a value can be a secret
     (`--wandb_key=...`, `--hub_tokn ...`)."""
-    names = list(
-        dict.fromkeys(token.split("=", 1)[0] for token in unknown if token.startswith("-"))
-    )
+    names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
     if not names:  # values argparse could not place, e.g. after a switch
         return (
             f"{len(unknown)} argument(s) that are no flag's value (flags start with --; "
@@ -203,7 +201,7 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
         and not [
             token
             for token in build_parser(load_task(other)).parse_known_args(unknown)[1]
-            if token.startswith("-")
+            if _is_flag(token)
         ]
     ]
     if knowing:
@@ -213,6 +211,11 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
             f"{selected_name(task_class)}; add {choices} (see python -m trainer --help)."
         )
     return f"Unknown flag(s): {', '.join(map(did_you_mean, names))} (see python -m trainer --help)."
+
+
+def _is_flag(token: str) -> bool:
+    """`--name`, `--name=value` or `-x`; not a value such as `-1` or `-0.5`."""
+    return token.startswith("-") and not token.lstrip("-").replace(".", "", 1).isdigit()
 
 
 def did_you_mean(name: str) -> str:

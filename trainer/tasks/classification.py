@@ -329,7 +329,7 @@ class ClassificationTask(Task):
         train, evaluation = self._train, None
         fraction = self.data_args.train_val_split
         if fraction is not None:
-            where = f"split {spec} of {self.data_args.dataset_name}"
+            where = f"split {spec} of {self.data_args.dataset_name or FILES}"
             train, evaluation = split_off_evaluation(train, fraction, self.seed, where)
             evaluation = first_examples(evaluation, self.data_args.max_eval_samples)
             evaluation = self.prepare_split(evaluation, f"{spec} (--train_val_split part)")
