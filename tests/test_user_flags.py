@@ -10,8 +10,9 @@ import re
 import shlex
 
 import pytest
+from datasets import load_dataset
 
-from tests.helpers import checked_task, run_trainer, trainer_env
+from tests.helpers import checked_task, run_trainer, speech_task, trainer_env
 from tests.tiny_assets import (
     build_tiny_bert,
     build_tiny_vit,
@@ -473,3 +474,20 @@ def test_a_train_only_dataset_trains_with_train_val_split(bert_and_tables, tmp_p
     )  # fmt: skip
     assert "evaluation split: 0.15 of split train, drawn with seed 42" in output
     assert "on 9 eval examples" in output and 0 <= results["eval_accuracy"] <= 1, results
+
+
+def test_train_val_split_in_the_speech_task(demo_assets):
+    """Whisper's task takes its evaluation clips from the training split the same way."""
+
+    def evaluation_clips(seed: str) -> list[str]:
+        task, _, processor = speech_task(demo_assets.model_dir, demo_assets.dataset_dir,
+                                         "--text_column_name", "transcription",
+                                         "--train_val_split", "0.25", "--seed", seed,
+                                         "--eval_split_name", "")  # fmt: skip
+        train, evaluation = task.load_datasets(processor)
+        assert len(train) + len(evaluation) == whole and len(evaluation) == round(whole / 4)
+        return evaluation["text"]
+
+    whole = len(load_dataset("audiofolder", data_dir=str(demo_assets.dataset_dir / "train"),
+                             split="train"))  # fmt: skip
+    assert evaluation_clips("1") == evaluation_clips("1") != evaluation_clips("2")
