@@ -37,11 +37,14 @@ def launcher(monkeypatch, capsys, demo_assets, tmp_path, no_launch):
     def run(args: list[str], env: dict[str, str] | None = None):
         for name, value in (env or {}).items():
             monkeypatch.setenv(name, value)
-        model = ["--model_name_or_path", str(demo_assets.model_dir)]
-        data = ["--dataset_name", str(demo_assets.dataset_dir)]
-        columns = ["--text_column_name", "transcription"]
+        defaults = {"--model_name_or_path": str(demo_assets.model_dir),
+                    "--dataset_name": str(demo_assets.dataset_dir),
+                    "--text_column_name": "transcription"}  # fmt: skip
+        given = [
+            item for flag, value in defaults.items() if flag not in args for item in (flag, value)
+        ]  # fmt: skip (a flag given twice is an error)
         with pytest.raises(SystemExit) as exit_info:
-            launch.main([*model, *data, *columns, *args])
+            launch.main([*given, *args])
         captured = capsys.readouterr()
         return exit_info.value.code, captured.out, captured.err
 

@@ -110,13 +110,13 @@ COMMAND_LINES = [
     pytest.param("""
         --train_dir /data/images --output_dir ./outputs/ --remove_unused_columns False
         --do_train --do_eval
-    """, "--train_dir is an example-script flag", id="vit-train-dir"),
+    """, "Give both --model_name_or_path and --dataset_name", id="vit-train-dir"),
     # 10. TEXT_README, GLUE tasks (export TASK_NAME=mrpc)
     pytest.param("""
         --model_name_or_path bert-base-cased --task_name mrpc --do_train --do_eval
         --max_seq_length 128 --per_device_train_batch_size 32 --learning_rate 2e-5
         --num_train_epochs 3 --output_dir /tmp/mrpc/
-    """, "--task_name is an example-script flag", id="glue-mrpc"),
+    """, None, id="glue-mrpc"),
     # 11. TEXT_README, "fine-tunes BERT on the imdb dataset"
     pytest.param("""
         --model_name_or_path bert-base-cased --dataset_name imdb --do_train --do_predict
@@ -139,7 +139,7 @@ COMMAND_LINES = [
         --text_column_delimiter "\\n" --label_column_name stars --do_train --do_eval
         --max_seq_length 512 --per_device_train_batch_size 32 --learning_rate 2e-5
         --num_train_epochs 1 --output_dir /tmp/amazon_reviews_multi_en/
-    """, "--metric_name is an example-script flag", id="run-classification-amazon"),
+    """, "--metric_name is not a flag of this trainer", id="run-classification-amazon"),
     # 14. TEXT_README, run_classification.py multi-label on reuters21578 (subset ModApte)
     pytest.param("""
         --task text-classification
@@ -148,7 +148,7 @@ COMMAND_LINES = [
         --metric_name f1 --text_column_name text --label_column_name topics --do_train
         --do_eval --max_seq_length 512 --per_device_train_batch_size 32 --learning_rate 2e-5
         --num_train_epochs 15 --output_dir /tmp/reuters21578_ModApte/
-    """, "--metric_name is an example-script flag", id="run-classification-reuters"),
+    """, "--metric_name is not a flag of this trainer", id="run-classification-reuters"),
     # 15. TEXT_README, run_glue.py on imdb as the current README spells the model
     pytest.param("""
         --task text-classification
@@ -161,7 +161,7 @@ COMMAND_LINES = [
         --model_name_or_path bert-base-cased --task_name mrpc --max_length 128
         --per_device_train_batch_size 32 --learning_rate 2e-5 --num_train_epochs 3
         --output_dir /tmp/mrpc/
-    """, "--task_name is an example-script flag", id="glue-no-trainer"),
+    """, None, id="glue-no-trainer"),
 ]  # fmt: skip
 
 HUB_IDS = [
@@ -169,7 +169,7 @@ HUB_IDS = [
     ("dataset", "beans"), ("model", "google/vit-base-patch16-224-in21k"),
     ("model", "bert-base-cased"), ("dataset", "imdb"), ("model", "google-bert/bert-base-uncased"),
     ("dataset", "amazon_reviews_multi"), ("dataset", "reuters21578"),
-    ("model", "google-bert/bert-base-cased"),
+    ("model", "google-bert/bert-base-cased"), ("dataset", "nyu-mll/glue"),
 ]  # fmt: skip
 
 

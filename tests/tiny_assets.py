@@ -162,6 +162,24 @@ def write_sentiment_csv(dataset_dir: Path) -> None:
             writer.writerows(rows)
 
 
+def write_paraphrase_csv(
+    dataset_dir: Path, splits: tuple[str, ...] = ("train", "validation")
+) -> None:
+    """GLUE MRPC's shape: `sentence1`, `sentence2`, `label` (1: the two say the same, here:
+    the same sentiment; 0: they do not), one CSV per split, made from the sentiment set."""
+    dataset_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(SEED)
+    for split, rows in zip(splits, sentiment_sentences().values(), strict=False):
+        pairs = [
+            (a, b, int(la == lb))
+            for (a, la), (b, lb) in zip(rows, rng.sample(rows, len(rows)), strict=True)
+        ]
+        with (dataset_dir / f"{split}.csv").open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["sentence1", "sentence2", "label"])
+            writer.writerows(pairs)
+
+
 TONE_CLIPS = {"train": 48, "test": 24}
 """Clips per split of `write_tone_speech`'s default set."""
 TONE_SAMPLE_RATE = 22_050

@@ -1,119 +1,154 @@
-"""The Hugging Face example scripts' flags that this trainer spells differently or does
-without, so their command lines run with `python -m trainer` in place of the script name.
+"""Command lines written for something else, read in this trainer's spelling.
 
-Users arrive with command lines from the transformers examples (run_speech_recognition_
-seq2seq.py, run_image_classification.py, run_glue.py / run_classification.py) and the
-Whisper fine-tuning event. Most of their flags are already ours (HF names throughout);
-the rest are listed here, each with the reason, in one of three kinds:
-- renamed: an old spelling of one of our flags, rewritten (e.g. transformers 5 removed
-  `--evaluation_strategy`; `eval_strategy` is the same setting);
-- ignored: the flag asks for what this trainer does anyway, or for nothing it could do
-  differently; one notice line says so;
-- refused: honouring it silently would train something other than what the user asked;
-  one `error:` line names the flag to use instead (docs/launching.md lists them all).
+Users arrive with command lines from the transformers examples, from transformers 4 blog
+posts, from torchrun / accelerate / DeepSpeed launches and from the seed recipes. Their
+flags that are not ours are in one table, trainer/config/foreign_flags.py, each with its
+answer; this module applies it: renamed, switched and mapped flags are rewritten, ignored
+ones dropped with one notice line each, refused ones stopped with one `error:` line that
+names what to use instead. It also finds flags given twice, counting the flags a foreign
+one stands for (`--evaluation_strategy steps --eval_strategy no` asks two things at once).
+No message carries a flag's value: values can be secrets (`--push_to_hub_token`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
+
 from trainer.common.errors import UserError
+from trainer.config.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
+from trainer.config.launcher_flags import LauncherArguments
+
+REPEATABLE_FLAGS = {
+    f"--{field.name}"
+    for field in dataclasses.fields(LauncherArguments)
+    if field.metadata.get("action") == "extend"
+}
+"""Flags whose repeats add up rather than replace each other."""
 
 BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
-RENAMED = {
-    "--evaluation_strategy": "--eval_strategy",  # removed from TrainingArguments in 5.0
-    "--push_to_hub_model_id": "--hub_model_id",  # removed from TrainingArguments in 4.x
-}
-
-IGNORED = {
-    "--use_auth_token": "the Hub client uses the token of `hf auth login` or HF_TOKEN by itself",
-    "--overwrite_output_dir": "a run resumes from its last complete checkpoint "
-    "(--resume never starts afresh)",
-    "--shuffle_train_dataset": "the Trainer shuffles the training set every epoch anyway",
-    "--model_index_name": "it only names the model card of a push to the Hub",
-    "--remove_splits": "only the splits named by --train_split_name and --eval_split_name are read",
-}
-"""Flag -> why it changes nothing here. A value after it (`--use_auth_token true`) is
-dropped with it."""
-
-TAKES_VALUE = {"--model_index_name", "--task_name", "--text_column_delimiter", "--metric_name",
-               "--train_file", "--validation_file", "--train_dir", "--validation_dir",
-               "--remove_splits"}  # fmt: skip
-
-REFUSED = {
-    "--task_name": "GLUE tasks are not built in; give --task text-classification "
-    "--dataset_name nyu-mll/glue --dataset_config_name NAME --text_column_name COLUMN "
-    "(sentence-pair tasks such as mrpc are not supported)",
-    "--text_column_delimiter": "several text columns cannot be joined; give one --text_column_name",
-    "--metric_name": "every evaluation reports all of the task's metrics; choose the one "
-    "that selects the best checkpoint with --metric_for_best_model",
-    "--train_file": "give the folder holding train.csv/validation.csv (or .json, .parquet) "
-    "as --dataset_name",
-    "--validation_file": "give the folder holding train.csv/validation.csv (or .json, "
-    ".parquet) as --dataset_name",
-    "--train_dir": "give an image folder (one subfolder per class, or train/ and "
-    "validation/ inside) as --dataset_name",
-    "--validation_dir": "give an image folder with train/ and validation/ inside as --dataset_name",
-}
-"""Flag -> what to do instead. Refused only when it asks for something: a false boolean
-(`--streaming False`) is what happens anyway and is dropped."""
-
 WHISPER_TASKS = ("transcribe", "translate")
+"""run_speech_recognition_seq2seq.py's --task is Whisper's; ours selects the training task."""
 
 
 def translate_example_flags(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(argv in this trainer's spelling, one notice per ignored flag); UserError if refused."""
+    """(argv in this trainer's spelling, one notice per ignored or rewritten flag);
+    UserError for a refused flag or a value a mapped flag does not take."""
     out: list[str] = []
     notices: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        name, inline = _split(token)
-        value, used = _value(argv, i, name, inline)
-        if name == "--task" and value in WHISPER_TASKS:
-            out += ["--whisper_task", value]  # Whisper's task in the seq2seq script
-        elif name in RENAMED:
-            out.append(RENAMED[name] + ("" if inline is None else f"={inline}"))
-            used = 1
-        elif name == "--freeze_feature_encoder":
-            _freeze_feature_encoder(value)
-        elif name in IGNORED:
-            notices.append(f"{name} ignored: {IGNORED[name]}")
-        elif name in REFUSED:
-            if BOOL_WORDS.get(str(value).lower()) is not False:
-                raise UserError(f"{name} is an example-script flag this trainer does not take: "
-                                f"{REFUSED[name]} (docs/launching.md).")  # fmt: skip
+    for token, name, value, foreign in _flags(argv):
+        if foreign is None:
+            out += token
+        elif foreign == "whisper_task":
+            out += ["--whisper_task", value]
         else:
-            out.append(token)
-            used = 1
-        i += used
+            tokens, notice = _answer(name, value, foreign)
+            out += tokens
+            notices += [notice] if notice else []
     return out, notices
 
 
-def _split(token: str) -> tuple[str, str | None]:
-    if token.startswith("--") and "=" in token:
-        name, value = token.split("=", 1)
-        return name, value
-    return token, None
+def check_repeated_flags(argv: list[str]) -> None:
+    """A flag given twice on one command line is an error, also when one of the two is a
+    foreign spelling of the other (or a foreign flag sets it): argparse would keep the
+    last silently, and the user meant one of them. Lists are one flag with several values
+    (`--report_to tensorboard wandb`); only the launcher's flags that collect their
+    repeats (`--secret A=... --secret B=...`) may repeat."""
+    given: dict[str, list[str]] = defaultdict(list)
+    for _, name, value, foreign in _flags(argv):
+        for effective in _sets(name, value, foreign):
+            given[effective].append(name)
+    for effective, names in given.items():
+        if len(names) < 2 or effective in REPEATABLE_FLAGS:
+            continue
+        if set(names) == {effective}:
+            raise UserError(f"{effective} is given {len(names)} times: give it once.")
+        shown = " and ".join(dict.fromkeys(names))
+        raise UserError(f"{shown} both set {effective}: give one of them.")
 
 
-def _value(argv: list[str], i: int, name: str, inline: str | None) -> tuple[object, int]:
+def _flags(argv: list[str]):
+    """(tokens, canonical name, value, table entry or None) per flag of `argv`; tokens that
+    are no flag's value pass through on their own."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            yield [token], token, None, None
+            i += 1
+            continue
+        raw, inline = token.split("=", 1) if "=" in token else (token, None)
+        name = canonical(raw)
+        foreign = FOREIGN_FLAGS.get(name)
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if name == "--task":
+            value = inline if inline is not None else following
+            if value in WHISPER_TASKS:
+                yield [token], name, value, "whisper_task"
+                i += 1 if inline is not None else 2
+                continue
+        if foreign is None:
+            yield [token], name, inline, None
+            i += 1
+            continue
+        value, used = _value(foreign, inline, following)
+        yield argv[i : i + used], name, value, foreign
+        i += used
+
+
+def _value(foreign: ForeignFlag, inline: str | None, following: str | None) -> tuple[str, int]:
     """The flag's value and how many tokens it spans: `--f=v` 1, `--f v` 2, a bare switch
-    (`--streaming`, or followed by another flag) 1 with value True."""
+    (or one followed by another flag) 1, with the value "true"."""
     if inline is not None:
         return inline, 1
-    following = argv[i + 1] if i + 1 < len(argv) else None
     if following is None or following.startswith("--"):
-        return True, 1
-    if name in TAKES_VALUE or name == "--task" or following.lower() in BOOL_WORDS:
+        return "true", 1
+    if foreign.takes_value or following.lower() in BOOL_WORDS:
         return following, 2
-    return True, 1
+    return "true", 1
 
 
-def _freeze_feature_encoder(value: object) -> None:
-    """run_speech_recognition_seq2seq.py's default (True) calls a method Whisper lacks,
-    so its command lines pass False: nothing to do. True has no Whisper meaning."""
-    if BOOL_WORDS.get(str(value).lower()) is not False:
-        raise UserError(
-            "--freeze_feature_encoder: Whisper has no separate feature encoder; "
-            "--freeze_encoder true freezes its whole audio encoder."
-        )
+def _answer(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str | None]:
+    """The flag's replacement tokens and its notice line, by the table's kind."""
+    false = BOOL_WORDS.get(value.lower()) is False and not foreign.takes_value
+    if foreign.kind == "renamed":
+        instead = foreign.check and foreign.check(value)
+        if instead:
+            raise UserError(f"{name}: {instead}.")
+        return [foreign.answer, value], f"{name} read as {foreign.answer}"
+    if foreign.kind == "switch":
+        if false:
+            return [], None
+        return list(foreign.tokens), f"{name} read as {' '.join(foreign.tokens)}"
+    if foreign.kind == "mapped":
+        tokens = foreign.values.get(value)
+        if tokens is None:
+            accepted = ", ".join(foreign.values)
+            note = f" ({foreign.answer})" if foreign.answer else ""
+            raise UserError(f"{name} takes one of {accepted}{note}.")
+        if not tokens:
+            return [], f"{name} {value} ignored: {foreign.answer}"
+        return list(tokens), f"{name} {value} read as {' '.join(tokens)}"
+    if foreign.kind == "ignored":
+        return [], f"{name} ignored: {foreign.answer}"
+    if false:
+        return [], None  # a refused switch set false asks for nothing
+    raise UserError(f"{name} is not a flag of this trainer ({foreign.source}): "
+                    f"{foreign.answer} (docs/launching.md).")  # fmt: skip
+
+
+def _sets(name: str, value: str | None, foreign) -> list[str]:
+    """The flags of this trainer that a given flag sets (itself, when it is ours)."""
+    if foreign is None:
+        return [name] if name.startswith("--") else []
+    if foreign == "whisper_task":
+        return ["--whisper_task"]
+    if foreign.kind == "renamed":
+        return [foreign.answer]
+    if foreign.kind == "switch":
+        return [token for token in foreign.tokens if token.startswith("--")]
+    if foreign.kind == "mapped":
+        tokens = foreign.values.get(value) or ()
+        return [token for token in tokens if token.startswith("--")] or [name]
+    return [name]

@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import difflib
+import functools
 from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
 from trainer.common.errors import UserError
 from trainer.config.example_flags import translate_example_flags
+from trainer.config.foreign_flags import FOREIGN_FLAGS, canonical
+from trainer.config.launcher_flags import LauncherArguments
 from trainer.data.arguments import DataArguments
 from trainer.storage.locations import OutputArguments
 from trainer.tasks import DEFAULT_TASK, Task, load_task, task_names
@@ -180,18 +184,24 @@ def check_interleaving(data: DataArguments) -> None:
 
 
 def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
-    """Names the task whose flags these are, if another task knows them: an example
-    script's command line selects its task by the script's name, ours by --task."""
-    names = [token.split("=", 1)[0] for token in unknown if token.startswith("--")]
+    """Names the task whose flags these are, if another task knows them (an example
+    script's command line selects its task by the script's name, ours by --task); else
+    each unknown flag with the nearest known one. Names only: a value can be a secret
+    (`--wandb_key=...`, `--hub_tokn ...`)."""
+    names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
+    if not names:  # values argparse could not place, e.g. after a switch
+        return (
+            f"{len(unknown)} argument(s) that are no flag's value (flags start with --; "
+            "see python -m trainer --help)."
+        )
     knowing = [
         other
         for other in task_names()
-        if names
-        and load_task(other) is not task_class
+        if load_task(other) is not task_class
         and not [
             token
             for token in build_parser(load_task(other)).parse_known_args(unknown)[1]
-            if token.startswith("--")
+            if _is_flag(token)
         ]
     ]
     if knowing:
@@ -200,7 +210,33 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
             f"{' '.join(names)}: flag(s) of {choices}, not of --task "
             f"{selected_name(task_class)}; add {choices} (see python -m trainer --help)."
         )
-    return f"Unknown flag(s): {' '.join(unknown)} (see python -m trainer --help)."
+    return f"Unknown flag(s): {', '.join(map(did_you_mean, names))} (see python -m trainer --help)."
+
+
+def _is_flag(token: str) -> bool:
+    """`--name`, `--name=value` or `-x`; not a value such as `-1` or `-0.5`."""
+    return token.startswith("-") and not token.lstrip("-").replace(".", "", 1).isdigit()
+
+
+def did_you_mean(name: str) -> str:
+    """`--learning_rte (did you mean --learning_rate?)`, from every flag this trainer knows:
+    its launcher's, every task's, and the foreign ones it answers (trainer/config/
+    foreign_flags.py)."""
+    close = difflib.get_close_matches(canonical(name), known_flags(), n=1, cutoff=0.75)
+    return f"{name} (did you mean {close[0]}?)" if close else name
+
+
+@functools.cache
+def known_flags() -> tuple[str, ...]:
+    parsers = [FlagParser([LauncherArguments])]
+    parsers += [build_parser(load_task(name)) for name in task_names()]
+    names = {
+        option
+        for parser in parsers
+        for option in parser._option_string_actions  # argparse's registry of flag names
+        if option.startswith("--") and "-" not in option[2:]
+    }
+    return tuple(sorted(names | set(FOREIGN_FLAGS)))
 
 
 def selected_name(task_class: type[Task]) -> str:

@@ -35,6 +35,11 @@ def expand_config_file(argv: list[str]) -> list[str]:
     return config_file_flags(locate_config_file(argv[0])) + list(argv[1:])
 
 
+def command_line(argv: list[str]) -> list[str]:
+    """The flags typed after the recipe (all of `argv` when there is none)."""
+    return list(argv[1:] if argv and not argv[0].startswith("-") else argv)
+
+
 def locate_config_file(name: str) -> Path:
     path = Path(name)
     if path.is_file():

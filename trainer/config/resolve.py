@@ -5,7 +5,9 @@
 Every source of a value meets here, in this order, later ones filling only what earlier
 ones left open:
 1. the command line, with a leading recipe YAML expanded before it (the command line wins);
-2. the HF example scripts' spellings, translated (trainer/config/example_flags.py);
+2. flags from elsewhere (example scripts, transformers 4, launchers), translated
+   (trainer/config/example_flags.py, after refusing a flag given twice), and the task
+   inferred when `--task` is not given (trainer/config/task_inference.py);
 3. a default model for a dataset without one, or the built-in demo for neither;
 4. hardware defaults for flags the user did not give: mixed precision, fast settings
    (trainer/config/hardware_defaults.py), loader workers that fit /dev/shm;
@@ -33,7 +35,7 @@ from trainer.common.errors import UserError
 from trainer.config.cluster import Topology, resolve_topology
 from trainer.config.deepspeed import resolve_deepspeed_config
 from trainer.config.demo import DEMO_RECIPE, DemoAssets, demo_assets_in
-from trainer.config.example_flags import translate_example_flags
+from trainer.config.example_flags import check_repeated_flags, translate_example_flags
 from trainer.config.flags import (
     FlagParser,
     FlagValues,
@@ -50,14 +52,17 @@ from trainer.config.hardware_defaults import (
     loader_workers_for_shm,
 )
 from trainer.config.launcher_flags import LauncherArguments
-from trainer.config.recipes import config_file_flags, expand_config_file
+from trainer.config.recipes import command_line, config_file_flags, expand_config_file
 from trainer.config.secrets import (
     HUB_TOKEN_VARIABLE,
     SECRET_FLAG_VARIABLES,
     masked_value,
     parse_references,
 )
+from trainer.config.task_inference import infer_task
+from trainer.data.arguments import DataArguments
 from trainer.tasks import DEFAULT_TASK, load_task
+from trainer.tasks.arguments import ModelArguments
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
@@ -153,15 +158,18 @@ class RunConfig:
 
 def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> RunConfig:
     """The run's configuration: UserError (one line) for anything that cannot run."""
-    launcher, training_argv = split_launcher_flags(expand_config_file(argv))
+    check_repeated_flags(command_line(argv))  # a recipe's flags may be given again
+    translated, notices = translate_example_flags(expand_config_file(argv))
+    launcher, training_argv = split_launcher_flags(translated)
     topology = resolve_topology(
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
     )
     deepspeed = resolve_deepspeed_config(launcher.deepspeed)
-    training_argv, notices = translate_example_flags(training_argv)
+    training_argv, task_notices = with_inferred_task(training_argv)
     values = parse_flag_values(training_argv)  # fails on an unknown flag before anything else
     demo = None
-    model, dataset = values["model"]["model_name_or_path"], values["data"]["dataset_name"]
+    model = values["model"]["model_name_or_path"]
+    dataset = values["data"]["dataset_name"] or values["task_options"].get("train_file")
     if model is None and dataset is None:
         demo = demo_assets_in(cache_dir(env) / "demo")
         training_argv = with_demo(values, training_argv, demo)
@@ -170,6 +178,8 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     elif dataset is None:
         raise UserError(GIVE_BOTH)
     given = flag_names(training_argv)  # a recipe's flags count as given
+    if task_notices:
+        given.discard("--task")  # inferred, not given
     mixed_precision = resolve_mixed_precision(
         values["training"]["bf16"],
         values["training"]["fp16"],
@@ -180,6 +190,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     if mixed_precision != "no" and not given & {"--bf16", "--fp16"}:
         defaults += [f"--{mixed_precision}", "true"]
     values = parse_flag_values([*training_argv, *defaults])
+    split_notices = settle_evaluation_split(values, given)
     shm_notices = fit_loader_workers(values["training"], hardware, topology.nproc_per_node)
     values["training"]["deepspeed"] = None if deepspeed is None else str(deepspeed)
     settle_training_arguments(values, hardware)
@@ -196,7 +207,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
         flags=values,
         given=tuple(sorted(given)),
         mixed_precision=mixed_precision,
-        notices=(*notices, *shm_notices),
+        notices=(*notices, *task_notices, *split_notices, *shm_notices),
         demo=demo,
     )
 
@@ -209,6 +220,55 @@ def split_launcher_flags(argv: list[str]) -> tuple[LauncherArguments, list[str]]
     if launcher.chief_resolve_timeout < 0:
         raise UserError("--chief_resolve_timeout must be 0 (one attempt) or more seconds.")
     return launcher, training_argv
+
+
+def with_inferred_task(training_argv: list[str]) -> tuple[list[str], list[str]]:
+    """Without --task, the task the model's config.json or the local data name (one notice
+    says which and why); the demo (no model, no dataset) stays the default task."""
+    if "--task" in flag_names(training_argv):
+        return training_argv, []
+    known, _ = FlagParser([ModelArguments, DataArguments], add_help=False).parse_known_args(
+        training_argv
+    )
+    if known.model_name_or_path is None and known.dataset_name is None:
+        return training_argv, []
+    task, why = infer_task(known.model_name_or_path, known.dataset_name, known.cache_dir)
+    return ["--task", task, *training_argv], [f"task: {task} (no --task; {why})"]
+
+
+def settle_evaluation_split(values: FlagValues, given: set[str]) -> list[str]:
+    """Which evaluation split is read: with --train_val_split, a part of the training
+    split (and no --eval_split_name); with evaluation turned off (--eval_strategy no, no
+    --do_eval, no --eval_split_name), none, so that a dataset with only a train split runs;
+    with --train_file, the --validation_file if given, else none. The notices say which."""
+    data, training = values["data"], values["training"]
+    if data["train_val_split"] is not None:
+        if "--eval_split_name" in given:
+            raise UserError(
+                "--train_val_split makes the evaluation split from the training split: "
+                "leave --eval_split_name out, or --train_val_split."
+            )
+        data["eval_split_name"] = ""
+        return [
+            f"evaluation split: {data['train_val_split']:g} of split {data['train_split_name']},"
+            f" drawn with seed {training['seed']} (--train_val_split)"
+        ]
+    evaluation_off = str(getattr(training["eval_strategy"], "value", training["eval_strategy"]))
+    if (
+        evaluation_off == "no"
+        and "--eval_strategy" in given
+        and not training["do_eval"]
+        and "--eval_split_name" not in given
+        and data["eval_split_name"]
+    ):
+        data["eval_split_name"] = ""
+        return ["evaluation off (--eval_strategy no): no evaluation split is read"]
+    options = values["task_options"]
+    if options.get("train_file") and "--eval_split_name" not in given:
+        data["eval_split_name"] = "validation" if options["validation_file"] else ""
+        if not options["validation_file"]:
+            return ["no --validation_file: no evaluation (--train_val_split makes one)"]
+    return []
 
 
 def with_default_model(values: FlagValues, training_argv: list[str]) -> list[str]:

@@ -22,6 +22,14 @@ class DataArguments:
     eval_split_name: str = field(
         default="test", metadata={"help": "Evaluation split(s); join several with '+'."}
     )
+    train_val_split: float | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on this fraction of the training split, split off with --seed "
+            "(the same examples on every process and every run): for datasets with only a "
+            "train split, as run_image_classification.py does. Leave --eval_split_name out."
+        },
+    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only this many training examples (debugging)."}
     )
@@ -60,6 +68,13 @@ class DataArguments:
             "on, with its step, to DIR/rank-R.txt: an audit of what a stream delivered."
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.train_val_split is not None and not 0 < self.train_val_split < 1:
+            raise ValueError(
+                f"--train_val_split {self.train_val_split}: give a fraction between 0 and 1, "
+                "e.g. 0.15."
+            )
 
     def probabilities(self) -> list[float]:
         """`--interleave_probabilities` as numbers (UserError if they are not)."""

@@ -12,11 +12,16 @@ def split_names(spec: str) -> list[str]:
     return [part.strip() for part in spec.split("+") if part.strip()]
 
 
-def check_columns(available: Iterable[str], wanted: dict[str, str], where: str) -> None:
-    """`wanted` maps flag name -> column name; each must be among `available`."""
+def check_columns(
+    available: Iterable[str], wanted: dict[str, str | tuple[str, ...]], where: str
+) -> None:
+    """`wanted` maps flag name -> column name (or names: a sentence pair); each must be
+    among `available`."""
     available = sorted(available)
-    for flag, column in wanted.items():
-        if column not in available:
+    for flag, columns in wanted.items():
+        for column in (columns,) if isinstance(columns, str) else columns:
+            if column in available:
+                continue
             raise UserError(
                 f'Column "{column}" (--{flag}) not found in {where}; '
                 f"its columns are: {', '.join(available)}."

@@ -41,6 +41,10 @@ class LocalLayout:
     load_kwargs: dict = field(default_factory=dict)
 
 
+FILES = "the data files (--train_file ...)"
+"""How messages name a dataset given as files instead of --dataset_name."""
+
+
 def looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", "gs://")) or Path(name).is_dir()
 
@@ -76,11 +80,18 @@ def fetch_directory(uri: str) -> Path:
     return target
 
 
-def check_splits(layout: LocalLayout, spec: str, directory: Path) -> None:
+EVALUATION_HINT = (
+    " (no evaluation split? --train_val_split 0.15 takes one from the training split; "
+    "--eval_strategy no trains without)"
+)
+
+
+def check_splits(layout: LocalLayout, spec: str, directory: Path, hint: str = "") -> None:
+    """Every split of `spec` is in the layout; `hint` ends the error line."""
     for name in split_names(spec):
         if name not in layout.splits:
             available = ", ".join(sorted(layout.splits))
-            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.')
+            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.{hint}')
 
 
 def check_shard_set(
@@ -124,11 +135,36 @@ def first_examples(
     return dataset.select(range(min(max_samples, len(dataset))))
 
 
+def split_off_evaluation(
+    train: Dataset, fraction: float, seed: int, where: str
+) -> tuple[Dataset, Dataset]:
+    """`--train_val_split`: (the rest of `train`, `fraction` of it for evaluation), drawn
+    with `seed`, so every process and every restart gets the same two parts."""
+    from datasets import IterableDataset
+
+    if isinstance(train, IterableDataset):
+        raise UserError("--train_val_split needs the whole training split; a stream has no "
+                        "length: leave --streaming out, or give --eval_split_name.")  # fmt: skip
+    try:
+        parts = train.train_test_split(test_size=fraction, seed=seed)
+    except ValueError as error:
+        raise UserError(f"--train_val_split {fraction} of {where}: {error}") from None
+    return parts["train"], parts["test"]
+
+
 def table_header(path: Path) -> list[str]:
-    """Column names of a CSV, TSV or JSON Lines file, read from its first line only."""
+    """Column names of a CSV, TSV or JSON Lines file, read from its first line only (a
+    Parquet file's from its schema; a `.json` array's from its first object)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(path).names
     with path.open(newline="", encoding="utf-8") as handle:
         first_line = handle.readline()
-    if path.suffix == ".jsonl":
+    if path.suffix == ".json" and first_line.lstrip().startswith("["):
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return list(rows[0]) if rows else []
+    if path.suffix in (".jsonl", ".json"):
         return list(json.loads(first_line)) if first_line.strip() else []
     delimiter = "\t" if path.suffix == ".tsv" else ","
     return next(csv.reader([first_line], delimiter=delimiter), [])
@@ -148,6 +184,7 @@ def load_split(
     spec: str,
     detect_layout: Callable[[Path], LocalLayout],
     streaming: bool = False,
+    files: LocalLayout | None = None,
 ) -> tuple[Dataset | IterableDataset, Path | None]:
     """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
     directory; with `streaming`, as an IterableDataset that copies nothing whole.
@@ -155,10 +192,14 @@ def load_split(
     Returns the dataset and, for a local directory, the directory. The files of every local
     split are declared, not only the requested ones, so that labels inferred from folder
     names agree across splits. Streams of several splits are concatenated, one after the
-    other, as `split="a+b"` concatenates map-style splits.
+    other, as `split="a+b"` concatenates map-style splits. `files` is a layout of named
+    files (`--train_file` ...), read in place of `--dataset_name`.
     """
     from datasets import concatenate_datasets, load_dataset
 
+    if files is not None:
+        check_splits(files, spec, FILES)
+        return load_layout(FILES, files, spec, streaming), None
     name = data_args.dataset_name
     index = shard_index_of(name)
     if index is not None:
@@ -189,6 +230,15 @@ def load_split(
     directory = local_directory(name)
     layout = detect_layout(directory)
     check_splits(layout, spec, directory)
+    return load_layout(name, layout, spec, streaming), directory
+
+
+def load_layout(
+    name: str, layout: LocalLayout, spec: str, streaming: bool
+) -> Dataset | IterableDataset:
+    """A split spec of a local layout, every split's files declared (see `load_split`)."""
+    from datasets import concatenate_datasets, load_dataset
+
     data_files = {
         split: [str(path / "**") if path.is_dir() else str(path) for path in paths]
         for split, paths in layout.splits.items()
@@ -200,13 +250,12 @@ def load_split(
                 **layout.load_kwargs))
             for split in split_names(spec)
         ]  # fmt: skip
-        return concatenate_datasets(parts), directory
-    local = load_or_explain(
+        return concatenate_datasets(parts)
+    return load_or_explain(
         name,
         lambda: load_dataset(layout.builder, data_files=data_files, split=spec,
                              **layout.load_kwargs),
     )  # fmt: skip
-    return local, directory
 
 
 def split_from_stream(

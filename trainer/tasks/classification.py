@@ -29,6 +29,9 @@ import torch
 from trainer.common.errors import UserError
 from trainer.data.checks import check_columns
 from trainer.data.sources import (
+    EVALUATION_HINT,
+    FILES,
+    LocalLayout,
     check_shard_set,
     check_splits,
     first_examples,
@@ -37,6 +40,7 @@ from trainer.data.sources import (
     looks_like_path,
     select_source_columns,
     shard_index_of,
+    split_off_evaluation,
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
@@ -209,14 +213,19 @@ def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
 
 @dataclass
 class ClassificationCollator:
-    """Raw examples -> model inputs (from the task's `encode_inputs`) plus label ids."""
+    """Raw examples -> model inputs (from the task's `encode_inputs`) plus label ids. With
+    several input columns (a sentence pair), each raw input is a tuple of their values."""
 
     encode_inputs: Callable[[list], Mapping[str, torch.Tensor]]
-    input_column: str
+    input_columns: tuple[str, ...]
     label_ids: Mapping[Any, int]
 
     def __call__(self, examples: list[dict]) -> dict:
-        batch = dict(self.encode_inputs([example[self.input_column] for example in examples]))
+        if len(self.input_columns) == 1:
+            inputs = [example[self.input_columns[0]] for example in examples]
+        else:
+            inputs = [tuple(example[c] for c in self.input_columns) for example in examples]
+        batch = dict(self.encode_inputs(inputs))
         batch["labels"] = torch.tensor([self.label_ids[example[LABEL]] for example in examples])
         return batch
 
@@ -301,13 +310,15 @@ class ClassificationTask(Task):
             specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
             check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
             return
-        if name is None or not looks_like_path(name):
-            return  # a hub dataset: checked when it is loaded
-        directory = local_directory(name)
-        layout = self.detect_local_layout(directory)
+        layout, directory = self.file_layout(), FILES
+        if layout is None:
+            if name is None or not looks_like_path(name):
+                return  # a hub dataset: checked when it is loaded
+            directory = local_directory(name)
+            layout = self.detect_local_layout(directory)
         check_splits(layout, self.data_args.train_split_name, directory)
         if self.data_args.eval_split_name:
-            check_splits(layout, self.data_args.eval_split_name, directory)
+            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
         check_columns(layout.columns, self.column_flags(), str(directory))
 
     def adjust_training_arguments(self, training: Any) -> None:
@@ -316,13 +327,19 @@ class ClassificationTask(Task):
 
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         spec = self.data_args.train_split_name
-        train = first_examples(self._train, self.data_args.max_train_samples)
+        train, evaluation = self._train, None
+        fraction = self.data_args.train_val_split
+        if fraction is not None:
+            where = f"split {spec} of {self.data_args.dataset_name or FILES}"
+            train, evaluation = split_off_evaluation(train, fraction, self.seed, where)
+            evaluation = first_examples(evaluation, self.data_args.max_eval_samples)
+            evaluation = self.prepare_split(evaluation, f"{spec} (--train_val_split part)")
+        train = first_examples(train, self.data_args.max_train_samples)
         if not is_stream(train):  # a stream cannot be checked before it is read
             train = self.prepare_split(train, spec)
         if self.options.class_weights is not None:
             self._class_weights = self.labels.class_weights(self.options.class_weights, train)
-        evaluation = None
-        if self.data_args.eval_split_name:
+        if self.data_args.eval_split_name and fraction is None:
             spec = self.data_args.eval_split_name
             first = self.sources()[0]  # interleaved streams: the first dataset's evaluation
             evaluation = first_examples(first._load_split(spec), self.data_args.max_eval_samples)
@@ -341,7 +358,7 @@ class ClassificationTask(Task):
     def data_collator(self, processor: Any) -> ClassificationCollator:
         return ClassificationCollator(
             encode_inputs=self.input_encoder(processor),
-            input_column=self.input_column,
+            input_columns=tuple(self.input_renames().values()),
             label_ids=self.labels.ids,
         )
 
@@ -360,28 +377,36 @@ class ClassificationTask(Task):
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)
 
-    def column_flags(self) -> dict[str, str]:
-        flags = {
-            self.input_flag: getattr(self.options, self.input_flag),
-            "label_column_name": self.options.label_column_name,
-        }
-        if len(set(flags.values())) < len(flags):
+    def column_flags(self) -> dict[str, str | tuple[str, ...]]:
+        inputs = tuple(self.input_renames())
+        label = self.options.label_column_name
+        if label in inputs:
             raise UserError(f"--{self.input_flag} and --label_column_name name the same column.")
-        return flags
+        return {self.input_flag: inputs[0] if len(inputs) == 1 else inputs,
+                "label_column_name": label}  # fmt: skip
+
+    def input_renames(self) -> dict[str, str]:
+        """Source input column(s) -> the name(s) the collator reads them by."""
+        return {getattr(self.options, self.input_flag): self.input_column}
 
     def _load_split(self, spec: str, streaming: bool = False):
         """One split (or `a+b`), reduced to the input and label columns under fixed names
         (and a shard set's example ids, for `--stream_audit_dir`)."""
-        source, label = getattr(self.options, self.input_flag), self.options.label_column_name
         return select_source_columns(
             self.load_source(spec, streaming),
             self.column_flags(),
-            {source: self.input_column, label: LABEL},
+            {**self.input_renames(), self.options.label_column_name: LABEL},
             f"dataset {self.data_args.dataset_name} split {spec}",
         )
 
     def load_source(self, spec: str, streaming: bool = False):
         dataset, _ = load_split(
-            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming
-        )
+            self.data_args, self.model_args.cache_dir, spec, self.detect_local_layout, streaming,
+            self.file_layout(),
+        )  # fmt: skip
         return dataset
+
+    def file_layout(self) -> LocalLayout | None:
+        """The layout of data named file by file (`--train_file` ...), for tasks that take
+        such flags; None when the data is `--dataset_name`."""
+        return None

@@ -30,6 +30,7 @@ from transformers import Seq2SeqTrainingArguments
 from trainer.common.errors import UserError
 from trainer.data.checks import check_columns
 from trainer.data.sources import (
+    EVALUATION_HINT,
     LocalLayout,
     check_shard_set,
     check_splits,
@@ -39,6 +40,7 @@ from trainer.data.sources import (
     looks_like_path,
     select_source_columns,
     shard_index_of,
+    split_off_evaluation,
     table_header,
 )
 from trainer.data.streams import is_stream
@@ -192,7 +194,8 @@ class SpeechRecognitionTask(Task):
         directory = local_directory(name)
         layout = detect_local_layout(directory)
         check_splits(layout, self.data_args.train_split_name, directory)
-        check_splits(layout, self.data_args.eval_split_name, directory)
+        if self.data_args.eval_split_name:
+            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
         check_columns(layout.columns, self.column_flags(), str(directory))
 
     def _check_checkpoint(self) -> None:
@@ -237,16 +240,24 @@ class SpeechRecognitionTask(Task):
             self.options.max_duration_in_seconds or processor.feature_extractor.chunk_length
         )
         data = self.data_args
+        fraction = data.train_val_split
         train = self.interleaved(
             lambda source: source._load_split(
-                data.train_split_name, data.max_train_samples, streaming=data.streaming
+                data.train_split_name,
+                data.max_train_samples if fraction is None else None,
+                streaming=data.streaming,
             )
         )
+        evaluation = None
+        if fraction is not None:
+            where = f"split {data.train_split_name} of {data.dataset_name}"
+            train, evaluation = split_off_evaluation(train, fraction, self.seed, where)
+            train = first_examples(train, data.max_train_samples)
+            evaluation = first_examples(evaluation, data.max_eval_samples)
         train = filter_by_duration(
             train, self.options.min_duration_in_seconds, max_duration, self.data_args
         )
-        evaluation = None
-        if self.data_args.eval_split_name:
+        if self.data_args.eval_split_name and fraction is None:
             evaluation = self.sources()[0]._load_split(  # interleaved: the first dataset's
                 self.data_args.eval_split_name, self.data_args.max_eval_samples
             )

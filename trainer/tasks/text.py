@@ -5,8 +5,9 @@ and padded to the longest text of the batch (dynamic padding), so short texts co
 batches and no pass over the corpus writes token ids before training.
 
 Data sources (`--dataset_name`): a hub dataset, or a local directory holding one file per
-split, all in one format: `train.csv`, `test.csv`, ... (or `.tsv`, or `.jsonl` with one
-JSON object per line); the split names are the file names without their suffix. Labels
+split, all in one format: `train.csv`, `test.csv`, ... (or `.tsv`, `.jsonl` with one
+JSON object per line, `.json` with JSON Lines or one array of objects, `.parquet`); the
+split names are the file names without their suffix. Labels
 may be strings ("positive") or integers; the label set is the sorted distinct labels of
 the training split unless the dataset declares a `ClassLabel`.
 """
@@ -26,22 +27,71 @@ TABLE_FORMATS = {
     ".csv": ("csv", {}),
     ".tsv": ("csv", {"delimiter": "\t"}),
     ".jsonl": ("json", {}),
+    ".json": ("json", {}),
+    ".parquet": ("parquet", {}),
 }
 """Local file suffix -> `datasets` builder and its arguments."""
 
 
 @dataclass
 class TextArguments(ClassificationArguments):
-    text_column_name: str = field(default="text", metadata={"help": "Column with the text."})
+    text_column_name: str = field(
+        default="text",
+        metadata={
+            "help": "Column with the text; two columns separated by a comma are a sentence "
+            "pair (GLUE's sentence1,sentence2), tokenised as a pair unless "
+            "--text_column_delimiter joins them."
+        },
+    )
+    text_column_delimiter: str | None = field(
+        default=None,
+        metadata={
+            "help": "Join the columns of --text_column_name into one text with this "
+            "separator (run_classification.py's way to use several columns)."
+        },
+    )
     max_seq_length: int = field(
         default=128,
         metadata={"help": "Longer texts are truncated to this many tokens."},
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
+            "place of --dataset_name (run_glue.py's flag): the split train."
+        },
+    )
+    validation_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: the evaluation examples (the split validation)."},
+    )
+    test_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: more examples, the split test."},
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_seq_length < 1:
             raise ValueError("--max_seq_length must be at least 1.")
+        columns = self.text_columns()
+        if len(columns) != len(set(columns)) or not all(columns):
+            raise ValueError(f'--text_column_name "{self.text_column_name}": name each '
+                             "column once, separated by commas.")  # fmt: skip
+        if len(columns) > 2 and self.text_column_delimiter is None:
+            raise ValueError(
+                f"--text_column_name names {len(columns)} columns: a text or a pair is one or "
+                "two; give --text_column_delimiter to join more into one text."
+            )
+
+    def text_columns(self) -> list[str]:
+        return [column.strip() for column in self.text_column_name.split(",")]
+
+    def data_files(self) -> dict[str, Path]:
+        """Split name -> file, for the files given by flag (empty for --dataset_name)."""
+        files = {"train": self.train_file, "validation": self.validation_file,
+                 "test": self.test_file}  # fmt: skip
+        return {split: Path(path).expanduser() for split, path in files.items() if path}
 
 
 class TextClassificationTask(ClassificationTask):
@@ -58,17 +108,22 @@ class TextClassificationTask(ClassificationTask):
                 f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} file per "
                 "split in it (train.csv, test.csv, ...)."
             )
-        suffixes = sorted({path.suffix for path in files})
-        if len(suffixes) > 1:
-            raise UserError(f"{directory} mixes {', '.join(suffixes)} files: use one format.")
-        builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
-        columns = frozenset.intersection(*(frozenset(table_header(path)) for path in files))
-        return LocalLayout(
-            builder=builder,
-            splits={path.stem: [path] for path in files},
-            columns=columns,
-            load_kwargs=load_kwargs,
-        )
+        return table_layout({path.stem: path for path in files}, str(directory))
+
+    def file_layout(self) -> LocalLayout | None:
+        files = self.options.data_files()
+        if not files:
+            return None
+        if self.data_args.dataset_name is not None:
+            raise UserError("--train_file and --dataset_name both name the data: give one.")
+        if "train" not in files:
+            raise UserError("--validation_file and --test_file go with --train_file.")
+        for path in files.values():
+            if path.suffix not in TABLE_FORMATS or not path.is_file():
+                raise UserError(
+                    f"Data file {path} not found, or not one of {', '.join(TABLE_FORMATS)}."
+                )
+        return table_layout(files, "the files of --train_file, --validation_file, --test_file")
 
     def load_model_and_processor(self, labels: LabelSet):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -89,14 +144,42 @@ class TextClassificationTask(ClassificationTask):
             )
         return model, tokenizer
 
+    def input_renames(self) -> dict[str, str]:
+        """One column is `text`; more are `text`, `text_pair`, `text_2`... in their order."""
+        names = ["text", "text_pair", *(f"text_{i}" for i in range(2, 64))]
+        return dict(zip(self.options.text_columns(), names, strict=False))
+
     def input_encoder(self, tokenizer):
-        return partial(
+        tokenize = partial(
             tokenizer,
             truncation=True,
             max_length=self.options.max_seq_length,
             padding=True,
             return_tensors="pt",
         )
+        delimiter = self.options.text_column_delimiter
+        if len(self.options.text_columns()) == 1:
+            return tokenize
+        if delimiter is not None:
+            return lambda texts: tokenize([delimiter.join(map(str, row)) for row in texts])
+        # A pair: the tokenizer marks the two (BERT: [SEP] and token type ids), and
+        # truncation takes tokens from the longer one, as run_glue.py's tokenisation does.
+        return lambda pairs: tokenize([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
+    """Split name -> table file, all in one format; the columns all of them have."""
+    suffixes = sorted({path.suffix for path in files.values()})
+    if len(suffixes) > 1:
+        raise UserError(f"{where}: {' and '.join(suffixes)} files mixed; use one format.")
+    builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
+    headers = [frozenset(table_header(path)) for path in files.values()]
+    return LocalLayout(
+        builder=builder,
+        splits={split: [path] for split, path in files.items()},
+        columns=frozenset.intersection(*headers),
+        load_kwargs=load_kwargs,
+    )
 
 
 TASK = TextClassificationTask
