@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
 from trainer.data.checks import check_columns, split_names
-from trainer.data.shard_index import KEY_COLUMN, ShardIndex, read_index
+from trainer.data.shard_index import KEY_COLUMN, ShardIndex, check_listing, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
 
@@ -86,13 +86,17 @@ def check_splits(layout: LocalLayout, spec: str, directory: Path) -> None:
 def check_shard_set(
     index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
 ) -> None:
-    """A shard set's splits and columns, from its index alone (no shard is opened)."""
+    """A shard set's splits and columns, from its index, and its shards' sizes (and
+    Cloud Storage's checksums) from a listing: no shard is opened."""
+    names = []
     for spec in specs:
         for name in split_names(spec):
             if name not in index.splits:
                 available = ", ".join(sorted(index.splits))
                 raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
+            names.append(name)
     check_columns(index.columns, wanted, location)
+    check_listing(index, open_store(location), sorted(set(names)))
 
 
 def select_source_columns(
