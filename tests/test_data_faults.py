@@ -12,6 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from torch.utils.data import DataLoader
 
 from tests.helpers import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
 from tests.test_speech_task import BAD_CLIPS, tone_speech_with_bad_clips
@@ -67,6 +68,9 @@ def test_a_damaged_shard_is_one_line_naming_it_at_launch_or_when_read(
     stream = shard_split(str(location), index, "train", streaming=True)
     with pytest.raises(DataFault, match=rf"^shard {location}/{name} (holds|has CRC32C)"):
         list(stream)
+    # torch re-raises a loader worker's exception with its traceback as the message
+    with pytest.raises(DataFault, match=rf"^shard {location}/{name} .*\(in a DataLoader worker\)$"):
+        list(DataLoader(stream, batch_size=None, num_workers=1))
 
 
 def test_an_index_without_checksums_still_reads_and_counts(tmp_path):

@@ -63,17 +63,19 @@ def screen(
     """The examples of `dataset` whose undecoded `column` value `measure` can read (it
     raises, or returns None, for one it cannot), and what it returned for each of them;
     the skipped ones of a `training` split are counted for the progress lines."""
-    measured = dataset.map(
-        partial_measure(measure),
-        batched=True,
-        input_columns=[column],
-        remove_columns=dataset.column_names,
-        num_proc=num_proc,
-        desc=f"Checking that {noun} decode",
-    )["measure"]
+    measured = list(
+        dataset.map(
+            partial_measure(measure),
+            batched=True,
+            input_columns=[column],
+            remove_columns=dataset.column_names,
+            num_proc=num_proc,
+            desc=f"Checking that {noun} decode",
+        )["measure"]
+    )
     bad = [index for index, value in enumerate(measured) if value is None]
     if not bad:
-        return dataset, list(measured)
+        return dataset, measured
     names = ", ".join(_name(dataset[index][column], index) for index in bad[:NAMES_SHOWN])
     names += ", ..." if len(bad) > NAMES_SHOWN else ""
     total = len(dataset)
