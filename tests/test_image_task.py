@@ -7,6 +7,7 @@ import io
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import datasets
@@ -25,6 +26,8 @@ from trainer.config.recipes import RECIPES_DIR, config_file_flags
 
 CLASSES = sorted(COLOURS)
 TRAIN_IMAGES = IMAGE_SPLITS["train"] * len(COLOURS)
+ALLOW_FIXTURE_BAD = ("--max_bad_examples", "2")
+"""The fixture's two undecodable training files, more than the default (1%) allows."""
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +53,7 @@ def test_class_folders_become_the_label_set_of_the_model(image_assets):
 
 
 def test_undecodable_images_are_skipped_and_counted(image_assets, capsys):
-    task = image_task(*image_assets)
+    task = image_task(*image_assets, *ALLOW_FIXTURE_BAD)
     _, processor = task.build_model_and_processor()
     train, evaluation = task.load_datasets(processor)
     assert len(train) == TRAIN_IMAGES and len(evaluation) == IMAGE_SPLITS["test"] * len(COLOURS)
@@ -58,6 +61,40 @@ def test_undecodable_images_are_skipped_and_counted(image_assets, capsys):
     assert f"skipped 2 of {TRAIN_IMAGES + 2} images in split train" in out
     assert re.search(r"first: \S+/red/(not-an-image|truncated)\.png", out)
     assert all(example["image"].size == (40, 40) for example in train)
+
+
+def test_more_undecodable_images_than_allowed_stop_the_run_naming_them(image_assets):
+    """The default, 1% of the 122 training files, allows 1: the fixture has 2."""
+    task = image_task(*image_assets)
+    _, processor = task.build_model_and_processor()
+    bad = r"\S+/red/(not-an-image|truncated)\.png"
+    message = rf"^2 of {TRAIN_IMAGES + 2} images in split train .* more than --max_bad_examples "
+    with pytest.raises(UserError, match=rf"{message}1% allows \(1\); first: {bad}, {bad}$"):
+        task.load_datasets(processor)
+
+
+def test_a_class_only_in_evaluation_is_named_as_such(image_assets, tmp_path, capsys):
+    """imagefolder declares a class folder of any split: the model gets an output for a
+    test-only class, and the labels line must not say it came from the training split."""
+    for split in ("train", "test"):
+        (tmp_path / split).symlink_to(image_assets[1] / split)
+    purple = tmp_path / "validation"
+    shutil.copytree(image_assets[1] / "test", purple)
+    (purple / "purple").mkdir()
+    for index in range(3):
+        Image.new("RGB", (40, 40), (120, 20, 160)).save(purple / "purple" / f"{index}.png")
+    task = image_task(image_assets[0], tmp_path, "--eval_split_name", "validation",
+                      *ALLOW_FIXTURE_BAD)  # fmt: skip
+    model, processor = task.build_model_and_processor()
+    assert model.config.id2label == dict(enumerate(["blue", "green", "purple", "red"]))
+    task.load_datasets(processor)
+    out = capsys.readouterr().out
+    assert (
+        f"labels from split train of {tmp_path}: 0 blue, 1 green, 3 red; declared by the "
+        f"dataset but without an example in split train of {tmp_path} (never learnt): "
+        "2 purple" in out
+    )
+    assert f"warning: split validation of {tmp_path} has class(es) purple that split train" in out
 
 
 def test_split_in_which_nothing_decodes_is_an_error(image_assets, tmp_path):
@@ -102,7 +139,7 @@ def test_hub_dataset_with_the_beans_schema(image_assets, monkeypatch, capsys):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     task = image_task(image_assets[0], "AI-Lab-Makerere/beans", "--label_column_name", "labels",
-                      "--eval_split_name", "validation")  # fmt: skip
+                      "--eval_split_name", "validation", "--max_bad_examples", "1")  # fmt: skip
     model, processor = task.build_model_and_processor()
     assert model.config.id2label == dict(enumerate(beans))
     train, evaluation = task.load_datasets(processor)
@@ -136,7 +173,7 @@ def test_a_directory_without_class_folders_is_refused(image_assets, tmp_path):
 
 
 def test_collator_makes_pixel_batches_from_any_image_mode(image_assets):
-    task = image_task(*image_assets)
+    task = image_task(*image_assets, *ALLOW_FIXTURE_BAD)
     model, processor = task.build_model_and_processor()
     train, _ = task.load_datasets(processor)
     modes = {train[i]["image"].mode for i in range(5)}
@@ -149,7 +186,7 @@ def test_collator_makes_pixel_batches_from_any_image_mode(image_assets):
 
 
 def test_augmentation_changes_training_images_only(image_assets):
-    task = image_task(*image_assets, "--augment", "true")
+    task = image_task(*image_assets, "--augment", "true", *ALLOW_FIXTURE_BAD)
     _, processor = task.build_model_and_processor()
     train, evaluation = task.load_datasets(processor)
     random.seed(0)
@@ -177,7 +214,8 @@ def test_vit_learns_colours_on_two_nodes_with_zero2(image_assets, tmp_path):
          "--augment", "true", "--max_steps", "16", "--learning_rate", "3e-3",
          "--warmup_steps", "4", "--per_device_train_batch_size", "8",
          "--per_device_eval_batch_size", "18", "--eval_strategy", "steps", "--eval_steps", "16",
-         "--save_steps", "16", "--logging_steps", "4", "--output_dir", "out"],
+         "--save_steps", "16", "--logging_steps", "4", "--output_dir", "out",
+         *ALLOW_FIXTURE_BAD],
     )  # fmt: skip
     (code, output), (worker_code, worker_output) = (node.finish(timeout=600) for node in nodes)
     assert code == 0, output[-3000:]

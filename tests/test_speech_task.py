@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.helpers import checked_task, speech_task
+from tests.helpers import checked_task, few_clips, speech_task
 from tests.tiny_assets import TONE_CLIPS, write_tone_speech
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
+from trainer.data.bad_examples import max_bad, skipped_per_epoch
 
 
 def test_common_voice_directory_loads_mp3_at_16khz(demo_assets, common_voice_dir):
@@ -156,3 +160,57 @@ def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tm
     sampler = trainer._get_train_sampler()
     assert isinstance(sampler, LengthGroupedSampler)
     assert sampler.lengths == train["length"]
+
+
+BAD_CLIPS = ("garbage.wav", "empty.wav", "missing.wav")
+
+
+def tone_speech_with_bad_clips(demo_assets, target) -> str:
+    """A copy of the tone set (hard links) whose training metadata also lists a garbage
+    clip, an empty one and one that does not exist: what a real corpus may carry."""
+    few_clips(demo_assets, target, per_split=TONE_CLIPS["train"])
+    folder = target / "train"
+    (folder / "garbage.wav").write_bytes(b"RIFF, but no audio " * 40)
+    (folder / "empty.wav").write_bytes(b"")
+    with (folder / "metadata.csv").open("a") as handle:
+        handle.writelines(f"{name},red cats\n" for name in BAD_CLIPS)  # missing.wav: no file
+    return str(target)
+
+
+def test_undecodable_clips_are_skipped_and_counted_up_to_the_limit(demo_assets, tmp_path, capsys):
+    dataset = tone_speech_with_bad_clips(demo_assets, tmp_path / "speech")
+    flags = ["--text_column_name", "transcription", "--max_bad_examples", "3"]
+    task, _, processor = speech_task(demo_assets.model_dir, dataset, *flags)
+    skipped_before = skipped_per_epoch()  # of splits other tests in this process loaded
+    train, evaluation = task.load_datasets(processor)
+    out = capsys.readouterr().out
+    total = TONE_CLIPS["train"] + 3
+    assert f"warning: skipped 3 of {total} clips in split train of {dataset}" in out
+    named = re.search(r"first: (\S+), (\S+), (\S+)\)", out)
+    assert named and sorted(Path(name.rstrip(",")).name for name in named.groups()) == sorted(
+        BAD_CLIPS
+    )
+    assert skipped_per_epoch() - skipped_before == 3
+    assert len(train) == TONE_CLIPS["train"] and len(evaluation) == TONE_CLIPS["test"]
+    assert all(example["audio"].get_all_samples().duration_seconds > 0 for example in train)
+
+    task, _, processor = speech_task(
+        demo_assets.model_dir, dataset, "--text_column_name", "transcription",
+        "--max_bad_examples", "2",
+    )  # fmt: skip
+    with pytest.raises(UserError, match=rf"3 of {total} clips in split train of .* cannot be "
+                       r"decoded, more than --max_bad_examples 2 allows \(2\); first: "
+                       r"\S+\.wav, \S+\.wav, \S+\.wav$"):  # fmt: skip
+        task.load_datasets(processor)
+
+
+@pytest.mark.parametrize(("spec", "total", "limit"), [("3", 10, 3), ("1%", 1000, 10),
+                                                      ("1%", 50, 0), ("0", 5, 0)])  # fmt: skip
+def test_max_bad_examples_is_a_count_or_a_share_of_the_split(spec, total, limit):
+    assert max_bad(spec, total) == limit
+
+
+@pytest.mark.parametrize("spec", ["-1", "x", "120%"])
+def test_a_bad_max_bad_examples_is_refused(demo_assets, spec):
+    with pytest.raises(UserError, match="--max_bad_examples"):
+        parse_flags(["--task", "speech-recognition", "--max_bad_examples", spec])

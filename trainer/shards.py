@@ -109,7 +109,7 @@ def _write_split(
             local = Path(staging) / name
             write(part, local)
             (entry,) = store.upload(Path(staging), [name])
-            shards.append(Shard(file=name, rows=len(part), bytes=entry.size))
+            shards.append(Shard(name, len(part), entry.size, entry.crc32c))
             local.unlink()
             offset += len(part)
     return shards

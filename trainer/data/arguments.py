@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import DEFAULT_MAX_BAD_EXAMPLES, max_bad
 
 
 @dataclass
@@ -38,6 +39,15 @@ class DataArguments:
     )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for dataset filtering passes."}
+    )
+    max_bad_examples: str = field(
+        default=DEFAULT_MAX_BAD_EXAMPLES,
+        metadata={
+            "help": "Undecodable clips or images (garbage, empty, missing files) are skipped "
+            "and counted, up to this many per split: a count (10), or a share of the split "
+            "as a number with a percent sign (the default: one percent); past it, or when "
+            "none decodes, the run stops before training, naming the first bad files."
+        },
     )
     streaming: bool = field(
         default=False,
@@ -75,6 +85,7 @@ class DataArguments:
                 f"--train_val_split {self.train_val_split}: give a fraction between 0 and 1, "
                 "e.g. 0.15."
             )
+        max_bad(self.max_bad_examples, 0)  # a ValueError names the flag
 
     def probabilities(self) -> list[float]:
         """`--interleave_probabilities` as numbers (UserError if they are not)."""

@@ -1,12 +1,22 @@
-"""The index of a shard set (`index.json`): which shards each split has, their row
-counts, the features and the label values, written last by `python -m trainer.shards`
-(trainer/shards.py) and read at launch and by the streams (trainer/data/streams.py)."""
+"""The index of a shard set (`index.json`): which shards each split has, with each
+shard's example count, size and CRC32C, the features and the label values, written last by
+`python -m trainer.shards` (trainer/shards.py) and read at launch and by the streams
+(trainer/data/streams.py).
+
+What a shard's entry says is checked twice: at launch against a listing of the shard set
+(`check_listing`: sizes, and the CRC32C that Cloud Storage reports with each object), and
+while the shard is read (trainer/data/shard_verify.py: CRC32C over the bytes as they
+stream by, the example count at its end). Indexes written before sizes and checksums were
+recorded (no `crc32c`) are still read: their shards are checked by size and count only."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
+
+from trainer.common.errors import UserError
+from trainer.storage.store import LocalStore
 
 if TYPE_CHECKING:
     from datasets import Features
@@ -24,6 +34,8 @@ class Shard:
     file: str
     rows: int
     bytes: int
+    crc32c: str | None = None
+    """Base64 of the big-endian CRC32C, as Cloud Storage reports it; None in old indexes."""
 
 
 @dataclass(frozen=True)
@@ -63,3 +75,39 @@ def read_index(store: Store) -> ShardIndex | None:
     """The shard set's index, or None if `store` holds none."""
     text = store.read_text(INDEX)
     return None if text is None else ShardIndex.from_json(text)
+
+
+def check_listing(index: ShardIndex, store: Store, splits: list[str]) -> None:
+    """The shards of `splits` are where the index says, with its sizes (and, where the
+    store reports checksums without reading the files, i.e. Cloud Storage, its CRC32C):
+    one listing or one stat per shard, at launch, so a truncated, replaced or missing
+    shard stops the job before it starts rather than shortening an epoch silently."""
+    shards = [shard for split in splits for shard in index.splits[split]]
+    if isinstance(store, LocalStore):
+        stored = {
+            shard.file: (store.root / shard.file).stat().st_size
+            for shard in shards
+            if (store.root / shard.file).is_file()
+        }
+        checksums = {}
+    else:
+        listing = store.list_files()
+        stored = {name: entry.size for name, entry in listing.items()}
+        checksums = {name: entry.crc32c for name, entry in listing.items()}
+    for shard in shards:
+        where = f"{store.uri}/{shard.file}"
+        if shard.file not in stored:
+            raise UserError(f"Shard {where} is listed in {INDEX} but missing.")
+        if stored[shard.file] != shard.bytes:
+            raise UserError(
+                f"Shard {where} holds {stored[shard.file]} bytes but {INDEX} says "
+                f"{shard.bytes}: it was truncated or replaced after indexing; write or index "
+                "the shard set again (python -m trainer.shards)."
+            )
+        found = checksums.get(shard.file)
+        if shard.crc32c and found and found != shard.crc32c:
+            raise UserError(
+                f"Shard {where} has CRC32C {found} but {INDEX} says {shard.crc32c}: its "
+                "bytes changed after indexing; write or index the shard set again "
+                "(python -m trainer.shards)."
+            )

@@ -5,10 +5,13 @@ a time, so nothing is copied to disk."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict
 
 from trainer.common.errors import UserError
 from trainer.data.checks import split_names
-from trainer.data.shard_index import ShardIndex
+from trainer.data.faults import DataFault
+from trainer.data.shard_index import Shard, ShardIndex
+from trainer.data.shard_verify import VerifiedReader, check_shard
 from trainer.data.tar_shards import TAR_SUFFIX, read_tar
 from trainer.storage.store import open_store
 
@@ -18,31 +21,65 @@ def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
     IterableDataset with one data source per shard, or, for evaluation, a map-style
     Dataset built from the same reader (cached by `datasets` like any other)."""
     from datasets import Dataset, IterableDataset
+    from datasets.exceptions import DatasetGenerationError
 
-    files = []
+    shards = []
     for name in split_names(spec):
         if name not in index.splits:
             available = ", ".join(sorted(index.splits))
             raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
-        files += [shard.file for shard in index.splits[name]]
-    kwargs = {"location": location, "files": files, "features": index.features}
+        shards += [asdict(shard) for shard in index.splits[name]]
+    kwargs = {"location": location, "shards": shards, "features": index.features}
     features = index.datasets_features()
     if streaming:
         return IterableDataset.from_generator(read_shards, features=features, gen_kwargs=kwargs)
-    return Dataset.from_generator(read_shards, features=features, gen_kwargs=kwargs)
+    try:
+        return Dataset.from_generator(read_shards, features=features, gen_kwargs=kwargs)
+    except DatasetGenerationError as error:
+        if isinstance(error.__cause__, DataFault):  # the builder's wrapper hides the line
+            raise error.__cause__ from None
+        raise
 
 
-def read_shards(location: str, files: list[str], features: dict) -> Iterator[dict]:
+def read_shards(location: str, shards: list[dict], features: dict) -> Iterator[dict]:
     """Rows of shards, read as streams through the store: Parquet a row group at a time,
     WebDataset tars (`.tar`) a member at a time, grouped into samples with the index's
-    `features` (datasets passes each DataLoader worker and each process its own `files`)."""
+    `features` (datasets passes each DataLoader worker and each process its own `shards`),
+    each shard checked against its index entry as it is read (trainer/data/shard_verify.py)."""
+    store = open_store(location)
+    for entry in shards:
+        shard = Shard(**entry)
+        where = f"{location}/{shard.file}"
+        try:
+            handle = store.open_read(shard.file)
+        except Exception as error:  # noqa: BLE001 - missing or unreadable: one line either way
+            raise DataFault(
+                f"shard {where} cannot be opened ({type(error).__name__}: {error})"
+            ) from error
+        with handle:
+            reader = VerifiedReader(handle)
+            rows = 0
+            try:
+                for example in _examples(reader, shard.file, features, where):
+                    rows += 1
+                    yield example
+            except DataFault:
+                raise
+            except Exception as error:  # noqa: BLE001 - a damaged shard fails in many ways
+                check_shard(reader, shard, None, where)  # says how it differs, if it does
+                if isinstance(error, UserError):  # what a sample holds; it names the shard
+                    raise DataFault(str(error)) from error
+                raise DataFault(
+                    f"shard {where} cannot be read ({type(error).__name__}: {error})"
+                ) from error
+            check_shard(reader, shard, rows, where)
+
+
+def _examples(reader: VerifiedReader, file: str, features: dict, where: str) -> Iterator[dict]:
     import pyarrow.parquet as pq
 
-    store = open_store(location)
-    for name in files:
-        with store.open_read(name) as handle:
-            if name.endswith(TAR_SUFFIX):
-                yield from read_tar(handle, features, f"{location}/{name}")
-                continue
-            for batch in pq.ParquetFile(handle).iter_batches():
-                yield from batch.to_pylist()
+    if file.endswith(TAR_SUFFIX):
+        yield from read_tar(reader, features, where)
+        return
+    for batch in pq.ParquetFile(reader).iter_batches():
+        yield from batch.to_pylist()

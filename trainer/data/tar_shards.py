@@ -226,7 +226,8 @@ def index_in_place(
     check_columns(features, column_flags, store.uri)
     splits: dict[str, list[Shard]] = {}
     for summary in summaries:
-        shard = Shard(file=summary.file, rows=summary.rows, bytes=stored[summary.file].size)
+        entry = stored[summary.file]
+        shard = Shard(summary.file, summary.rows, entry.size, entry.crc32c)
         splits.setdefault(split_of(summary.file), []).append(shard)
     labels = None
     if label_column is not None:

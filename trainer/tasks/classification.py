@@ -106,15 +106,22 @@ class LabelSet:
     ids: Mapping[Any, int]
     """Label value as stored in the dataset -> id of the model's output."""
     source: str
+    untrained: tuple[str, ...] = ()
+    """ClassLabel names the training split has no example of (an imagefolder class folder
+    that only an evaluation split has, say): the model gets an output for each, as the
+    dataset declares them, but never learns to predict it."""
 
     @classmethod
     def from_split(cls, dataset: Dataset, source: str) -> LabelSet:
         from datasets import ClassLabel
 
         feature = dataset.features[LABEL]
+        untrained = ()
         if isinstance(feature, ClassLabel):
             names = tuple(feature.names)
             ids = {i: i for i in range(len(names))}
+            present = set(dataset.unique(LABEL))
+            untrained = tuple(name for i, name in enumerate(names) if i not in present)
         else:
             values = dataset.unique(LABEL)
             if any(_is_missing(value) for value in values):
@@ -127,7 +134,7 @@ class LabelSet:
                 f"{source} has {len(names)} label(s) ({', '.join(names)}); "
                 "classification needs at least two."
             )
-        return cls(names, ids, source)
+        return cls(names, ids, source, untrained)
 
     @classmethod
     def from_stream(cls, stream, indexed: list | None, source: str) -> LabelSet:
@@ -148,10 +155,18 @@ class LabelSet:
         return cls(tuple(str(v) for v in indexed), {v: i for i, v in enumerate(indexed)}, source)
 
     def describe(self) -> str:
-        """One line naming the ids, which `--class_weights` and predictions refer to."""
-        ids = ", ".join(f"{i} {name}" for i, name in enumerate(self.names[:LABELS_SHOWN]))
-        more = f", ... ({len(self.names)} in all)" if len(self.names) > LABELS_SHOWN else ""
-        return f"labels from {self.source}: {ids}{more}"
+        """One line naming the ids, which `--class_weights` and predictions refer to, and
+        where each label came from: the training split, or only the dataset's declared
+        classes (`untrained`)."""
+        trained = [(i, name) for i, name in enumerate(self.names) if name not in self.untrained]
+        line = f"labels from {self.source}: {_listed(trained)}"
+        if self.untrained:
+            others = [(i, name) for i, name in enumerate(self.names) if name in self.untrained]
+            line += (
+                f"; declared by the dataset but without an example in {self.source} "
+                f"(never learnt): {_listed(others)}"
+            )
+        return line
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -171,12 +186,23 @@ class LabelSet:
                 f"{where} names its labels {', '.join(feature.names)}, but the model was "
                 f"built for {', '.join(self.names)} (from {self.source})."
             )
-        unknown = [value for value in dataset.unique(LABEL) if value not in self.ids]
+        values = dataset.unique(LABEL)
+        unknown = [value for value in values if value not in self.ids]
         if unknown:
             shown = ", ".join(repr(value) for value in unknown[:5])
             raise UserError(
                 f"{where} has label(s) {shown} that are not in the label set "
-                f"({', '.join(self.names)}) taken from {self.source}."
+                f"({', '.join(self.names)}) taken from {self.source}: they occur only "
+                "outside the training split, and the model would have no output for them."
+            )
+        never_learnt = [self.names[self.ids[value]] for value in values]
+        never_learnt = sorted(set(never_learnt) & set(self.untrained))
+        if never_learnt and os.environ.get("RANK", "0") == "0":
+            print(
+                f"warning: {where} has class(es) {', '.join(never_learnt)} that {self.source} "
+                "has no example of: the model never learns them, so their examples are "
+                "scored as errors",
+                flush=True,
             )
 
     def class_weights(self, spec: str, train: Dataset) -> torch.Tensor:
@@ -192,6 +218,11 @@ class LabelSet:
                 f"({', '.join(self.names)}, in this order)."
             )
         return torch.tensor(weights, dtype=torch.float32)
+
+
+def _listed(labels: list[tuple[int, str]]) -> str:
+    shown = ", ".join(f"{i} {name}" for i, name in labels[:LABELS_SHOWN])
+    return shown + (f", ... ({len(labels)} in all)" if len(labels) > LABELS_SHOWN else "")
 
 
 def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
 from trainer.tasks.classification import (
@@ -111,11 +111,9 @@ class ImageClassificationTask(ClassificationTask):
 
     def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
         dataset = super().prepare_split(dataset, spec)
-        return drop_undecodable(
-            dataset,
-            f"split {spec} of {self.data_args.dataset_name}",
-            self.data_args.preprocessing_num_workers,
-        )
+        where = f"split {spec} of {self.data_args.dataset_name}"
+        training = spec == self.data_args.train_split_name
+        return drop_undecodable(dataset, where, self.data_args, training)
 
     def for_training(self, dataset: Dataset) -> Dataset:
         if not self.options.augment:
@@ -133,52 +131,29 @@ def _pixel_values(processor, images: list[PILImage]) -> dict:
     return {"pixel_values": processor(images=rgb, return_tensors="pt")["pixel_values"]}
 
 
-def drop_undecodable(dataset: Dataset, where: str, num_proc: int | None) -> Dataset:
-    """The examples whose image decodes; the others are counted and the first one named."""
+def drop_undecodable(dataset: Dataset, where: str, data_args, training: bool) -> Dataset:
+    """The examples whose image decodes; the others are skipped and counted, up to
+    `--max_bad_examples` (trainer/data/bad_examples.py)."""
     from datasets import Image
 
     encoded = dataset.cast_column(IMAGE, Image(decode=False))
-    decodable = list(
-        encoded.map(
-            _decodable_batch,
-            batched=True,
-            input_columns=[IMAGE],
-            remove_columns=encoded.column_names,
-            num_proc=num_proc,
-            desc="Checking that images decode",
-        )["decodable"]
-    )
-    bad = [index for index, ok in enumerate(decodable) if not ok]
-    if bad:
-        first = encoded[bad[0]][IMAGE].get("path") or f"example {bad[0]}"
-        if len(bad) == len(encoded):
-            raise UserError(f"None of the {len(bad)} images in {where} can be decoded ({first}).")
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(
-                f"warning: skipped {len(bad)} of {len(encoded)} images in {where} that could "
-                f"not be decoded (first: {first})",
-                flush=True,
-            )
-        encoded = encoded.select([index for index, ok in enumerate(decodable) if ok])
-    return encoded.cast_column(IMAGE, Image())
-
-
-def _decodable_batch(images: list[dict]) -> dict[str, list[bool]]:
-    return {"decodable": [_decodes(image) for image in images]}
+    decodable, _ = screen(
+        encoded, IMAGE, _decodes, where, data_args.max_bad_examples,
+        data_args.preprocessing_num_workers, "images", training,
+    )  # fmt: skip
+    return decodable.cast_column(IMAGE, Image())
 
 
 def _decodes(image: dict) -> bool:
-    """Whether PIL decodes the whole image. JPEGs are decoded at 1/8 scale (`draft`), which
-    still reads the whole stream, so truncated files are caught at a fraction of the cost."""
+    """Reads the whole image (raising if PIL cannot). JPEGs are decoded at 1/8 scale
+    (`draft`), which still reads the whole stream, so truncated files are caught at a
+    fraction of the cost."""
     from PIL import Image
 
     source = io.BytesIO(image["bytes"]) if image.get("bytes") else image["path"]
-    try:
-        with Image.open(source) as opened:
-            opened.draft("RGB", (1, 1))
-            opened.load()
-    except Exception:  # PIL reports broken files with many exception types
-        return False
+    with Image.open(source) as opened:
+        opened.draft("RGB", (1, 1))
+        opened.load()
     return True
 
 

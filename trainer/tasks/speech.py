@@ -16,6 +16,7 @@ per split), or a local Common Voice-style directory (`clips/` plus `train.tsv`, 
 from __future__ import annotations
 
 import csv
+import math
 import os
 import string
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import numpy as np
 from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import screen
 from trainer.data.checks import check_columns
 from trainer.data.sources import (
     EVALUATION_HINT,
@@ -255,12 +257,16 @@ class SpeechRecognitionTask(Task):
             train = first_examples(train, data.max_train_samples)
             evaluation = first_examples(evaluation, data.max_eval_samples)
         train = filter_by_duration(
-            train, self.options.min_duration_in_seconds, max_duration, self.data_args
-        )
+            train, self.options.min_duration_in_seconds, max_duration, self.data_args,
+            f"split {data.train_split_name} of {data.dataset_name}",
+        )  # fmt: skip
         if self.data_args.eval_split_name and fraction is None:
             evaluation = self.sources()[0]._load_split(  # interleaved: the first dataset's
                 self.data_args.eval_split_name, self.data_args.max_eval_samples
             )
+            where = f"split {data.eval_split_name} of {data.dataset_name}"
+        if evaluation is not None:  # its undecodable clips counted, none dropped for length
+            evaluation = filter_by_duration(evaluation, 0.0, math.inf, data, where, False)
         if self._length_column:
             train = self._with_label_lengths(train, processor.tokenizer)
             if evaluation is not None:
@@ -430,12 +436,16 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     model.config.forced_decoder_ids = None
 
 
-def filter_by_duration(dataset, low: float, high: float, data_args):
-    """Drop clips outside [low, high] seconds, reading only each file's header.
+def filter_by_duration(
+    dataset, low: float, high: float, data_args, where: str, training: bool = True
+):
+    """Drop clips outside [low, high] seconds, reading only each file's header, and clips
+    whose header cannot be read at all (trainer/data/bad_examples.py: skipped and counted,
+    up to `--max_bad_examples`).
 
     A stream is filtered as it is read, in the loader's workers, on the decoder that
     decoding makes anyway (it reads the header only; samples are read by the collator).
-    The map-style path filters undecoded files instead, in a pass with its own processes.
+    The map-style path measures undecoded files instead, in a pass with its own processes.
     (datasets 5 does not decode a stream's audio again after a filter on undecoded audio.)
     """
     from datasets import Audio
@@ -445,12 +455,11 @@ def filter_by_duration(dataset, low: float, high: float, data_args):
         # a module-level function, not a lambda: loader workers may be spawned (pickled)
         return decoded.filter(partial(_decoder_in_range, low, high), input_columns=["audio"])
     encoded = dataset.cast_column("audio", Audio(decode=False))
-    kept = encoded.filter(
-        lambda audio: low <= _duration_seconds(audio) <= high,
-        input_columns=["audio"],
-        num_proc=data_args.preprocessing_num_workers,
-        desc="Filtering clips by duration",
-    )
+    readable, durations = screen(
+        encoded, "audio", _duration_seconds, where, data_args.max_bad_examples,
+        data_args.preprocessing_num_workers, "clips", training,
+    )  # fmt: skip
+    kept = readable.select([i for i, seconds in enumerate(durations) if low <= seconds <= high])
     return kept.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
 
 

@@ -18,6 +18,8 @@ from datetime import timedelta
 
 from transformers import TrainerCallback
 
+from trainer.data.bad_examples import skipped_per_epoch
+
 
 def _duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
@@ -187,7 +189,7 @@ class ProgressLogCallback(TrainerCallback):
             f"elapsed {_duration(elapsed)}",
             f"eta {_duration(eta)}",
         ]
-        return " | ".join(parts)
+        return " | ".join(parts + _skipped_part())
 
     @staticmethod
     def _eval_line(state, logs: dict) -> str:
@@ -211,7 +213,14 @@ class ProgressLogCallback(TrainerCallback):
         )
         if torch.cuda.is_available():
             line += f" | peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
-        return line
+        return " | ".join([line, *_skipped_part()])
+
+
+def _skipped_part() -> list[str]:
+    """Undecodable training examples skipped each epoch (trainer/data/bad_examples.py), when
+    there are any: the count of the whole training split, the same in every process."""
+    skipped = skipped_per_epoch()
+    return [f"skipped {skipped} undecodable per epoch"] if skipped else []
 
 
 def _headline_number(value: object) -> str:
