@@ -19,11 +19,7 @@ from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
-from trainer.training.failures import (
-    FailedAfterTraining,
-    report_failed_after_training,
-    report_failure,
-)
+from trainer.training.failures import RunFailed, report_failure, report_run_failed
 from trainer.training.preemption import Stopped
 
 
@@ -50,8 +46,8 @@ def main() -> None:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except FailedAfterTraining as error:
-        report_failed_after_training(error)
+    except RunFailed as error:
+        report_run_failed(error)
         sys.exit(1)
     except Stopped as stopped:
         if os.environ.get("LOCAL_RANK", "0") == "0":
