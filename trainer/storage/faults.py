@@ -20,11 +20,12 @@ import os
 import shutil
 from pathlib import Path
 
-DISK_FULL_MARKERS = ("no space left on device", "os error 28", "unexpected pos")
+DISK_FULL_MARKERS = ("no space left on device", "os error 28", "unexpected pos",
+                     "file write failed")  # fmt: skip
 """How a full disk shows in messages that lost the errno: the OS's own text (also inside
 safetensors' Rust error, "os error 28"), and torch.save's zip writer, which reports only
-that it could not write where it expected ("[enforce fail at inline_container.cc] ...
-unexpected pos")."""
+that a write came short ("[enforce fail at inline_container.cc] ... unexpected pos", or
+"PytorchStreamWriter failed writing file ...: file write failed")."""
 
 REFUSALS = ("Forbidden", "Unauthorized", "PermissionDenied")
 """google.api_core exception names for requests the service will refuse again."""
