@@ -108,9 +108,11 @@ class Job:
     def complete(self) -> list[str]:
         return complete_checkpoints(self.checkpoints)
 
-    def assert_resumes_from(self, name: str, checkpoint: str) -> str:
-        """A restarted job (new machine, no fault) resumes from `checkpoint` and finishes."""
-        code, output = self.run(name)
+    def assert_resumes_from(self, name: str, checkpoint: str, nproc: int = 2) -> str:
+        """A restarted job (new machine, no fault, as many processes as the job that saved
+        `checkpoint`: ZeRO's optimizer state is split by them) resumes from `checkpoint`
+        and finishes."""
+        code, output = self.run(name, nproc=nproc)
         assert code == 0, output[-3000:]
         assert f"resuming from out/{checkpoint}" in output, output[-3000:]
         resumed = [int(step) for step, _ in STEP_LINE.findall(output)]
@@ -199,8 +201,10 @@ def test_sigterm_while_the_model_uploads_ends_with_the_model_and_the_checkpoint(
     the upload finishes within the grace period, the model gets its manifest, and one
     `preempted:` line says where the model and the last checkpoint are."""
     job, proxy = proxied_job
-    model_requests = proxy.fault("POST|PUT", r"/model/", delay=1.0)
     run = job.start("first", "--eval_strategy", "no")
+    # Once training runs: the launcher's write probe goes to the model's location too.
+    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    model_requests = proxy.fault("POST|PUT", r"/model/", delay=1.0)
     wait_until(lambda: model_requests.hits > 0 or run.process.poll() is not None,
                RUN_TIMEOUT, "the model's upload")  # fmt: skip
     run.terminate()
@@ -243,7 +247,7 @@ def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(pro
                          "checkpoints/ can be read"), line  # fmt: skip
     assert not STEP_LINE.findall(output), "it trained"
     assert job.checkpoints.list_files() == before, "something was written or deleted"
-    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
+    job.assert_resumes_from("restart", f"checkpoint-{STEPS}", nproc=1)
 
 
 def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(job, tmp_path):
@@ -268,7 +272,7 @@ def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
     """Fault 6: the disk fills up while checkpoint-4 is written. One line names the disk,
     its free space and what was written; checkpoint-2's upload still finishes, and a
     restart resumes from it."""
-    with small_disk(tmp_path / "first" / "out", 60) as out:
+    with small_disk(tmp_path / "first" / "out", 130) as out:  # one checkpoint: 87 MB
         code, output = job.run("first", "--eval_strategy", "no", nproc=1)
     assert code == 1, output[-3000:]
     line = the_line(output, "error:")
@@ -277,7 +281,7 @@ def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
                     rf"\(.*\); the newest complete checkpoint is {job.base}/checkpoints/"
                     r"checkpoint-2, where a restart resumes$", line), line  # fmt: skip
     assert job.complete() == ["checkpoint-2"]
-    job.assert_resumes_from("restart", "checkpoint-2")
+    job.assert_resumes_from("restart", "checkpoint-2", nproc=1)
 
 
 def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):

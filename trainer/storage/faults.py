@@ -20,10 +20,10 @@ import os
 import shutil
 from pathlib import Path
 
-DISK_FULL_MARKERS = ("no space left on device", "os error 28", "unexpected pos",
+DISK_FULL_MARKERS = ("no space left on device", "storagefull", "unexpected pos",
                      "file write failed")  # fmt: skip
-"""How a full disk shows in messages that lost the errno: the OS's own text (also inside
-safetensors' Rust error, "os error 28"), and torch.save's zip writer, which reports only
+"""How a full disk shows in messages that lost the errno: the OS's own text, safetensors'
+Rust error ("IoError(Os { code: 28, kind: StorageFull, ... })"), and torch.save's zip writer, which reports only
 that a write came short ("[enforce fail at inline_container.cc] ... unexpected pos", or
 "PytorchStreamWriter failed writing file ...: file write failed")."""
 
