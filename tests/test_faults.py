@@ -22,7 +22,6 @@ from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     assert_manifest_matches_store,
-    run_trainer,
     start_trainer,
     trainer_env,
     vertex_outputs,
@@ -98,8 +97,7 @@ class Job:
         return folder
 
     def run(self, name: str, *extra: str, hook: str | None = None, nproc: int = 2):
-        args = [*self.inputs, *RUN, "--nproc_per_node", str(nproc), *extra]
-        return run_trainer(args, self.machine(name), self.env(hook), timeout=RUN_TIMEOUT)
+        return self.start(name, *extra, hook=hook, nproc=nproc).finish(RUN_TIMEOUT)
 
     def start(self, name: str, *extra: str, hook: str | None = None, nproc: int = 2):
         args = [*self.inputs, *RUN, "--nproc_per_node", str(nproc), *extra]
@@ -119,10 +117,6 @@ class Job:
         start = int(checkpoint.split("-")[1])
         assert not resumed or min(resumed) > start, "it trained again what was kept"
         return output
-
-
-def error_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("error:")]
 
 
 def the_line(output: str, prefix: str) -> str:
