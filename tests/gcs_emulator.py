@@ -4,20 +4,24 @@ The emulator (`gcp-storage-emulator`, pure Python) speaks the JSON API that the 
 google-cloud-storage client uses; `STORAGE_EMULATOR_HOST` points the client at it. The
 flaky proxy sits in between and answers a seeded fraction of requests with 503 or by
 dropping the connection, the faults the client's retries and our verification must
-survive.
+survive. Chosen requests can also be refused, delayed or dropped while a run goes
+(`FlakyProxy.fault`): "every upload under checkpoint-4 is refused from now on".
 """
 
 from __future__ import annotations
 
 import http.client
 import random
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 from tests.helpers import free_port
 
@@ -53,17 +57,37 @@ def _wait_for_port(port: int, timeout: float = 30) -> None:
     raise RuntimeError(f"the storage emulator did not open port {port}")
 
 
+@dataclass
+class Fault:
+    """What the proxy does to requests whose method and (URL-decoded) path or body match
+    (an upload names its object in the body's metadata part, a download in its path):
+    `refuse` answers 403, `drop` closes the connection, `delay` holds it that many
+    seconds first. `hits` counts the requests it applied to."""
+
+    method: str
+    path: re.Pattern
+    refuse: bool = False
+    drop: bool = False
+    delay: float = 0.0
+    hits: int = 0
+
+    def matches(self, method: str, text: str) -> bool:
+        return re.fullmatch(self.method, method) is not None and bool(self.path.search(text))
+
+
 class FlakyProxy:
     """Forwards HTTP to the emulator, failing `failure_rate` of requests (seeded) and
-    holding each one `delay_seconds` first (changeable while it runs)."""
+    holding each one `delay_seconds` first (changeable while it runs); `fault` adds a
+    targeted rule, `clear` removes them all."""
 
-    def __init__(self, upstream: str, failure_rate: float, seed: int = 0) -> None:
+    def __init__(self, upstream: str, failure_rate: float = 0.0, seed: int = 0) -> None:
         self.upstream = upstream.removeprefix("http://")
         self.failure_rate = failure_rate
         self.delay_seconds = 0.0
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.requests = self.failures = 0
+        self.faults: list[Fault] = []
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -72,7 +96,34 @@ class FlakyProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def _fault(self) -> str | None:
+    def fault(self, method: str, path: str, **action) -> Fault:
+        """From now on, do `action` (refuse=True, drop=True, delay=SECONDS) to requests
+        whose method fully matches `method` (a regex: "GET", "POST|PUT") and whose decoded
+        path and query, or the start of whose body, contain a match of `path` (a regex)."""
+        rule = Fault(method, re.compile(path), **action)
+        with self.lock:
+            self.faults.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        with self.lock:
+            self.faults.clear()
+
+    def _targeted(self, method: str, path: str, body: bytes) -> list[Fault]:
+        text = f"{unquote(path)}\n{body[:4096].decode('latin-1')}"
+        with self.lock:
+            rules = [rule for rule in self.faults if rule.matches(method, text)]
+            for rule in rules:
+                rule.hits += 1
+        return rules
+
+    def _fault(self, method: str, path: str, body: bytes) -> str | None:
+        rules = self._targeted(method, path, body)
+        time.sleep(sum(rule.delay for rule in rules))
+        if any(rule.drop for rule in rules):
+            return "drop"
+        if any(rule.refuse for rule in rules):
+            return "403"
         with self.lock:
             self.requests += 1
             if self.random.random() >= self.failure_rate:
@@ -92,13 +143,13 @@ class FlakyProxy:
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(proxy.delay_seconds)
-                fault = proxy._fault()
+                fault = proxy._fault(self.command, self.path, body)
                 if fault == "drop":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
-                if fault == "503":
-                    self.send_response(503)
+                if fault in ("503", "403"):
+                    self.send_response(int(fault))
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return

@@ -6,6 +6,7 @@ are in tests/conftest.py). No test module imports another test module; they impo
 - building a task as the launcher does: `checked_task`, `speech_task`, `image_task`;
   `python -m trainer.shards` in-process: `make_shards_in_process`;
 - storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
+- faults planted in the real program: `with_start_hook`, `FAILING_METRICS`;
 - small things: `free_port`, `wait_until`, `serving` (a loopback server on a thread),
   `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
   driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
@@ -305,6 +306,31 @@ def finish_all(nodes, timeout=600) -> list[str]:
         assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
         outputs.append(output)
     return outputs
+
+
+FAILING_METRICS = """
+# sitecustomize: every Python process of the run loads it at start-up. It makes the speech
+# task's metric raise, as a broken metric library or a bad reference text would.
+import trainer.tasks.speech as speech
+
+
+def _failing_metrics(self, processor):
+    def compute(prediction):
+        raise ValueError("metric backend exploded")
+
+    return compute
+
+
+speech.SpeechRecognitionTask.compute_metrics = _failing_metrics
+"""
+
+
+def with_start_hook(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
+    """`env` in which every Python process of the run executes `code` at start-up (as
+    `sitecustomize`, from `folder`): a fault planted in the real program."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {**env, "PYTHONPATH": f"{folder}{os.pathsep}{env['PYTHONPATH']}"}
 
 
 def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:

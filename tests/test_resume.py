@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import socket
 import threading
@@ -25,6 +24,7 @@ from transformers import WhisperForConditionalGeneration, WhisperProcessor
 from tests.gcs_emulator import BUCKET, FlakyProxy
 from tests.helpers import (
     DEMO_SPEECH_FLAGS,
+    FAILING_METRICS,
     assert_manifest_matches_store,
     final_weights,
     finish_all,
@@ -36,6 +36,7 @@ from tests.helpers import (
     trainer_env,
     vertex_outputs,
     wait_until,
+    with_start_hook,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.launcher.start_deadline import MARGIN_SECONDS
@@ -366,32 +367,14 @@ def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, g
     print(f"storage proxy failed {proxy.failures} of {proxy.requests} requests")
 
 
-FAILING_METRICS = """
-# sitecustomize: every Python process of the run loads it at start-up. It makes the speech
-# task's metric raise, as a broken metric library or a bad reference text would.
-import trainer.tasks.speech as speech
-
-
-def _failing_metrics(self, processor):
-    def compute(prediction):
-        raise ValueError("metric backend exploded")
-
-    return compute
-
-
-speech.SpeechRecognitionTask.compute_metrics = _failing_metrics
-"""
-
-
 def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_assets, gcs):
     """Training ends, then the final evaluation fails: the model is already in the bucket,
     the run exits non-zero, and one error line says what failed and where the model is."""
-    hooks, run_dir = tmp_path / "hooks", tmp_path / "run"
-    hooks.mkdir(), run_dir.mkdir()
-    (hooks / "sitecustomize.py").write_text(FAILING_METRICS)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs, **vertex_outputs(base))
-    env["PYTHONPATH"] = f"{hooks}{os.pathsep}{env['PYTHONPATH']}"
+    env = with_start_hook(env, tmp_path / "hooks", FAILING_METRICS)
     code, output = run_trainer(
         ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
          "--dataset_name", str(spoken_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
@@ -406,8 +389,9 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_ass
     assert "training done in" in output, output[-5000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: the final evaluation failed after training (ValueError: metric backend "
-        f"exploded); the trained model is saved at {base}/model/ (load it with from_pretrained)"
+        "error: the final evaluation failed (ValueError: metric backend exploded); there is "
+        f"no complete checkpoint in {base}/checkpoints/ (no checkpoint was saved before "
+        f"this); the trained model is saved at {base}/model/ (load it with from_pretrained)"
     ], output[-3000:]
     assert "Traceback" in output and "metric backend exploded" in output
 

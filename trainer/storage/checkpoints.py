@@ -14,7 +14,14 @@ the local disks of all nodes. The protocol (docs/storage.md ("The checkpoint pro
    one and never one without a manifest (whose upload may still be running).
 
 On start, `find_resumable_checkpoint` picks the newest checkpoint whose manifest verifies
-against local files (fetching what is missing), skipping incomplete or corrupt ones.
+against local files (fetching what is missing), skipping incomplete ones and those whose
+stored bytes are proven wrong. A complete checkpoint that cannot be read (refused, an
+outage past every retry, a full local disk) is not skipped: `CheckpointUnreadable` stops
+the run before training, since starting from step 1 would lose the work it holds and
+retention would then delete it (its step numbers being higher than the new run's).
+
+The final model gets a manifest too (`publish_model`), written after its files, so a model
+directory whose upload failed is visibly incomplete.
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trainer.storage.store import FileEntry, Store, TransferError
+from trainer.storage.faults import brief
+from trainer.storage.store import (
+    FileEntry,
+    Store,
+    StoredFilesDiffer,
+    TransferError,
+    relative_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +80,57 @@ def complete_checkpoints(store: Store) -> list[str]:
     return [n for n in checkpoint_names(store) if store.child(n).read_text(MANIFEST) is not None]
 
 
+class CheckpointUnreadable(Exception):
+    """Complete checkpoints exist (or may: the store cannot even be listed), but reading
+    them failed for a reason that proves nothing about their bytes. `name` is the one
+    being read (None when listing failed), `local` where it was going; the cause is
+    `__cause__`."""
+
+    def __init__(self, store: Store, name: str | None, local: Path, error: BaseException):
+        what = f"{store.uri}/{name}" if name else store.uri
+        super().__init__(f"reading {what} failed ({brief(error)})")
+        self.name = name
+        self.local = local
+
+
 def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
-    """The newest complete checkpoint, present and verified under `local_root`."""
-    for name in reversed(checkpoint_names(store)):
-        entries = read_manifest(store.child(name))
-        if entries is None:
-            logger.warning("skipping %s/%s: no manifest (incomplete checkpoint)", store.uri, name)
-            continue
+    """The newest complete checkpoint, present and verified under `local_root`.
+
+    Skips a checkpoint only when it has no manifest or its stored files are proven not to
+    match it; raises `CheckpointUnreadable` when reading failed otherwise."""
+    try:
+        names = checkpoint_names(store)
+    except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
+        raise CheckpointUnreadable(store, None, local_root, error) from error
+    for name in reversed(names):
         try:
+            entries = read_manifest(store.child(name))
+            if entries is None:
+                logger.warning("skipping %s/%s: no manifest (incomplete checkpoint)",
+                               store.uri, name)  # fmt: skip
+                continue
             store.child(name).download(local_root / name, entries)
-        except TransferError as error:
+        except StoredFilesDiffer as error:
             logger.warning("skipping %s/%s: %s", store.uri, name, error)
             continue
+        except Exception as error:  # noqa: BLE001 - nothing proven: stop, skip nothing
+            raise CheckpointUnreadable(store, name, local_root / name, error) from error
         return local_root / name
     return None
+
+
+def publish_model(store: Store, local_dir: Path) -> None:
+    """Upload a saved model, then its manifest: the manifest says the model is whole.
+
+    A manifest left by an earlier delivery to the same place goes first, so a failed
+    upload over an older model never looks complete."""
+    store.child(MANIFEST).delete()
+    entries = store.upload(local_dir, [f for f in relative_files(local_dir) if f != MANIFEST])
+    write_manifest(store, {"model": True, "files": [asdict(e) for e in entries]})
+
+
+def write_manifest(store: Store, content: dict) -> None:
+    store.write_text(MANIFEST, json.dumps(content, indent=1))
 
 
 class CheckpointUploader:
@@ -103,6 +154,10 @@ class CheckpointUploader:
         self.keep = keep
         self.peer_timeout = peer_timeout
         self.failures: list[str] = []
+        self.errors: dict[str, str] = {}
+        """Why each failed checkpoint failed (`Type: message`), by name."""
+        self.submitted: list[str] = []
+        self.uploading: str | None = None
         self._jobs: queue.Queue[tuple[Path, str | None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
@@ -112,6 +167,7 @@ class CheckpointUploader:
         snapshot = self.staging_root / checkpoint_dir.name
         shutil.rmtree(snapshot, ignore_errors=True)
         shutil.copytree(checkpoint_dir, snapshot, copy_function=os.link)
+        self.submitted.append(checkpoint_dir.name)  # in order: the last is the newest
         self._jobs.put((snapshot, best_checkpoint))
 
     def close(self, timeout: float | None = None) -> bool:
@@ -125,13 +181,16 @@ class CheckpointUploader:
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             snapshot, best = job
+            self.uploading = snapshot.name
             try:
                 self._publish(snapshot, best)
             except Exception as error:  # noqa: BLE001 - a failed upload must not stop training
                 logger.error("checkpoint %s was not saved to %s: %s", snapshot.name,
                              self.store.uri, error)  # fmt: skip
                 self.failures.append(snapshot.name)
+                self.errors[snapshot.name] = brief(error)
             finally:
+                self.uploading = None
                 shutil.rmtree(snapshot, ignore_errors=True)
 
     def _publish(self, snapshot: Path, best: str | None) -> None:
@@ -171,7 +230,7 @@ class CheckpointUploader:
             "nodes": self.num_nodes,
             "files": [asdict(entries[path]) for path in sorted(entries)],
         }
-        target.write_text(MANIFEST, json.dumps(manifest, indent=1))
+        write_manifest(target, manifest)
         logger.info("checkpoint %s is complete in %s", name, self.store.uri)
 
     def _apply_retention(self, best: str | None) -> None:

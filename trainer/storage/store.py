@@ -28,6 +28,7 @@ from typing import BinaryIO
 import google_crc32c
 
 from trainer.common.errors import UserError
+from trainer.storage.faults import permanent
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ class FileEntry:
 
 class TransferError(RuntimeError):
     """Files that still failed to transfer or verify after every retry."""
+
+
+class StoredFilesDiffer(TransferError):
+    """The stored files are proven not to be what their manifest lists (missing, or another
+    size or CRC32C): the only reason to give up on a checkpoint that has a manifest."""
+
+
+def differing(expected: list[FileEntry], found: dict[str, FileEntry]) -> list[str]:
+    """Paths of `expected` whose stored entry (`found`, by path) is missing or differs in
+    size or CRC32C: what a listing proves wrong, with no byte read."""
+    return [entry.path for entry in expected if found.get(entry.path) != entry]
 
 
 def crc32c_of(path: Path) -> str:
@@ -117,7 +129,7 @@ class Store(ABC):
         for attempt in range(1, TRANSFER_ATTEMPTS + 1):
             self._transfer(lambda names: self._put(local_root, names), pending, attempt)
             remote = self.list_files()
-            pending = [e.path for e in expected if remote.get(e.path) != e]
+            pending = differing(expected, remote)
             if not pending:
                 return expected
         raise TransferError(f"upload to {self.uri} failed for: {', '.join(pending)}")
@@ -126,13 +138,15 @@ class Store(ABC):
         """Fetch files here into `local_root`, skipping those already present and intact.
 
         Files whose stored size or CRC32C differs from `expected` are corrupt or missing in
-        the store itself: no retry can fix that, so it fails at once.
+        the store itself: no retry can fix that, so it fails at once (`StoredFilesDiffer`).
+        Any other failure (a refusal, an outage, a full local disk) is a `TransferError` or
+        the error itself: it proves nothing about the stored files.
         """
         remote = self.list_files()
         expected = list(remote.values()) if expected is None else expected
-        damaged = [e.path for e in expected if remote.get(e.path) != e]
+        damaged = differing(expected, remote)
         if damaged:
-            raise TransferError(f"{self.uri} does not hold what its manifest lists: {damaged}")
+            raise StoredFilesDiffer(f"{self.uri} does not hold what its manifest lists: {damaged}")
         pending = [e.path for e in expected if not _matches(local_root / e.path, e)]
         for attempt in range(1, TRANSFER_ATTEMPTS + 1):
             if not pending:
@@ -163,6 +177,8 @@ class Store(ABC):
         try:
             run(names)
         except Exception as error:  # noqa: BLE001 - verification decides what to resend
+            if permanent(error):
+                raise  # refused, or no local space: the same request would fail again
             logger.warning("transfer with %s failed (%s); will retry", self.uri, error)
 
 

@@ -6,7 +6,7 @@ seconds, and the launcher imports the task modules (for their flags) without eve
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 
 import torch
 from transformers import Seq2SeqTrainer, Trainer
@@ -74,3 +74,13 @@ class WhisperTrainer(Seq2SeqTrainer):
             audio = inputs.pop(AUDIO_BATCH_KEY).to(self.args.device, non_blocking=True)
             inputs["input_features"] = self._log_mel(audio)
         return super()._prepare_inputs(inputs)
+
+
+def mixed_in(mixin: type, trainer_class, **keywords):
+    """`trainer_class` (a Trainer subclass, or a partial of one binding its arguments) with
+    `mixin` before it in the method order, as a partial that also binds `keywords`."""
+    base, bound = trainer_class, {}
+    if isinstance(trainer_class, partial):
+        base, bound = trainer_class.func, trainer_class.keywords
+    mixed = type(f"{mixin.__name__.removesuffix('Mixin')}{base.__name__}", (mixin, base), {})
+    return partial(mixed, **bound, **keywords)

@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from trainer.storage.checkpoints import CheckpointUploader
 from trainer.storage.store import Store
-from trainer.training.preemption import StopRequest, agree
+from trainer.training.preemption import EvaluationStopped, StopRequest, agree
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class HypertuneCallback(TrainerCallback):
 
 class SaveOnStopOrInterval(TrainerCallback):
     """After each step: on an agreed stop request, save and stop; when rank 0's clock says
-    the interval has passed since the last save (whatever triggered it), save.
+    the interval has passed since the last save (whatever triggered it), save. Between
+    evaluation batches: on an agreed stop request, abandon the evaluation
+    (`EvaluationStopped`; trainer/training/keep_work.py saves the step then).
 
     `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
     happened once training returns.
@@ -165,6 +167,21 @@ class SaveOnStopOrInterval(TrainerCallback):
             control.should_evaluate = False  # no time for it: the notice is seconds long
         elif save_due:
             control.should_save = True
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """Every rank runs the same number of evaluation batches (the sampler pads), so
+        this agreement lines up like the one after each step."""
+        stop_here = self._node + 1 if self._stop.requested else 0
+        (stop_origin,) = self._agree([float(stop_here)])
+        if stop_origin:
+            self.stopped_at_step = state.global_step
+            self.stop_origin_node = int(stop_origin) - 1
+            self.agreed_at = self._clock()
+            raise EvaluationStopped(self.stop_origin_node)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.stopped_at_step is not None:  # saved already; no time to evaluate
+            control.should_evaluate = control.should_save = False
 
     def on_save(self, args, state, control, **kwargs):
         self._last_save = self._clock()

@@ -11,34 +11,29 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from trainer.config.secrets import mask, secret_values
 
 
-class FailedAfterTraining(Exception):
-    """Training finished and its model was delivered, but a later step failed: the run
-    exits non-zero (a tuning trial or pipeline must not count it as a success), and the
-    message says where the model is."""
+class RunFailed(Exception):
+    """A failure whose message is the whole report: what failed, and where the newest
+    complete checkpoint and the model are (or that there is none, and why). The run exits
+    1 (a tuning trial or pipeline must not count it as a success). Printed once per node,
+    by local rank 0, unless `rank_local` (the failure happened on this rank alone)."""
+
+    rank_local = False
 
 
-@contextmanager
-def model_kept_if_failing(step: str, model_location: str) -> Iterator[None]:
-    try:
-        yield
-    except Exception as error:
-        raise FailedAfterTraining(
-            f"{step} failed after training ({type(error).__name__}: {error}); the trained "
-            f"model is saved at {model_location} (load it with from_pretrained)"
-        ) from error
+def root_cause(error: BaseException) -> BaseException | None:
+    """What a report's traceback shows: a RunFailed's own cause, or the error itself."""
+    return error.__cause__ if isinstance(error, RunFailed) else error
 
 
-def report_failed_after_training(error: FailedAfterTraining) -> None:
-    """Once per node: the cause's traceback, then one line that says what failed and where
-    the model is (the last line a reader of the log sees)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        print_traceback(error.__cause__)
+def report_run_failed(error: RunFailed) -> None:
+    """The cause's traceback, then one line (the last line a reader of the log sees)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" or error.rank_local:
+        if error.__cause__ is not None:
+            print_traceback(error.__cause__)
         print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
 
 

@@ -22,9 +22,9 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.training.failures import (
-    FailedAfterTraining,
-    report_failed_after_training,
+    RunFailed,
     report_failure,
+    report_run_failed,
     without_secrets,
 )
 from trainer.training.preemption import Stopped
@@ -53,8 +53,8 @@ def main() -> None:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
-    except FailedAfterTraining as error:
-        report_failed_after_training(error)
+    except RunFailed as error:
+        report_run_failed(error)
         sys.exit(1)
     except Stopped as stopped:
         if os.environ.get("LOCAL_RANK", "0") == "0":

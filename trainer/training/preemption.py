@@ -29,6 +29,16 @@ class Stopped(Exception):
     training program exits with PREEMPTED_EXIT_CODE and this one line."""
 
 
+class EvaluationStopped(Exception):
+    """Every rank agreed, between two evaluation batches, that a stop was requested: the
+    evaluation is abandoned (it can take minutes; the notice is 30 s) so that the step can
+    be saved in time. `origin_node`: where the signal came."""
+
+    def __init__(self, origin_node: int) -> None:
+        super().__init__(f"stop requested on node {origin_node} during an evaluation")
+        self.origin_node = origin_node
+
+
 class StopRequest:
     """Remembers a SIGTERM instead of dying from it, so the step in flight can finish.
 

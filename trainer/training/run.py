@@ -23,10 +23,13 @@ from trainer.config.training_arguments import build_training_arguments
 from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
 from trainer.storage.checkpoints import (
     MANIFEST,
+    CheckpointUnreadable,
     CheckpointUploader,
     find_resumable_checkpoint,
+    publish_model,
     read_manifest,
 )
+from trainer.storage.faults import brief, disk_full, disk_line
 from trainer.storage.locations import resolve_output_locations
 from trainer.storage.store import open_store
 from trainer.training.callbacks import (
@@ -37,9 +40,11 @@ from trainer.training.callbacks import (
 )
 from trainer.training.distributed import ProcessPlace, release_process_group, use_gloo_on_cpu
 from trainer.training.fabric import report_fabric
-from trainer.training.failures import FailedAfterTraining, model_kept_if_failing
+from trainer.training.failures import RunFailed, is_peer_failure, root_cause
+from trainer.training.keep_work import EvaluationFailed, work_keeping_trainer
+from trainer.training.kept import WhatIsKept
 from trainer.training.memory import decide_gradient_checkpointing
-from trainer.training.preemption import Stopped, StopRequest
+from trainer.training.preemption import EvaluationStopped, Stopped, StopRequest
 from trainer.training.progress import (
     DataWaitClock,
     FirstBatchReport,
@@ -96,7 +101,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
             print(epoch_line(task, args), flush=True)
     startup.mark("data and resume point")
 
-    trainer = trainer_class(
+    trainer = work_keeping_trainer(trainer_class)(
         model=model,
         args=args,
         train_dataset=train_dataset,
@@ -120,49 +125,83 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     saver = SaveOnStopOrInterval(stop, flags.outputs.save_interval_minutes)
     trainer.add_callback(saver)
 
-    # If training fails (a peer died, say), the uploads in flight are not waited for: the
-    # chief would wait for markers a dead node never writes. Their checkpoints simply get
-    # no manifest, and the upload thread ends with the process.
+    kept = WhatIsKept(uploader, locations.checkpoints, flags.outputs.stop_grace_seconds)
+    # SIGTERM is held from here to the end: whenever it comes, the step or the model in
+    # hand is kept first, and the run ends with one `preempted:` line.
     stop.install()
     try:
         result = trainer.train(resume_from_checkpoint=resume_from)
-    finally:
-        if saver.stopped_at_step is None:  # only a stop's uploads outlast a SIGTERM
-            stop.uninstall()
+    except EvaluationFailed as failed:
+        if failed.step >= trainer.state.max_steps:  # the last step: its model is the result
+            try:
+                kept.model = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME,
+                                           locations, place)  # fmt: skip
+            except ModelNotDelivered as also:
+                raise kept.failed(RunFailed(f"{failed}; {also}")) from root_cause(failed)
+        raise kept.failed(failed) from root_cause(failed)
+    except RunFailed as failed:
+        raise kept.failed(failed) from root_cause(failed)
+    except Exception as error:
+        # A peer's failure: uploads waiting for a dead node's marker are not waited for.
+        if not is_peer_failure(error):
+            kept.wait()
+        stop.uninstall()  # a pending SIGTERM (torchrun stopping an echo) ends it now
+        raise
     if saver.stopped_at_step is not None:
         raise stopped_after_saving(saver, stop, uploader, locations.checkpoints, flags.outputs)
     trainer.save_metrics("train", result.metrics)
-    model_location = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
+    kept.model = deliver_or_fail(trainer, output_dir, locations, place, kept)
+    stop_if_requested(stop, place, kept)
     # Everything after this point may fail without losing the run: the model is delivered.
     if eval_dataset is not None:
         history, steps = trainer.state.log_history, trainer.state.global_step
-        with model_kept_if_failing("the final evaluation", model_location):
+        try:
             # An evaluation at the last step already scored these weights: a second one
             # would only cost time (generation over the whole eval set, for speech).
             final_metrics = evaluation_logged_at(history, steps)
             if final_metrics is None or args.load_best_model_at_end:
                 final_metrics = trainer.evaluate()
             trainer.save_metrics("eval", final_metrics)
+        except EvaluationStopped as stopped:
+            kept.wait(since=stop.requested_at)
+            raise Stopped(f"{stop_cause(stopped.origin_node)}: {kept.line()}") from None
+        except Exception as error:
+            raise kept.failed(error, "the final evaluation") from error
         if place.is_global_main:
             print(
                 before_after_line(
                     evaluation_logged_at(history, 0), final_metrics, steps, len(eval_dataset),
-                    model_location, args.metric_for_best_model,
+                    kept.model, args.metric_for_best_model,
                 ),
                 flush=True,
             )  # fmt: skip
-    with model_kept_if_failing("syncing the TensorBoard logs", model_location):
+    try:
         for callback in reporting:
             if isinstance(callback, TensorBoardSyncCallback):
                 callback.sync()
+    except Exception as error:
+        raise kept.failed(error, "syncing the TensorBoard logs") from error
     if uploader is not None:
-        with model_kept_if_failing("uploading checkpoints", model_location):
-            uploader.close()
-            if uploader.failures:
-                raise RuntimeError(f"not saved to {locations.checkpoints}: {uploader.failures}")
+        uploader.close()  # the last checkpoint's upload, however long it takes
+        if uploader.failures:
+            raise kept.failed(RunFailed(f"uploading {', '.join(uploader.failures)} failed"))
+    stop_if_requested(stop, place, kept)
+    stop.uninstall()
     if place.is_global_main:
         print(f"checkpoints: {locations.checkpoints}; metrics and logs: {output_dir}", flush=True)
     release_process_group()
+
+
+def stop_cause(node: int) -> str:
+    return f"SIGTERM on node {node} (Spot preemption or a stopped job)"
+
+
+def stop_if_requested(stop: StopRequest, place: ProcessPlace, kept: WhatIsKept) -> None:
+    """A SIGTERM that came after the ranks' last agreement (during the last save, the
+    model's delivery or the last uploads): stop with what is kept."""
+    if stop.requested:
+        kept.wait(since=stop.requested_at)
+        raise Stopped(f"{stop_cause(place.node_rank)} after training: {kept.line()}")
 
 
 def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> Stopped:
@@ -172,7 +211,7 @@ def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> St
     learned_at = stop.requested_at if stop.requested else saver.agreed_at
     grace = outputs.stop_grace_seconds
     name = f"checkpoint-{saver.stopped_at_step}"
-    cause = f"SIGTERM on node {saver.stop_origin_node} (Spot preemption or a stopped job)"
+    cause = stop_cause(saver.stop_origin_node)
     if uploader is None:
         return Stopped(f"{cause}: every rank saved {name} locally")
     done = uploader.close(timeout=max(0.0, learned_at + grace - time.monotonic()))
@@ -187,25 +226,45 @@ def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> St
     return Stopped(f"{cause}: {name} {what} in {checkpoints}, {seconds:.1f} s after the stop")
 
 
+def deliver_or_fail(trainer, output_dir: Path, locations, place, kept: WhatIsKept) -> str:
+    """`deliver_model`, or the run's one line when the delivery failed."""
+    try:
+        return deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
+    except ModelNotDelivered as failed:
+        raise kept.failed(failed) from root_cause(failed)
+
+
+class ModelNotDelivered(RunFailed):
+    """Saving or uploading the final model failed; the message says what is left where."""
+
+
 def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
     """Save the final model and processor, and upload them to their destination, before
-    anything else can fail: the final evaluation, metrics or uploads come after this.
+    anything else can fail: the final evaluation, metrics or uploads come after this. The
+    model's manifest is written last: without it, the model there is incomplete.
 
     Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective);
     the global main process writes and uploads. Returns where the model is.
     """
-    trainer.save_model(str(final_dir))
+    try:
+        trainer.save_model(str(final_dir))
+    except Exception as error:
+        what = (
+            disk_line(final_dir, "writing the final model")
+            if disk_full(error)
+            else f"saving the final model to {final_dir} failed"
+        )
+        raise ModelNotDelivered(f"{what} ({brief(error)})") from error
     if not place.is_global_main:
         return locations.model
-    if locations.model != str(final_dir):
-        try:
-            open_store(locations.model).upload(final_dir)
-        except Exception as error:
-            raise FailedAfterTraining(
-                f"uploading the final model to {locations.model} failed "
-                f"({type(error).__name__}: {error}); it is saved on this node at {final_dir}, "
-                f"and complete checkpoints are at {locations.checkpoints}"
-            ) from error
+    try:
+        publish_model(open_store(locations.model), final_dir)
+    except Exception as error:
+        raise ModelNotDelivered(
+            f"uploading the final model to {locations.model} failed ({brief(error)}); the "
+            f"model there is incomplete (no {MANIFEST}); this node's copy at {final_dir} is "
+            "gone when the job ends"
+        ) from error
     print(
         f"final model and processor saved to {locations.model} (load with from_pretrained)",
         flush=True,
@@ -229,7 +288,7 @@ def checkpoint_to_resume(flags: ParsedFlags, locations, args, place: ProcessPlac
     with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
         if place.is_local_main:
             if choice == "auto":
-                found = find_resumable_checkpoint(open_store(locations.checkpoints), output_dir)
+                found = newest_readable_checkpoint(locations.checkpoints, output_dir)
             else:
                 found = explicit_checkpoint(choice, output_dir)
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -238,6 +297,25 @@ def checkpoint_to_resume(flags: ParsedFlags, locations, args, place: ProcessPlac
     if path and place.is_global_main:
         print(f"resuming from {path}", flush=True)
     return path
+
+
+def newest_readable_checkpoint(checkpoints: str, output_dir: Path) -> Path | None:
+    """`find_resumable_checkpoint`, or one line when complete checkpoints may exist but
+    cannot be read: starting from step 1 would lose them, and retention would delete them."""
+    try:
+        return find_resumable_checkpoint(open_store(checkpoints), output_dir)
+    except CheckpointUnreadable as error:
+        cause = error.__cause__
+        what = (
+            disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
+            + f" ({brief(cause)})"
+            if disk_full(cause)
+            else str(error)
+        )
+        raise RunFailed(
+            f"{what}; the run stops before training rather than start again from step 1 "
+            f"(nothing was trained or deleted): restart once {checkpoints} can be read"
+        ) from cause
 
 
 def explicit_checkpoint(location: str, output_dir: Path) -> Path:

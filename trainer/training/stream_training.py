@@ -12,10 +12,10 @@ one-process loader: batches still go to the device through accelerate, unsplit.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from trainer.data.streams import POSITION, PositionCollator, StreamPositions, StreamStart
+from trainer.tasks.trainers import mixed_in
 
 
 class StreamingTrainerMixin:
@@ -86,8 +86,6 @@ class StreamingTrainerMixin:
 
 def streaming_trainer(trainer_class, stream_start: StreamStart, audit_dir: str | None):
     """`trainer_class` (a Trainer subclass, or a partial of one) reading a stream."""
-    base, bound = trainer_class, {}
-    if isinstance(trainer_class, partial):
-        base, bound = trainer_class.func, trainer_class.keywords
-    mixed = type(f"Streaming{base.__name__}", (StreamingTrainerMixin, base), {})
-    return partial(mixed, **bound, stream_start=stream_start, audit_dir=audit_dir)
+    return mixed_in(
+        StreamingTrainerMixin, trainer_class, stream_start=stream_start, audit_dir=audit_dir
+    )

@@ -1,0 +1,303 @@
+"""Faults injected into the real `python -m trainer`: nothing trained is lost.
+
+Each test plants one fault (a metric that raises, a SIGTERM at a chosen moment, storage
+that refuses or slows chosen requests through tests/gcs_emulator.py's proxy, a full local
+disk on a small tmpfs), then checks what a user would: the exit code, the one line the run
+printed and that it is true, what is complete in the store, and that a restart resumes
+from it rather than from step 1. docs/restarts.md ("Faults") lists what each shows.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.gcs_emulator import BUCKET, FlakyProxy
+from tests.helpers import (
+    DEMO_SPEECH_FLAGS,
+    FAILING_METRICS,
+    assert_manifest_matches_store,
+    start_trainer,
+    trainer_env,
+    vertex_outputs,
+    wait_until,
+    with_start_hook,
+)
+from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.storage.checkpoints import MANIFEST, complete_checkpoints
+from trainer.storage.store import open_store
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT = 420
+"""No run may hang: every one is killed (and the test fails) after this many seconds."""
+
+STEPS = 4
+RUN = [
+    *DEMO_SPEECH_FLAGS,
+    "--max_steps", str(STEPS),
+    "--save_steps", "2",
+    "--eval_strategy", "steps",
+    "--eval_steps", str(STEPS),  # as every shipped recipe: an evaluation at the last step
+    "--max_eval_samples", "4",
+    "--per_device_eval_batch_size", "1",
+    "--per_device_train_batch_size", "2",
+    "--generation_max_length", "4",
+    "--logging_steps", "1",
+    "--output_dir", "out",
+]  # fmt: skip
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.MULTILINE)
+
+SLOW_EVALUATION = """
+# sitecustomize: each evaluation batch says so and takes 2 s, so a test can signal
+# during an evaluation.
+import time
+
+from transformers.trainer_seq2seq import Seq2SeqTrainer
+
+_predict = Seq2SeqTrainer.prediction_step
+
+
+def _slow_prediction_step(self, *args, **kwargs):
+    print("evaluation batch", flush=True)
+    time.sleep(2)
+    return _predict(self, *args, **kwargs)
+
+
+Seq2SeqTrainer.prediction_step = _slow_prediction_step
+"""
+
+
+class Job:
+    """One job's outputs in the emulator, and how to run the trainer on them."""
+
+    def __init__(self, tmp_path: Path, demo_assets, storage_host: str) -> None:
+        self.tmp_path = tmp_path
+        self.base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
+        self.checkpoints = open_store(f"{self.base}/checkpoints")
+        self.model = open_store(f"{self.base}/model")
+        self.inputs = ["--model_name_or_path", str(demo_assets.model_dir),
+                       "--dataset_name", str(demo_assets.dataset_dir)]  # fmt: skip
+        self.storage_host = storage_host
+
+    def env(self, hook: str | None = None) -> dict[str, str]:
+        env = trainer_env(self.tmp_path / "cache", STORAGE_EMULATOR_HOST=self.storage_host,
+                          **vertex_outputs(self.base))  # fmt: skip
+        return with_start_hook(env, self.tmp_path / "hooks", hook) if hook else env
+
+    def machine(self, name: str) -> Path:
+        """A fresh node's working directory (a restarted job gets a new machine)."""
+        folder = self.tmp_path / name
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def run(self, name: str, *extra: str, hook: str | None = None, nproc: int = 2):
+        return self.start(name, *extra, hook=hook, nproc=nproc).finish(RUN_TIMEOUT)
+
+    def start(self, name: str, *extra: str, hook: str | None = None, nproc: int = 2):
+        args = [*self.inputs, *RUN, "--nproc_per_node", str(nproc), *extra]
+        return start_trainer(args, self.machine(name), self.env(hook))
+
+    def complete(self) -> list[str]:
+        return complete_checkpoints(self.checkpoints)
+
+    def assert_resumes_from(self, name: str, checkpoint: str, nproc: int = 2) -> str:
+        """A restarted job (new machine, no fault, as many processes as the job that saved
+        `checkpoint`: ZeRO's optimizer state is split by them) resumes from `checkpoint`
+        and finishes."""
+        code, output = self.run(name, nproc=nproc)
+        assert code == 0, output[-3000:]
+        assert f"resuming from out/{checkpoint}" in output, output[-3000:]
+        resumed = [int(step) for step, _ in STEP_LINE.findall(output)]
+        start = int(checkpoint.split("-")[1])
+        assert not resumed or min(resumed) > start, "it trained again what was kept"
+        return output
+
+
+def the_line(output: str, prefix: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"one {prefix!r} line expected:\n{output[-4000:]}"
+    return lines[0]
+
+
+@pytest.fixture
+def job(tmp_path, demo_assets, gcs) -> Job:
+    return Job(tmp_path, demo_assets, gcs)
+
+
+@pytest.fixture
+def proxied_job(tmp_path, demo_assets, gcs):
+    """A job whose storage requests pass through a proxy the test can make refuse, delay or
+    drop chosen requests."""
+    proxy = FlakyProxy(gcs)
+    try:
+        yield Job(tmp_path, demo_assets, proxy.url), proxy
+    finally:
+        proxy.close()
+
+
+@contextmanager
+def small_disk(folder: Path, megabytes: int):
+    """`folder` on a tmpfs of `megabytes`: a disk that fills up."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}M", "tmpfs", str(folder)],
+                   check=True)  # fmt: skip
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_metric_failing_at_the_last_step_keeps_the_step_and_delivers_the_model(job):
+    """Fault 1: the evaluation at the last step raises on every rank. The step is still
+    saved and uploaded, the model delivered with its manifest, and the one line says so;
+    a restart resumes from that step."""
+    code, output = job.run("first", hook=FAILING_METRICS)
+
+    assert code == 1, output[-3000:]
+    line = the_line(output, "error:")
+    assert line == (
+        f"error: the evaluation at step {STEPS} failed (ValueError: metric backend exploded); "
+        f"the newest complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a "
+        f"restart resumes; the trained model is saved at {job.base}/model/ (load it with "
+        "from_pretrained)"
+    ), output[-3000:]
+    assert job.complete() == ["checkpoint-2", f"checkpoint-{STEPS}"]
+    assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
+    assert_manifest_matches_store(job.model)
+    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
+
+
+def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
+    """Fault 1 (SIGTERM): a stop during the last step's evaluation abandons the evaluation,
+    saves the step on every rank and ends with one `preempted:` line."""
+    run = job.start("first", hook=SLOW_EVALUATION)
+    wait_until(lambda: "evaluation batch" in run.log.read_text(), RUN_TIMEOUT,
+               "the last step's evaluation")  # fmt: skip
+    run.terminate()
+    code, output = run.finish(RUN_TIMEOUT)
+
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    line = the_line(output, "preempted:")
+    assert re.match(rf"preempted: SIGTERM on node 0 .*: checkpoint-{STEPS} is complete in "
+                    rf"{job.base}/checkpoints/", line), line  # fmt: skip
+    assert f"checkpoint-{STEPS}" in job.complete()
+    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
+
+
+def test_sigterm_while_the_model_uploads_ends_with_the_model_and_the_checkpoint(proxied_job):
+    """Fault 2: SIGTERM while the final model is uploading (each model request held 1 s):
+    the upload finishes within the grace period, the model gets its manifest, and one
+    `preempted:` line says where the model and the last checkpoint are."""
+    job, proxy = proxied_job
+    run = job.start("first", "--eval_strategy", "no")
+    # Once training runs: the launcher's write probe goes to the model's location too.
+    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    model_requests = proxy.fault("POST|PUT", r"/model/", delay=1.0)
+    wait_until(lambda: model_requests.hits > 0 or run.process.poll() is not None,
+               RUN_TIMEOUT, "the model's upload")  # fmt: skip
+    run.terminate()
+    code, output = run.finish(RUN_TIMEOUT)
+
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    line = the_line(output, "preempted:")
+    assert line == (
+        "preempted: SIGTERM on node 0 (Spot preemption or a stopped job) after training: the "
+        f"newest complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a "
+        f"restart resumes; the trained model is saved at {job.base}/model/ (load it with "
+        "from_pretrained)"
+    ), output[-3000:]
+    assert job.model.read_text(MANIFEST) is not None
+    assert_manifest_matches_store(job.model)
+
+
+def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(proxied_job):
+    """Fault 3: complete checkpoints exist but their files' downloads are refused (403).
+    The run stops before training with one line; nothing is trained or deleted; once
+    storage answers again, a restart resumes from the newest one."""
+    job, proxy = proxied_job
+    code, output = job.run("first", "--eval_strategy", "no", nproc=1)
+    assert code == 0, output[-3000:]
+    before = job.checkpoints.list_files()
+
+    refused = proxy.fault("GET", r"/checkpoints/checkpoint-\d+/(?!manifest)\S*alt=media",
+                          refuse=True)  # fmt: skip
+    code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
+    proxy.clear()
+
+    assert code == 1, output[-3000:]
+    assert refused.hits > 0, "no download was refused: the test proved nothing"
+    line = the_line(output, "error:")
+    assert line.startswith(
+        f"error: reading {job.base}/checkpoints/checkpoint-{STEPS} failed (Forbidden: "
+    ), line
+    assert line.endswith("the run stops before training rather than start again from step "
+                         f"1 (nothing was trained or deleted): restart once {job.base}/"
+                         "checkpoints/ can be read"), line  # fmt: skip
+    assert not STEP_LINE.findall(output), "it trained"
+    assert job.checkpoints.list_files() == before, "something was written or deleted"
+    job.assert_resumes_from("restart", f"checkpoint-{STEPS}", nproc=1)
+
+
+def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(job, tmp_path):
+    """Fault 3 (disk): the new machine's disk cannot hold the checkpoint: one line names
+    the disk, its free space and the checkpoint; nothing is trained or deleted."""
+    code, output = job.run("first", "--eval_strategy", "no", nproc=1)
+    assert code == 0, output[-3000:]
+    before = job.checkpoints.list_files()
+
+    with small_disk(tmp_path / "second" / "out", 8) as out:
+        code, output = job.run("second", "--eval_strategy", "no", nproc=1)
+        line = the_line(output, "error:")
+        assert re.match(rf"error: no space left on the disk mounted at {out} \([\d.]+ MB free "
+                        rf"of 8\.4 MB\) while downloading checkpoint-{STEPS} to "
+                        rf"out/checkpoint-{STEPS} ", line), line  # fmt: skip
+    assert code == 1
+    assert not STEP_LINE.findall(output), "it trained"
+    assert job.checkpoints.list_files() == before, "something was written or deleted"
+
+
+def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
+    """Fault 6: the disk fills up while checkpoint-4 is written. One line names the disk,
+    its free space and what was written; checkpoint-2's upload still finishes, and a
+    restart resumes from it."""
+    with small_disk(tmp_path / "first" / "out", 130) as out:  # one checkpoint: 87 MB
+        code, output = job.run("first", "--eval_strategy", "no", nproc=1)
+    assert code == 1, output[-3000:]
+    line = the_line(output, "error:")
+    assert re.match(rf"error: no space left on the disk mounted at {out} \([\d.]+ MB free of "
+                    rf"[\d.]+ MB\) while writing checkpoint-(\d+) to out/checkpoint-\d+ "
+                    rf"\(.*\); the newest complete checkpoint is {job.base}/checkpoints/"
+                    r"checkpoint-2, where a restart resumes$", line), line  # fmt: skip
+    assert job.complete() == ["checkpoint-2"]
+    job.assert_resumes_from("restart", "checkpoint-2", nproc=1)
+
+
+def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
+    """Fault 5: the model's upload is refused while checkpoint uploads are slow. The line
+    says the model there is incomplete (and it has no manifest) and names the checkpoint
+    that is complete once the slow uploads finished."""
+    job, proxy = proxied_job
+    run = job.start("first", "--eval_strategy", "no")
+    # Once training runs: the launcher's own write probe must pass first.
+    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    proxy.fault("POST|PUT", r"/model/", refuse=True)
+    proxy.fault("POST|PUT", r"/checkpoints/", delay=0.3)
+    code, output = run.finish(RUN_TIMEOUT)
+
+    assert code == 1, output[-3000:]
+    line = the_line(output, "error:")
+    assert line.startswith(f"error: uploading the final model to {job.base}/model/ failed "
+                           "(Forbidden: "), line  # fmt: skip
+    assert line.endswith(
+        f"the model there is incomplete (no {MANIFEST}); this node's copy at out/model is "
+        f"gone when the job ends; the newest complete checkpoint is {job.base}/checkpoints/"
+        f"checkpoint-{STEPS}, where a restart resumes"
+    ), line
+    assert job.model.read_text(MANIFEST) is None
+    assert f"checkpoint-{STEPS}" in job.complete()

@@ -1,0 +1,131 @@
+"""The pure decisions behind "a storage failure is never mistaken for a corrupt checkpoint":
+which stored files a listing proves wrong, which errors are worth retrying, and what a
+full disk's line says. (The faults themselves, in the real trainer: tests/test_faults.py.)"""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from google.api_core.exceptions import Forbidden, ServiceUnavailable, Unauthorized
+
+from tests.gcs_emulator import BUCKET, FlakyProxy
+from trainer.storage import store as storage
+from trainer.storage.checkpoints import (
+    CheckpointUnreadable,
+    find_resumable_checkpoint,
+    write_manifest,
+)
+from trainer.storage.faults import disk_full, disk_line, mount_point, permanent, refused
+from trainer.storage.store import FileEntry, differing, open_store
+
+MANIFEST_FILES = [
+    FileEntry("model.safetensors", 10, "AAAAAA=="),
+    FileEntry("rng.pth", 3, "BBBBBB=="),
+]
+
+
+def test_a_listing_proves_wrong_only_missing_files_and_other_sizes_or_checksums():
+    stored = {entry.path: entry for entry in MANIFEST_FILES}
+    assert differing(MANIFEST_FILES, stored) == []
+    assert (
+        differing(MANIFEST_FILES, {**stored, "extra.json": FileEntry("extra.json", 1, "C")}) == []
+    )
+    del stored["rng.pth"]
+    assert differing(MANIFEST_FILES, stored) == ["rng.pth"]
+    stored["model.safetensors"] = FileEntry("model.safetensors", 10, "ZZZZZZ==")
+    assert differing(MANIFEST_FILES, stored) == ["model.safetensors", "rng.pth"]
+    stored["model.safetensors"] = FileEntry("model.safetensors", 9, "AAAAAA==")
+    assert differing(MANIFEST_FILES, stored) == ["model.safetensors", "rng.pth"]
+
+
+def chained(outer: Exception, inner: Exception) -> Exception:
+    try:
+        try:
+            raise inner
+        except Exception as error:
+            raise outer from error
+    except Exception as error:  # noqa: BLE001 - the chained error is the value under test
+        return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 640 vs 512"),
+        RuntimeError("PytorchStreamWriter failed writing file data/3: file write failed"),
+        Exception("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"),
+        chained(RuntimeError("saving failed"), OSError(errno.ENOSPC, "No space left")),
+    ],
+)
+def test_a_full_disk_is_recognised_and_never_retried(error):
+    assert disk_full(error)
+    assert permanent(error)
+    assert not refused(error)
+
+
+REFUSALS = [Forbidden("denied"), Unauthorized("no token"),
+            chained(RuntimeError("download"), Forbidden("denied"))]  # fmt: skip
+OUTAGES = [ServiceUnavailable("try later"), ConnectionResetError(),
+           OSError(errno.EIO, "Input/output error"), TimeoutError()]  # fmt: skip
+
+
+@pytest.mark.parametrize("error", REFUSALS)
+def test_a_refusal_is_never_retried(error):
+    assert refused(error) and permanent(error)
+    assert not disk_full(error)
+
+
+@pytest.mark.parametrize("error", OUTAGES)
+def test_outages_and_dropped_connections_are_retried(error):
+    assert not permanent(error)
+
+
+def test_the_disk_line_names_the_mount_its_free_space_and_what_was_written(tmp_path):
+    target = tmp_path / "out" / "checkpoint-8"  # not created yet: its disk is tmp_path's
+    line = disk_line(target, "writing checkpoint-8")
+    mount = mount_point(tmp_path)
+    assert Path(mount).is_mount() or mount == Path("/")
+    assert line.startswith(f"no space left on the disk mounted at {mount} (")
+    assert line.endswith(f" while writing checkpoint-8 to {target}")
+    assert " MB free of " in line
+
+
+def write_checkpoint(store, name: str, content: bytes, local: Path) -> None:
+    """A complete checkpoint of one file in `store`: the file, then its manifest."""
+    folder = local / name
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(content)
+    entries = store.child(name).upload(folder)
+    write_manifest(store.child(name), {"files": [asdict(entry) for entry in entries]})
+
+
+def test_resume_skips_proven_corruption_but_stops_on_refused_reads(gcs, tmp_path, monkeypatch):
+    """checkpoint-4's stored bytes differ from its manifest: skipped for checkpoint-2.
+    Then the downloads are refused (403): the search stops at once, skipping nothing."""
+    store = open_store(f"gs://{BUCKET}/{uuid.uuid4().hex}/checkpoints")
+    write_checkpoint(store, "checkpoint-2", b"two", tmp_path / "made")
+    write_checkpoint(store, "checkpoint-4", b"four", tmp_path / "made")
+    (tmp_path / "made" / "checkpoint-4" / "weights.bin").write_bytes(b"FOUR!")
+    store.child("checkpoint-4")._put(tmp_path / "made" / "checkpoint-4", ["weights.bin"])
+
+    found = find_resumable_checkpoint(store, tmp_path / "local")
+    assert found == tmp_path / "local" / "checkpoint-2"
+    assert (found / "weights.bin").read_bytes() == b"two"
+
+    proxy = FlakyProxy(gcs)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    storage._process_client.cache_clear()
+    refusal = proxy.fault("GET", r"/weights\.bin\?alt=media", refuse=True)
+    try:
+        with pytest.raises(CheckpointUnreadable) as raised:
+            find_resumable_checkpoint(store, tmp_path / "fresh")
+    finally:
+        proxy.close()
+    assert raised.value.name == "checkpoint-2", "an unreadable checkpoint is not skipped"
+    assert refusal.hits == 1, "a refusal is not retried"
+    assert isinstance(raised.value.__cause__, Forbidden)
