@@ -139,6 +139,13 @@ def the_line(output: str, prefix: str) -> str:
     return lines[0]
 
 
+def stop_once_logged(run, text: str, what: str) -> tuple[int, str]:
+    """SIGTERM the run once its log shows `text`; its exit code and output."""
+    wait_until(lambda: text in run.log.read_text(), RUN_TIMEOUT, what)
+    run.terminate()
+    return run.finish(RUN_TIMEOUT)
+
+
 @pytest.fixture
 def job(tmp_path, demo_assets, gcs) -> Job:
     return Job(tmp_path, demo_assets, gcs)
@@ -191,10 +198,7 @@ def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
     """Fault 1 (SIGTERM): a stop during the last step's evaluation abandons the evaluation,
     saves the step on every rank and ends with one `preempted:` line."""
     run = job.start("first", hook=SLOW_EVALUATION)
-    wait_until(lambda: "evaluation batch" in run.log.read_text(), RUN_TIMEOUT,
-               "the last step's evaluation")  # fmt: skip
-    run.terminate()
-    code, output = run.finish(RUN_TIMEOUT)
+    code, output = stop_once_logged(run, "evaluation batch", "the last step's evaluation")
 
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
     line = the_line(output, "preempted:")
@@ -400,10 +404,8 @@ def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is
                     "no", "--save_total_limit", "2", nproc=1)  # fmt: skip
     wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
     proxy.fault("POST|PUT", r"/checkpoints/", delay=1.0)
-    wait_until(lambda: "warning: checkpoint uploads" in run.log.read_text(), RUN_TIMEOUT,
-               "uploads to fall a save behind")  # fmt: skip
-    run.terminate()
-    code, output = run.finish(RUN_TIMEOUT)
+    code, output = stop_once_logged(run, "warning: checkpoint uploads",
+                                    "uploads to fall a save behind")  # fmt: skip
 
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
     warning = the_line(output, "warning: checkpoint uploads")
