@@ -242,9 +242,12 @@ def test_a_deleted_bucket_is_fatal_at_the_first_failed_upload(gcs, tmp_path):
     wait_until(lambda: chief.uploaded, 60, "checkpoint-2's upload")
     storage._client().bucket(bucket).delete(force=True)
     chief.submit(node_checkpoint(tmp_path, 0, 4, 0))
-    assert chief.close(timeout=120)
-    assert chief.failures == ["checkpoint-4"]
+    wait_until(lambda: chief.fatal, 120, "checkpoint-4's upload to fail")
     assert chief.fatal == f"the bucket gs://{bucket} no longer exists"
+    chief.submit(node_checkpoint(tmp_path, 0, 6, 0))  # saved before training stops
+    assert chief.close(timeout=120)
+    assert chief.failures == ["checkpoint-4", "checkpoint-6"]
+    assert chief.errors["checkpoint-6"] == f"TransferError: {chief.fatal}", "not tried again"
 
 
 def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):

@@ -255,6 +255,8 @@ class CheckpointUploader:
         while (job := self._next()) is not None:
             snapshot, best = job
             try:
+                if self.fatal:  # the run is stopping: no attempt can succeed
+                    raise TransferError(self.fatal)
                 self._publish(snapshot, best)
             except PeerGaveUp as gave_up:
                 if gave_up.skipped:
