@@ -62,13 +62,15 @@ class Fault:
     """What the proxy does to requests whose method and (URL-decoded) path or body match
     (an upload names its object in the body's metadata part, a download in its path):
     `refuse` answers 403, `drop` closes the connection, `delay` holds it that many
-    seconds first. `hits` counts the requests it applied to."""
+    seconds first, `hold` until that event is set (a test then knows the request is in
+    flight for as long as it needs). `hits` counts the requests it applied to."""
 
     method: str
     path: re.Pattern
     refuse: bool = False
     drop: bool = False
     delay: float = 0.0
+    hold: threading.Event | None = None
     hits: int = 0
 
     def matches(self, method: str, text: str) -> bool:
@@ -97,7 +99,7 @@ class FlakyProxy:
         self.server.server_close()
 
     def fault(self, method: str, path: str, **action) -> Fault:
-        """From now on, do `action` (refuse=True, drop=True, delay=SECONDS) to requests
+        """From now on, do `action` (refuse=True, drop=True, delay=SECONDS, hold=EVENT) to requests
         whose method fully matches `method` (a regex: "GET", "POST|PUT") and whose decoded
         path and query, or the start of whose body, contain a match of `path` (a regex)."""
         rule = Fault(method, re.compile(path), **action)
@@ -120,6 +122,9 @@ class FlakyProxy:
     def _fault(self, method: str, path: str, body: bytes) -> str | None:
         rules = self._targeted(method, path, body)
         time.sleep(sum(rule.delay for rule in rules))
+        for rule in rules:
+            if rule.hold is not None:
+                rule.hold.wait()
         if any(rule.drop for rule in rules):
             return "drop"
         if any(rule.refuse for rule in rules):

@@ -9,6 +9,7 @@ from it rather than from step 1. docs/restarts.md ("Faults") lists what each sho
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import uuid
@@ -22,13 +23,16 @@ from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     assert_manifest_matches_store,
+    finish_all,
+    start_nodes,
     start_trainer,
     trainer_env,
     vertex_outputs,
     wait_until,
     with_start_hook,
 )
-from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
+from trainer.storage import store as storage
 from trainer.storage.checkpoints import MANIFEST, complete_checkpoints
 from trainer.storage.store import open_store
 
@@ -51,6 +55,16 @@ RUN = [
     "--logging_steps", "1",
     "--output_dir", "out",
 ]  # fmt: skip
+
+
+def run_flags(*extra: str) -> list[str]:
+    """RUN with `extra` (flag-value pairs) in place of RUN's own values for those flags: the
+    launcher refuses a flag given twice."""
+    replaced = set(extra[::2])
+    pairs = [RUN[i : i + 2] for i in range(0, len(RUN), 2)]
+    return [*(item for pair in pairs if pair[0] not in replaced for item in pair), *extra]
+
+
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) ", re.MULTILINE)
 
 SLOW_EVALUATION = """
@@ -76,9 +90,9 @@ Seq2SeqTrainer.prediction_step = _slow_prediction_step
 class Job:
     """One job's outputs in the emulator, and how to run the trainer on them."""
 
-    def __init__(self, tmp_path: Path, demo_assets, storage_host: str) -> None:
+    def __init__(self, tmp_path: Path, demo_assets, storage_host: str, bucket: str = BUCKET):
         self.tmp_path = tmp_path
-        self.base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
+        self.base = f"gs://{bucket}/{uuid.uuid4().hex}"
         self.checkpoints = open_store(f"{self.base}/checkpoints")
         self.model = open_store(f"{self.base}/model")
         self.inputs = ["--model_name_or_path", str(demo_assets.model_dir),
@@ -100,7 +114,7 @@ class Job:
         return self.start(name, *extra, hook=hook, nproc=nproc).finish(RUN_TIMEOUT)
 
     def start(self, name: str, *extra: str, hook: str | None = None, nproc: int = 2):
-        args = [*self.inputs, *RUN, "--nproc_per_node", str(nproc), *extra]
+        args = [*self.inputs, *run_flags(*extra), "--nproc_per_node", str(nproc)]
         return start_trainer(args, self.machine(name), self.env(hook))
 
     def complete(self) -> list[str]:
@@ -123,6 +137,13 @@ def the_line(output: str, prefix: str) -> str:
     lines = [line for line in output.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1, f"one {prefix!r} line expected:\n{output[-4000:]}"
     return lines[0]
+
+
+def stop_once_logged(run, text: str, what: str) -> tuple[int, str]:
+    """SIGTERM the run once its log shows `text`; its exit code and output."""
+    wait_until(lambda: text in run.log.read_text(), RUN_TIMEOUT, what)
+    run.terminate()
+    return run.finish(RUN_TIMEOUT)
 
 
 @pytest.fixture
@@ -177,10 +198,7 @@ def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
     """Fault 1 (SIGTERM): a stop during the last step's evaluation abandons the evaluation,
     saves the step on every rank and ends with one `preempted:` line."""
     run = job.start("first", hook=SLOW_EVALUATION)
-    wait_until(lambda: "evaluation batch" in run.log.read_text(), RUN_TIMEOUT,
-               "the last step's evaluation")  # fmt: skip
-    run.terminate()
-    code, output = run.finish(RUN_TIMEOUT)
+    code, output = stop_once_logged(run, "evaluation batch", "the last step's evaluation")
 
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
     line = the_line(output, "preempted:")
@@ -301,3 +319,123 @@ def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
     ), line
     assert job.model.read_text(MANIFEST) is None
     assert f"checkpoint-{STEPS}" in job.complete()
+
+
+def test_a_peers_refused_upload_abandons_that_checkpoint_and_the_next_completes(
+    proxied_job, demo_assets
+):
+    """Fault 4: node 1's part of checkpoint-2 is refused (403). Node 1 says so beside its
+    done-marker; the chief abandons checkpoint-2 at once (one line) instead of waiting
+    `--peer_upload_timeout` (30 min) for a marker that never comes; checkpoint-4 and the
+    model complete, and both nodes finish: checkpoint-4 holds all that checkpoint-2 did."""
+    job, proxy = proxied_job
+    refused = proxy.fault("POST|PUT", r"checkpoint-2/global_step2/zero_pp_rank_1_", refuse=True)
+    nodes = start_nodes(job.tmp_path / "job", demo_assets.model_dir, demo_assets.dataset_dir,
+                        run_flags("--eval_strategy", "no"), STORAGE_EMULATOR_HOST=proxy.url,
+                        **vertex_outputs(job.base))  # fmt: skip
+    chief, worker = finish_all(nodes, RUN_TIMEOUT)
+
+    assert refused.hits > 0, "nothing was refused: the test proved nothing"
+    abandoned = [line for line in chief.splitlines() if "checkpoint-2 abandoned" in line]
+    assert len(abandoned) == 1, chief[-3000:]
+    assert re.search(r"node 1 could not upload its part of checkpoint-2 \(Forbidden: ",
+                     abandoned[0]), abandoned[0]  # fmt: skip
+    assert "checkpoint-2 abandoned" in worker
+    assert job.complete() == [f"checkpoint-{STEPS}"]
+    assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
+    assert_manifest_matches_store(job.model)
+
+
+@pytest.fixture
+def bucket(gcs):
+    """A bucket of the test's own, which it may delete."""
+    name = f"doomed-{uuid.uuid4().hex[:8]}"
+    storage._client().create_bucket(name)
+    return name
+
+
+def delete_bucket(name: str) -> None:
+    """Delete a bucket that a run keeps writing to (the client's `force` refuses more than
+    256 objects; the service refuses a bucket that is not empty)."""
+    from google.api_core.exceptions import Conflict, NotFound
+
+    client = storage._client()
+    for _ in range(20):
+        for blob in client.list_blobs(name):
+            with contextlib.suppress(NotFound):  # retention deleted it meanwhile
+                blob.delete()
+        with contextlib.suppress(Conflict):  # an upload landed meanwhile: again
+            client.bucket(name).delete()
+            return
+    raise AssertionError(f"the bucket {name} could not be deleted")
+
+
+def test_a_deleted_bucket_stops_the_run_with_one_line(tmp_path, demo_assets, gcs, bucket):
+    """Fault 8: the bucket is deleted once checkpoint-2 is complete. The run stops at the
+    next failed upload, saying the bucket is gone, instead of training on for nothing."""
+    job = Job(tmp_path, demo_assets, gcs, bucket=bucket)
+    run = job.start("first", "--max_steps", "200", "--eval_strategy", "no", nproc=1)
+    try:
+        wait_until(lambda: "checkpoint-2" in job.complete(), RUN_TIMEOUT, "checkpoint-2")
+        delete_bucket(bucket)
+    except BaseException:
+        run.kill_node()
+        raise
+    code, output = run.finish(RUN_TIMEOUT)
+
+    assert code == 1, output[-3000:]
+    line = the_line(output, "error:")
+    assert re.match(rf"error: checkpoint uploads cannot succeed: the bucket gs://{bucket} no "
+                    r"longer exists; training stopped at step (\d+) rather than go on without "
+                    rf"saving; the checkpoints in {job.base}/checkpoints/ cannot be listed "
+                    r"\(NotFound: ", line), line  # fmt: skip
+    assert max(int(step) for step, _ in STEP_LINE.findall(output)) < 200
+
+
+def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is_kept(
+    proxied_job,
+):
+    """Fault 7: a save every step, each checkpoint request held 1 s. A newer save makes
+    the queued upload obsolete (one `warning:` line); a SIGTERM's checkpoint waits only
+    for the upload in progress, is complete within the grace period, and no step is lost.
+    Prints the figures docs/restarts.md quotes."""
+    job, proxy = proxied_job
+    run = job.start("first", "--max_steps", "200", "--save_steps", "1", "--eval_strategy",
+                    "no", "--save_total_limit", "2", nproc=1)  # fmt: skip
+    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    proxy.fault("POST|PUT", r"/checkpoints/", delay=1.0)
+    code, output = stop_once_logged(run, "warning: checkpoint uploads",
+                                    "uploads to fall a save behind")  # fmt: skip
+
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    warning = the_line(output, "warning: checkpoint uploads")
+    skipped = re.search(r"while (checkpoint-\d+) still waited", warning).group(1)
+    line = the_line(output, "preempted:")
+    stop = re.search(r": (checkpoint-(\d+)) is complete in .*, ([\d.]+) s after the stop", line)
+    assert stop, line
+    last_step = max(int(step) for step, _ in STEP_LINE.findall(output))
+    assert int(stop.group(2)) == last_step, "the stop checkpoint is not the last step"
+    complete = job.complete()
+    assert complete[-1] == stop.group(1), complete
+    assert skipped not in complete and job.checkpoints.child(skipped).read_text(MANIFEST) is None
+    print(
+        f"slow storage: stopped at step {last_step}, {stop.group(1)} complete "
+        f"{stop.group(3)} s after SIGTERM; steps lost: 0; skipped: {skipped}"
+    )
+
+
+def test_a_restart_with_another_process_count_says_which_count_the_checkpoint_needs(job):
+    """Fault 14: a ZeRO checkpoint saved by 2 processes, a restart with 1. DeepSpeed would
+    fail on every restart; the run says before training which count it needs."""
+    code, output = job.run("first", "--eval_strategy", "no", nproc=2)
+    assert code == 0, output[-3000:]
+
+    code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
+    assert code == CONFIG_ERROR_IN_TRAINING_EXIT_CODE, output[-3000:]
+    line = the_line(output, "error:")
+    assert line.startswith(
+        f"error: checkpoint-{STEPS} holds DeepSpeed ZeRO optimizer state split over 2 "
+        "processes, and this run has 1: DeepSpeed cannot load it into another count. Restart "
+        "with 2 processes in all"
+    ), line
+    assert not STEP_LINE.findall(output), "it trained"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.gcs_emulator import BUCKET, FlakyProxy
-from tests.helpers import assert_manifest_matches_store
+from tests.helpers import assert_manifest_matches_store, wait_until
 from tests.tiny_assets import TONE_CLIPS
 from trainer.common.errors import UserError
 from trainer.storage import store as storage
@@ -100,15 +100,15 @@ def node_checkpoint(tmp_path, node, step, shard_rank):
 def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path, monkeypatch):
     store = open_store(fresh_prefix())
     looked_for_the_worker = threading.Event()
-    read_text = type(store).read_text
+    list_files = type(store).list_files
 
-    def watched_read_text(self, name):
-        text = read_text(self, name)
-        if name == f"{NODE_MARKERS}/node-1.json" and text is None:
+    def watched_list_files(self):
+        listed = list_files(self)
+        if self.uri.endswith(f"/{NODE_MARKERS}") and "node-1.json" not in listed:
             looked_for_the_worker.set()
-        return text
+        return listed
 
-    monkeypatch.setattr(type(store), "read_text", watched_read_text)
+    monkeypatch.setattr(type(store), "list_files", watched_list_files)
     chief, worker = uploader(store, tmp_path, 0, 2), uploader(store, tmp_path, 1, 2)
     chief.submit(node_checkpoint(tmp_path, 0, 4, shard_rank=0))
     # The chief's part alone never makes the checkpoint complete: once the chief has
@@ -129,10 +129,10 @@ def test_manifest_is_written_last_listing_every_nodes_files(gcs, tmp_path, monke
 
 def test_retention_keeps_the_newest_and_the_best(gcs, tmp_path):
     store = open_store(fresh_prefix())
-    chief = uploader(store, tmp_path, 0, 1, keep=1)
-    for step in (2, 4, 6):
+    for step in (2, 4, 6):  # each uploaded before the next save: none is obsolete
+        chief = uploader(store, tmp_path, 0, 1, keep=1)
         chief.submit(node_checkpoint(tmp_path, 0, step, 0), best_checkpoint="checkpoint-2")
-    chief.close()
+        chief.close()
     assert complete_checkpoints(store) == ["checkpoint-2", "checkpoint-6"]
     assert "checkpoint-4" not in store.list_dirs()
 
@@ -149,12 +149,113 @@ def test_the_uploader_snapshots_before_the_trainer_deletes(gcs, tmp_path):
     assert complete_checkpoints(store) == ["checkpoint-8"]
 
 
+def settled(up: CheckpointUploader, name: str) -> bool:
+    """Whether `name`'s upload is over on that node, one way or another."""
+    return name in up.uploaded + up.failures + up.skipped
+
+
+@pytest.fixture
+def proxied_store(gcs, monkeypatch):
+    """A fresh store whose requests pass through a proxy that can refuse or hold them."""
+    proxy = FlakyProxy(gcs)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    storage._process_client.cache_clear()
+    try:
+        yield open_store(fresh_prefix()), proxy
+    finally:
+        proxy.close()
+
+
+def test_a_newer_save_makes_queued_uploads_obsolete_and_releases_their_snapshots(
+    proxied_store, tmp_path
+):
+    """Fault 7: while checkpoint-2 uploads (held by the proxy), checkpoint-4 and then
+    checkpoint-6 are saved: 4 is never uploaded, its snapshot is gone at once, and 6 is
+    next in line."""
+    store, proxy = proxied_store
+    held = threading.Event()
+    proxy.fault("POST|PUT", r"checkpoint-2/", hold=held)
+    chief = uploader(store, tmp_path, 0, 1)
+    assert chief.submit(node_checkpoint(tmp_path, 0, 2, 0)) == []
+    wait_until(lambda: chief.uploading == "checkpoint-2", 60, "checkpoint-2's upload")
+    assert chief.submit(node_checkpoint(tmp_path, 0, 4, 0)) == []
+    assert chief.submit(node_checkpoint(tmp_path, 0, 6, 0)) == ["checkpoint-4"]
+    assert sorted(p.name for p in (tmp_path / "staging-0").iterdir()) == [
+        "checkpoint-2", "checkpoint-6"]  # fmt: skip
+    held.set()
+    assert chief.close(timeout=120)
+    assert complete_checkpoints(store) == ["checkpoint-2", "checkpoint-6"]
+    assert "checkpoint-4" not in store.list_dirs()
+    assert chief.skipped == ["checkpoint-4"] and chief.failures == []
+
+
+def test_a_peers_refused_upload_abandons_that_checkpoint_at_once(proxied_store, tmp_path):
+    """Fault 4: node 1's part of checkpoint-2 is refused. The chief, which would wait 10
+    minutes for node 1's marker, abandons checkpoint-2 as soon as node 1 says so, and
+    checkpoint-4 completes."""
+    store, proxy = proxied_store
+    refused = proxy.fault("POST|PUT", r"checkpoint-2/global_step2/zero_pp_rank_1", refuse=True)
+    chief = CheckpointUploader(store, tmp_path / "staging-0", node_rank=0, num_nodes=2,
+                               is_global_main=True, keep=None, peer_timeout=600)  # fmt: skip
+    worker = uploader(store, tmp_path, 1, 2)
+    for step in (2, 4):
+        chief.submit(node_checkpoint(tmp_path, 0, step, shard_rank=0))
+        worker.submit(node_checkpoint(tmp_path, 1, step, shard_rank=1))
+        name = f"checkpoint-{step}"
+        wait_until(lambda: settled(chief, name) and settled(worker, name), 120,  # noqa: B023
+                   f"{name}'s uploads")  # fmt: skip
+    assert worker.close(timeout=60) and chief.close(timeout=60)
+
+    assert refused.hits > 0
+    assert worker.failures == chief.failures == ["checkpoint-2"]
+    assert chief.errors["checkpoint-2"].startswith(
+        "PeerGaveUp: node 1 could not upload its part of checkpoint-2 (Forbidden: "
+    ), chief.errors
+    assert complete_checkpoints(store) == ["checkpoint-4"]
+    assert chief.unsaved() == worker.unsaved() == [], "checkpoint-4 supersedes checkpoint-2"
+    assert chief.fatal is worker.fatal is None
+
+
+def test_uploads_refused_checkpoint_after_checkpoint_are_fatal(proxied_store, tmp_path):
+    store, proxy = proxied_store
+    proxy.fault("POST|PUT", r"checkpoint-\d+/", refuse=True)
+    chief = uploader(store, tmp_path, 0, 1)
+    for count, step in enumerate((2, 4, 6), start=1):
+        assert chief.fatal is None
+        chief.submit(node_checkpoint(tmp_path, 0, step, 0))
+        wait_until(lambda: len(chief.failures) == count, 120, f"checkpoint-{step} to fail")  # noqa: B023
+    assert chief.close(timeout=60)
+    assert chief.fatal.startswith(
+        f"3 checkpoints in a row (checkpoint-2, checkpoint-4, checkpoint-6) could not be "
+        f"saved to {store.uri} (last: Forbidden: "
+    ), chief.fatal
+    assert chief.unsaved() == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+def test_a_deleted_bucket_is_fatal_at_the_first_failed_upload(gcs, tmp_path):
+    """Fault 8: the bucket is deleted mid-run."""
+    bucket = f"gone-{uuid.uuid4().hex[:8]}"
+    storage._client().create_bucket(bucket)
+    store = open_store(f"gs://{bucket}/job/checkpoints")
+    chief = uploader(store, tmp_path, 0, 1)
+    chief.submit(node_checkpoint(tmp_path, 0, 2, 0))
+    wait_until(lambda: chief.uploaded, 60, "checkpoint-2's upload")
+    storage._client().bucket(bucket).delete(force=True)
+    chief.submit(node_checkpoint(tmp_path, 0, 4, 0))
+    wait_until(lambda: chief.fatal, 120, "checkpoint-4's upload to fail")
+    assert chief.fatal == f"the bucket gs://{bucket} no longer exists"
+    chief.submit(node_checkpoint(tmp_path, 0, 6, 0))  # saved before training stops
+    assert chief.close(timeout=120)
+    assert chief.failures == ["checkpoint-4", "checkpoint-6"]
+    assert chief.errors["checkpoint-6"] == f"TransferError: {chief.fatal}", "not tried again"
+
+
 def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
     store = open_store(fresh_prefix())
-    chief = uploader(store, tmp_path, 0, 1)
     for step in (3, 4):
+        chief = uploader(store, tmp_path, 0, 1)
         chief.submit(node_checkpoint(tmp_path, 0, step, 0))
-    chief.close()
+        chief.close()
     # checkpoint-4: a manifest whose CRC32C does not match a file's content
     manifest = json.loads(store.child("checkpoint-4").read_text(MANIFEST))
     manifest["files"][0]["crc32c"] = "AAAAAA=="

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
 import shutil
 import threading
@@ -133,8 +132,41 @@ def write_manifest(store: Store, content: dict) -> None:
     store.write_text(MANIFEST, json.dumps(content, indent=1))
 
 
+GIVE_UP_AFTER = 3
+"""Checkpoints in a row whose upload failed before uploads count as impossible: one may
+be a passing outage or one node's trouble, three in a row mean nothing will be saved."""
+
+
+class PeerGaveUp(TransferError):
+    """A peer node wrote that it will not upload its part of a checkpoint: it failed
+    (`skipped` False) or a newer save made the checkpoint obsolete there (`skipped`)."""
+
+    def __init__(self, name: str, node: int, reason: str, skipped: bool) -> None:
+        what = "skipped its part" if skipped else "could not upload its part"
+        super().__init__(f"node {node} {what} of {name} ({reason})")
+        self.skipped = skipped
+
+
+GAVE_UP_SUFFIX = ".gave-up.json"
+
+
+def gave_up_marker(node_rank: int) -> str:
+    """Where a peer says it will not upload its part: beside its done-marker."""
+    return f"{NODE_MARKERS}/node-{node_rank}{GAVE_UP_SUFFIX}"
+
+
 class CheckpointUploader:
-    """Runs on each node's local main process; uploads checkpoints one after another."""
+    """Runs on each node's local main process; uploads checkpoints one after another.
+
+    Only the newest save waits for the upload in progress: a newer one makes those still
+    queued obsolete (their staged snapshots are released at once), so uploads slower than
+    saves cost disk for two checkpoints at most, and a stop checkpoint is next in line.
+    A node that gives up on a checkpoint (failed or obsolete) says so in the store, next
+    to where its done-marker would be, so the chief abandons it at once instead of
+    waiting `peer_timeout` for a marker that never comes. `fatal` says why uploads cannot
+    succeed at all (the bucket is gone, or `GIVE_UP_AFTER` checkpoints failed in a row);
+    the training side stops the run on it.
+    """
 
     def __init__(
         self,
@@ -156,42 +188,124 @@ class CheckpointUploader:
         self.failures: list[str] = []
         self.errors: dict[str, str] = {}
         """Why each failed checkpoint failed (`Type: message`), by name."""
+        self.skipped: list[str] = []
+        """Checkpoints a newer save made obsolete before their upload started."""
+        self.uploaded: list[str] = []
+        """This node's part verified in the store (on the chief: the manifest written)."""
         self.submitted: list[str] = []
         self.uploading: str | None = None
-        self._jobs: queue.Queue[tuple[Path, str | None] | None] = queue.Queue()
+        self.uploading_since: float | None = None
+        self.fatal: str | None = None
+        self._failed_in_a_row = 0
+        self._pending: list[tuple[Path, str | None]] = []
+        self._to_announce: list[str] = []
+        self._closing = False
+        self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
 
-    def submit(self, checkpoint_dir: Path, best_checkpoint: str | None = None) -> None:
-        """Snapshot the checkpoint now (the Trainer may delete it later) and queue it."""
+    def submit(self, checkpoint_dir: Path, best_checkpoint: str | None = None) -> list[str]:
+        """Snapshot the checkpoint now (the Trainer may delete it later) and queue it.
+        Returns the queued checkpoints it made obsolete (their uploads had not started)."""
         snapshot = self.staging_root / checkpoint_dir.name
         shutil.rmtree(snapshot, ignore_errors=True)
         shutil.copytree(checkpoint_dir, snapshot, copy_function=os.link)
-        self.submitted.append(checkpoint_dir.name)  # in order: the last is the newest
-        self._jobs.put((snapshot, best_checkpoint))
+        with self._changed:
+            obsolete = [path for path, _ in self._pending]
+            self._pending = [(snapshot, best_checkpoint)]
+            self.submitted.append(checkpoint_dir.name)  # in order: the last is the newest
+            self.skipped += [path.name for path in obsolete]
+            self._to_announce += [path.name for path in obsolete]
+            self._changed.notify()
+        for path in obsolete:
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("%s will not be uploaded: %s is newer", path.name, checkpoint_dir.name)
+        return [path.name for path in obsolete]
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait until every queued checkpoint is uploaded (or has failed), at most
         `timeout` seconds; whether the uploads are over. Uploads still running after a
         timeout are abandoned with the process: their checkpoint never gets a manifest."""
-        self._jobs.put(None)
+        with self._changed:
+            self._closing = True
+            self._changed.notify()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def unsaved(self) -> list[str]:
+        """Failed checkpoints newer than this node's newest upload: work the store lacks.
+        (An older failure is superseded by a newer checkpoint.)"""
+        newest = self.submitted.index(self.uploaded[-1]) if self.uploaded else -1
+        return [name for name in self.failures if self.submitted.index(name) > newest]
+
+    def _next(self) -> tuple[Path, str | None] | None:
+        with self._changed:
+            while not self._pending and not self._closing:
+                self._changed.wait()
+            announce, self._to_announce = self._to_announce, []
+            job = self._pending.pop(0) if self._pending else None
+            self.uploading = job[0].name if job else None
+            self.uploading_since = time.monotonic()
+        for name in announce:
+            self._give_up(name, "a newer checkpoint was saved before its upload started",
+                          skipped=True)  # fmt: skip
+        return job
+
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next()) is not None:
             snapshot, best = job
-            self.uploading = snapshot.name
             try:
+                if self.fatal:  # the run is stopping: no attempt can succeed
+                    raise TransferError(self.fatal)
                 self._publish(snapshot, best)
+            except PeerGaveUp as gave_up:
+                if gave_up.skipped:
+                    self.skipped.append(snapshot.name)
+                    logger.info("%s abandoned: %s", snapshot.name, gave_up)
+                else:
+                    self._failed(snapshot.name, gave_up)
             except Exception as error:  # noqa: BLE001 - a failed upload must not stop training
-                logger.error("checkpoint %s was not saved to %s: %s", snapshot.name,
-                             self.store.uri, error)  # fmt: skip
-                self.failures.append(snapshot.name)
-                self.errors[snapshot.name] = brief(error)
+                self._failed(snapshot.name, error)
+            else:
+                self.uploaded.append(snapshot.name)
+                self._failed_in_a_row = 0
             finally:
                 self.uploading = None
                 shutil.rmtree(snapshot, ignore_errors=True)
+
+    def _failed(self, name: str, error: Exception) -> None:
+        """Record the failure, tell the chief (a peer), and decide whether uploads can
+        succeed at all."""
+        logger.error("%s abandoned: it was not saved to %s (%s)", name, self.store.uri,
+                     brief(error))  # fmt: skip
+        self.failures.append(name)
+        self.errors[name] = brief(error)
+        self._failed_in_a_row += 1
+        self._give_up(name, brief(error), skipped=False)
+        try:
+            gone = self.store.bucket_gone()
+        except Exception:  # noqa: BLE001 - unknown: the count in a row decides
+            gone = False
+        bucket = self.store.uri.split("/", 3)
+        if gone:
+            self.fatal = f"the bucket {'/'.join(bucket[:3])} no longer exists"
+        elif self._failed_in_a_row >= GIVE_UP_AFTER:
+            recent = self.failures[-GIVE_UP_AFTER:]
+            self.fatal = (
+                f"{len(recent)} checkpoints in a row ({', '.join(recent)}) could not be "
+                f"saved to {self.store.uri} (last: {brief(error)})"
+            )
+
+    def _give_up(self, name: str, reason: str, skipped: bool) -> None:
+        """A peer's word to the chief that its part of `name` will not come."""
+        if self.is_global_main:
+            return
+        marker = json.dumps({"node": self.node_rank, "reason": reason, "skipped": skipped})
+        try:
+            self.store.child(name).write_text(gave_up_marker(self.node_rank), marker)
+        except Exception as error:  # noqa: BLE001 - the chief then waits out peer_timeout
+            logger.warning("could not tell the chief that %s is abandoned: %s", name,
+                           brief(error))  # fmt: skip
 
     def _publish(self, snapshot: Path, best: str | None) -> None:
         started = time.monotonic()
@@ -208,14 +322,20 @@ class CheckpointUploader:
     def _write_manifest(self, target: Store, name: str) -> None:
         deadline = time.monotonic() + self.peer_timeout
         while True:
-            markers = [target.read_text(f"{NODE_MARKERS}/node-{r}.json") for r in
-                       range(self.num_nodes)]  # fmt: skip
-            if all(markers):
+            listed = target.child(NODE_MARKERS).list_files()
+            missing = [r for r in range(self.num_nodes) if f"node-{r}.json" not in listed]
+            if not missing:
                 break
+            for node in missing:
+                if f"node-{node}{GAVE_UP_SUFFIX}" in listed:
+                    word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
+                    raise PeerGaveUp(name, node, word.get("reason", "?"),
+                                     bool(word.get("skipped")))  # fmt: skip
             if time.monotonic() > deadline:
-                missing = [r for r, m in enumerate(markers) if not m]
                 raise TransferError(f"nodes {missing} did not finish uploading {name}")
             time.sleep(1)
+        markers = [target.read_text(f"{NODE_MARKERS}/node-{r}.json") for r in
+                   range(self.num_nodes)]  # fmt: skip
         entries = {}
         for marker in markers:
             for entry in json.loads(marker)["files"]:

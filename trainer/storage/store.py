@@ -155,6 +155,12 @@ class Store(ABC):
             pending = [e.path for e in expected if not _matches(local_root / e.path, e)]
         raise TransferError(f"download from {self.uri} failed for: {', '.join(pending)}")
 
+    def bucket_gone(self) -> bool:
+        """Whether the bucket that holds this store no longer exists (deleted mid-run):
+        every later write must fail, so a caller stops instead of retrying. A local
+        directory is recreated by any write, so it is never gone."""
+        return False
+
     def check_writable(self) -> None:
         """Write and delete a probe file, so a bad location fails before training."""
         probe = self.child(f".write-probe-{uuid.uuid4().hex}")
@@ -323,6 +329,9 @@ class GcsStore(Store):
             max_workers=TRANSFER_THREADS,
         )
         _raise_first(results)
+
+    def bucket_gone(self) -> bool:
+        return not self._bucket.exists(retry=_retry())
 
     def check_writable(self) -> None:
         try:

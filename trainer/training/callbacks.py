@@ -15,16 +15,32 @@ from transformers import TrainerCallback
 
 from trainer.storage.checkpoints import CheckpointUploader
 from trainer.storage.store import Store
+from trainer.training.failures import RunFailed
 from trainer.training.preemption import EvaluationStopped, StopRequest, agree
 
 logger = logging.getLogger(__name__)
 
 
+class UploadsImpossible(RunFailed):
+    """Checkpoint uploads cannot succeed at all (the bucket is gone, every upload
+    refused): training on would only produce work that no restart can resume."""
+
+
 class CheckpointSyncCallback(TrainerCallback):
-    """Hands every saved checkpoint to this node's uploader (see trainer/storage/checkpoints.py)."""
+    """Hands every saved checkpoint to this node's uploader (see trainer/storage/checkpoints.py),
+    warns once when uploads fall a whole save behind, and stops training when the uploader
+    finds that uploads cannot succeed at all."""
 
     def __init__(self, uploader: CheckpointUploader | None) -> None:
         self.uploader = uploader
+        self._warned = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.uploader is not None and self.uploader.fatal:
+            raise UploadsImpossible(
+                f"checkpoint uploads cannot succeed: {self.uploader.fatal}; training stopped "
+                f"at step {state.global_step} rather than go on without saving"
+            )
 
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
@@ -35,7 +51,23 @@ class CheckpointSyncCallback(TrainerCallback):
         if self.uploader is not None:
             best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            self.uploader.submit(checkpoint, best)
+            obsolete = self.uploader.submit(checkpoint, best)
+            if obsolete and not self._warned:
+                self._warned = True
+                print(backlog_warning(self.uploader, obsolete, checkpoint.name), flush=True)
+
+
+def backlog_warning(uploader: CheckpointUploader, obsolete: list[str], newest: str) -> str:
+    """The line for uploads that fell a whole save interval behind."""
+    since = uploader.uploading_since
+    running = f" ({time.monotonic() - since:.0f} s so far)" if since is not None else ""
+    return (
+        f"warning: checkpoint uploads to {uploader.store.uri} are slower than saves: "
+        f"{newest} was saved while {', '.join(obsolete)} still waited behind "
+        f"{uploader.uploading or 'an upload'}{running}, so only the newest is uploaded "
+        "next; a crash loses the steps since the newest complete checkpoint. Save less "
+        "often (--save_steps, --save_interval_minutes) or give the uploads more bandwidth."
+    )
 
 
 class TensorBoardSyncCallback(TrainerCallback):

@@ -54,6 +54,7 @@ from trainer.training.progress import (
     evaluation_logged_at,
 )
 from trainer.training.stream_training import streaming_trainer
+from trainer.training.world_size import check_world_size
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -88,6 +89,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     with args.main_process_first(desc="loading datasets"):
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
+    if resume_from:
+        check_world_size(Path(resume_from), args.world_size, args.deepspeed)
     trainer_class = task.trainer_class
     if is_stream(train_dataset):
         start = stream_start(resume_from, args.process_index, args.world_size)
@@ -183,8 +186,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         raise kept.failed(error, "syncing the TensorBoard logs") from error
     if uploader is not None:
         uploader.close()  # the last checkpoint's upload, however long it takes
-        if uploader.failures:
-            raise kept.failed(RunFailed(f"uploading {', '.join(uploader.failures)} failed"))
+        if unsaved := uploader.unsaved():  # older failures: a newer checkpoint holds more
+            raise kept.failed(RunFailed(f"uploading {', '.join(unsaved)} failed"))
     stop_if_requested(stop, place, kept)
     stop.uninstall()
     if place.is_global_main:
