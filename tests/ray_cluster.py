@@ -43,8 +43,11 @@ def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> Ra
     The nodes' environment is the trainer's test environment (cache, offline Hub): Ray
     workers inherit their node's environment, not the driver's."""
     port, dashboard_port = free_port(), free_port()
+    # `python` on the nodes is this environment's, as it is the image's on a real cluster
+    # (a submitted job's entrypoint runs `python -m trainer.ray`).
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     env = trainer_env(cache_dir, RAY_CHDIR_TO_TRIAL_DIR="0", RAY_USAGE_STATS_ENABLED="0",
-                      OMP_NUM_THREADS="1")  # fmt: skip
+                      OMP_NUM_THREADS="1", PATH=path)  # fmt: skip
     common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus_per_node),
               "--num-gpus", "0", "--disable-usage-stats"]  # fmt: skip
     head = [RAY, "start", "--head", "--port", str(port), "--temp-dir", str(root / "ray"),

@@ -43,7 +43,10 @@ def check_reachable(address: str) -> None:
 def connect(address: str, env) -> None:
     """Join the cluster as this job's driver; UserError for no cluster or another Ray."""
     check_reachable(address)
-    passed = {k: v for k, v in env.items() if k.startswith(PASSED_ENV)}
+    # A submitted job's runtime_env already reaches every worker (Ray refuses a second one
+    # naming the same variables, and its refusal prints their values).
+    in_job = "RAY_JOB_CONFIG_JSON_ENV_VAR" in env
+    passed = {} if in_job else {k: v for k, v in env.items() if k.startswith(PASSED_ENV)}
     try:
         ray.init(
             address=address,
