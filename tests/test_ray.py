@@ -181,12 +181,6 @@ def train_worker_pid(cluster, world_rank: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the job trains and delivers its model, then Ray 2.47's fit() fails listing "
-    "its results (os.path.relpath in _list_at_fs_path) when the driver runs as a submitted "
-    "job here; docs/ray.md says so",
-)
 def test_a_job_submitted_from_outside_runs_and_its_logs_come_back(cluster, tmp_path, demo_assets):
     env = {**cluster.env, "HF_TOKEN": "hf_not_printed_anywhere"}
     code, out, err = run("trainer.ray_submit", [

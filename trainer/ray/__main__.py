@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 
 from trainer.common.errors import UserError
@@ -20,6 +21,9 @@ from trainer.common.handoff import RUN_CONFIG_VARIABLE
 from trainer.common.quiet import silence_known_noise
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
+SUBMITTED_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor in the driver of a submitted job (ray/dashboard/modules/job/
+job_supervisor.py `_get_driver_env_vars`)."""
 REPORTED = ("checkpoint_dir", "best_checkpoint", "model_dir", "epoch")
 """Of Ray's result metrics, besides the Trainer's train_* and eval_* ones, what is printed."""
 PLAN_ENV_LEFT_TO_RAY = (RUN_CONFIG_VARIABLE, "OMP_NUM_THREADS")
@@ -71,6 +75,8 @@ def prepare(argv: list[str], launched_at: float):
     workers = plan_workers(asked, node_resources())
     hardware = worker_hardware(workers)
     config = resolve_and_check(training_argv, os.environ, hardware)
+    if SUBMITTED_JOB_VARIABLE in os.environ:
+        leave_the_jobs_copy_of_the_project(config)
     plan = build_launch_plan(config, os.environ, cache_dir(os.environ))
     worker_env = {k: v for k, v in plan.env.items() if k not in PLAN_ENV_LEFT_TO_RAY}
     worker_env |= accelerate_launch_env(config)
@@ -88,6 +94,22 @@ def prepare(argv: list[str], launched_at: float):
         flush=True,
     )
     return build_trainer(config, workers, asked, worker_env, launched_at), config
+
+
+def leave_the_jobs_copy_of_the_project(config) -> None:
+    """A submitted job's driver and workers start in Ray's unpacked copy of the project
+    (`runtime_env` working_dir), which Ray deletes while the job still runs (seen with Ray
+    2.47: the driver's own `fit()` then fails in `os.getcwd()`). Outputs must not land
+    there, and the driver leaves it before `fit()`."""
+    output_dir = config.flags["training"]["output_dir"]
+    if not os.path.isabs(output_dir):
+        raise UserError(
+            f"--output_dir {output_dir}: a submitted Ray job runs in Ray's temporary copy of "
+            "the project, deleted with the job: give an absolute path on the nodes (or a "
+            "shared mount), and --checkpoint_dir/--model_dir gs://... for outputs that "
+            "outlive the cluster."
+        )
+    os.chdir(tempfile.gettempdir())
 
 
 def accelerate_launch_env(config) -> dict[str, str]:
