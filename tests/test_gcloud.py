@@ -188,12 +188,18 @@ def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
     assert body["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200"}
     assert body["timeout"] == "7200s"
     image = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}"
-    assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest", f"{image}:builder"]
+    assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest", f"{image}:builder",
+                              f"{image}-ray:${{_TAG}}"]  # fmt: skip
 
     steps = {step["id"]: step for step in body["steps"]}
-    assert list(steps) == ["check-tag", "pull-previous", "build-builder", "build", "smoke-test"], (
-        "check the tag, pull, build, test; push last"
-    )
+    assert list(steps) == [
+        "check-tag",
+        "pull-previous",
+        "build-builder",
+        "build",
+        "smoke-test",
+        "build-ray",
+    ], "check the tag, pull, build, test; push last"
     pull = steps["pull-previous"]["args"][-1]
     assert f"docker pull {image}:$$tag" in pull and "for tag in builder latest;" in pull
     # The builder stage is built and tagged on its own: an image holds only its last stage,

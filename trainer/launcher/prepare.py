@@ -33,12 +33,22 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
         # As the plan sets for the training processes: the checks below import DeepSpeed,
         # which otherwise warns, on a node known to have no GPU, that it found none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    config, secrets = resolve_and_check(argv, env, hardware)
+    return build_launch_plan(config, env, cache_dir(env), secrets=secrets)
+
+
+def resolve_and_check(
+    argv: list[str], env: Mapping[str, str], hardware
+) -> tuple[RunConfig, dict[str, str]]:
+    """The run's configuration, its demo assets built and its inputs checked, and the values
+    of its `--secret`s: what every way in (this launcher, `python -m trainer.ray`) does
+    before anything is started."""
     config = resolve_run(argv, env, hardware)
     secrets = resolve_secrets(config.launcher.secret, env)  # --secret, before anything starts
     if config.demo is not None:  # built on every node (once; cached): nodes share no disk
         prepare_demo_assets(config.demo.model_dir.parent)
     check_inputs(config, {**env, **secrets})  # a gated model's check with the secret HF_TOKEN
-    return build_launch_plan(config, env, cache_dir(env), secrets=secrets)
+    return config, secrets
 
 
 def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:

@@ -25,7 +25,8 @@ class ProcessPlace:
         env = os.environ
         world, local_world = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", "1"))
         return cls(
-            node_rank=int(env.get("GROUP_RANK", "0")),
+            # torchrun sets GROUP_RANK; Ray Train sets NODE_RANK (python -m trainer.ray)
+            node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))),
             num_nodes=max(1, world // local_world),
             is_local_main=env.get("LOCAL_RANK", "0") == "0",
             is_global_main=env.get("RANK", "0") == "0",

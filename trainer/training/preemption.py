@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -51,6 +52,8 @@ class StopRequest:
         self.requested_at: float | None = None
 
     def install(self) -> None:
+        if not _in_main_thread():
+            return
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def uninstall(self) -> None:
@@ -58,6 +61,8 @@ class StopRequest:
         is failing (torchrun stops the echoes of a failure that way,
         trainer/training/failures.py) or has finished training. A SIGTERM that came meanwhile
         is delivered again now."""
+        if not _in_main_thread():
+            return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if self.requested:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -83,3 +88,10 @@ def agree(values: list[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=PartialState().device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor.tolist()
+
+
+def _in_main_thread() -> bool:
+    """Only the main thread may set signal handlers. Ray Train runs the training function
+    in a thread of its worker (python -m trainer.ray), and stops its workers itself: there
+    the SIGTERM handling is Ray's."""
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,200 @@
+"""`python -m trainer.ray` and `python -m trainer.ray_submit` on a real two-node Ray cluster
+started on this machine (tests/ray_cluster.py), and their refusals before anything waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import DEMO_SPEECH_FLAGS, free_port, trainer_env, wait_until
+from tests.ray_cluster import RAY, start_ray_cluster
+from tests.test_demo_learns import RESULT_LINE
+from trainer.common.errors import UserError
+from trainer.ray.cluster import plan_workers
+from trainer.ray.flags import RayArguments
+from trainer.storage.checkpoints import complete_checkpoints
+from trainer.storage.store import open_store
+
+TINY_RUN = [
+    *DEMO_SPEECH_FLAGS,
+    "--per_device_train_batch_size", "4",
+    "--eval_strategy", "no",
+    "--logging_steps", "1",
+    "--learning_rate", "1e-3",
+    "--seed", "7",
+    "--output_dir", "out",
+]  # fmt: skip
+STEP_LINE = re.compile(r"step (\d+)/(\d+) ")
+
+
+def run(module: str, args: list[str], env: dict, cwd, timeout: float = 900):
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
+
+
+# Refusals without a cluster, and the worker plan (pure) ---------------------------------------
+
+
+def test_no_cluster_at_the_address_is_one_error_line(tmp_path, demo_cache):
+    address = f"127.0.0.1:{free_port()}"
+    code, out, err = run("trainer.ray", ["--address", address], trainer_env(demo_cache), tmp_path)
+    assert code == 2
+    assert err.strip().splitlines() == [err.strip().splitlines()[-1]]
+    assert err.startswith(f"error: no Ray cluster at {address}"), err
+
+
+def test_submitting_to_no_dashboard_is_one_error_line(tmp_path, demo_cache):
+    address = f"http://127.0.0.1:{free_port()}"
+    code, out, err = run("trainer.ray_submit", ["--address", address],
+                         trainer_env(demo_cache), tmp_path)  # fmt: skip
+    assert code == 2
+    assert [line for line in err.splitlines() if line.strip()][-1].startswith(
+        f"error: no Ray cluster at {address}"
+    ), err
+
+
+GPU_NODES = [{"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}, {"CPU": 4}]
+
+
+def test_workers_default_to_every_gpu_and_fit_node_by_node():
+    workers = plan_workers(RayArguments(), GPU_NODES)
+    assert (workers.count, workers.use_gpu, workers.resources()) == (4, True, {"CPU": 1, "GPU": 1})
+    on_cpu = plan_workers(RayArguments(use_gpu=False), GPU_NODES)
+    assert (on_cpu.count, on_cpu.resources()) == (3, {"CPU": 1})
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        RayArguments(num_workers=5),
+        RayArguments(num_workers=2, gpus_per_worker=3),
+        RayArguments(use_gpu=True, num_workers=1, cpus_per_worker=9),
+    ],  # fmt: skip
+)
+def test_workers_the_nodes_can_never_hold_are_refused(asked):
+    """3 GPUs per worker fit no node of 2, though the cluster has 4 in all."""
+    with pytest.raises(UserError, match="cannot all be placed"):
+        plan_workers(asked, GPU_NODES)
+
+
+# On a real cluster ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, demo_cache):
+    started = start_ray_cluster(tmp_path_factory.mktemp("ray"), demo_cache)
+    yield started
+    started.stop()
+
+
+@pytest.mark.slow
+def test_more_workers_than_the_cluster_holds_fail_before_fit(cluster, tmp_path, demo_assets):
+    code, out, err = run("trainer.ray", ["--address", cluster.address, "--num_workers", "3",
+                                         *TINY_RUN], cluster.env, tmp_path)  # fmt: skip
+    assert code == 2, out + err
+    assert "error: 3 worker(s) of 1 CPU each cannot all be placed" in err
+    assert "step " not in out
+
+
+@pytest.mark.slow
+def test_the_demo_learns_with_two_ray_workers(cluster, tmp_path, spoken_assets):
+    """The demo recipe as shipped, on two Ray workers (one per node) instead of torchrun."""
+    started = time.monotonic()
+    code, out, err = run("trainer.ray", ["--address", cluster.address, "--num_workers", "2",
+                                         "--output_dir", "out"], cluster.env, tmp_path)  # fmt: skip
+    assert code == 0, (out + err)[-4000:]
+    result = RESULT_LINE.search(out)
+    assert result, out[-3000:]
+    assert float(result.group(2)) < 50, result.group(0)
+    assert "world size" not in err
+    first_step = re.search(r"time to first step: ([\d.]+) s", out)
+    print(f"ray demo: {time.monotonic() - started:.0f} s in all; {first_step.group(0)}")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
+    cluster, tmp_path, demo_assets
+):
+    """Kill the rank-1 worker's process once checkpoint-10 is complete: Ray starts the
+    workers again, they resume from the newest complete checkpoint, and the model ends
+    with the weights of a run never interrupted."""
+    from safetensors.torch import load_file
+
+    args = [*TINY_RUN, "--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir), "--max_steps", "20",
+            "--save_steps", "5", "--save_total_limit", "2", "--num_workers", "2",
+            "--address", cluster.address]  # fmt: skip
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    code, out, err = run("trainer.ray", [*args, "--checkpoint_dir", str(reference / "ckpt"),
+                                         "--model_dir", str(reference / "model")],
+                         cluster.env, reference)  # fmt: skip
+    assert code == 0, (out + err)[-3000:]
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    store = open_store(str(killed / "ckpt"))
+    log = (killed / "driver.log").open("w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "trainer.ray", *args, "--checkpoint_dir", str(killed / "ckpt"),
+         "--model_dir", str(killed / "model")],
+        cwd=killed, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: "checkpoint-10" in complete_checkpoints(store), 600, "checkpoint-10")
+        pid = train_worker_pid(cluster, world_rank=1)
+        os.kill(pid, 9)
+        driver.wait(timeout=900)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    output = (killed / "driver.log").read_text()
+    assert driver.returncode == 0, output[-4000:]
+    resumed = re.findall(r"resuming from out/checkpoint-(\d+)", output)
+    assert resumed and int(resumed[-1]) >= 10, output[-4000:]
+    after = [int(s) for s, _ in STEP_LINE.findall(output.split("resuming from")[-1])]
+    assert min(after) == int(resumed[-1]) + 1, "nothing trained twice past the checkpoint"
+    expected = load_file(reference / "model" / "model.safetensors")
+    got = load_file(killed / "model" / "model.safetensors")
+    worst = max((expected[k] - got[k]).abs().max().item() for k in expected)
+    assert worst < 1e-5, f"resumed weights differ from the uninterrupted run by {worst}"
+    print(f"killed worker pid {pid}; resumed from checkpoint-{resumed[-1]}; max diff {worst:.3g}")
+
+
+def train_worker_pid(cluster, world_rank: int) -> int:
+    """The process of the Ray Train worker of `world_rank`, from Ray's state API (the
+    workers are started in rank order, so the actors' pids sort the same way)."""
+    done = subprocess.run([RAY, "list", "actors", "--address", cluster.dashboard,
+                           "--filter", "class_name=RayTrainWorker", "--filter", "state=ALIVE",
+                           "--format", "json"], capture_output=True, text=True,
+                          env=cluster.env, check=True)  # fmt: skip
+    pids = sorted(actor["pid"] for actor in json.loads(done.stdout))
+    assert len(pids) == 2, done.stdout
+    return pids[world_rank]
+
+
+@pytest.mark.slow
+def test_a_job_submitted_from_outside_runs_and_its_logs_come_back(cluster, tmp_path, demo_assets):
+    env = {**cluster.env, "HF_TOKEN": "hf_not_printed_anywhere"}
+    code, out, err = run("trainer.ray_submit", [
+        "--address", cluster.dashboard, *TINY_RUN, "--max_steps", "2", "--num_workers", "1",
+        "--model_name_or_path", str(demo_assets.model_dir),
+        "--dataset_name", str(demo_assets.dataset_dir),
+        "--output_dir", str(tmp_path / "job-out"),
+        "--ray_storage_path", str(tmp_path / "ray-results")], env, tmp_path)  # fmt: skip
+    assert code == 0, (out + err)[-4000:]
+    job = re.search(r"submitted Ray job (\S+)", out).group(1)
+    assert f"Ray job {job}: SUCCEEDED" in out
+    assert "step 2/2" in out and "hf_not_printed_anywhere" not in out + err
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard)
+    assert str(client.get_job_status(job).value) == "SUCCEEDED"
+    assert "step 2/2" in client.get_job_logs(job)
