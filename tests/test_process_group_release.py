@@ -1,13 +1,18 @@
-"""A finished training process destroys its process group before the interpreter exits
-(trainer.training.distributed.release_process_group): left to the exit, gloo's threads
-can abort it."""
+"""The training processes' process group on CPU: one distributed state for all of them
+(trainer.training.distributed.use_gloo_on_cpu), destroyed before the interpreter exits
+(release_process_group): left to the exit, gloo's threads can abort it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import free_port
+from tests.helpers import REPO_ROOT, free_port
 from trainer.training.distributed import release_process_group
 
 
@@ -24,3 +29,35 @@ def test_a_finished_process_releases_its_process_group_once():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+PROCESS_GROUP_STATE = """
+import sys
+from accelerate import PartialState
+from trainer.training.distributed import use_gloo_on_cpu
+use_gloo_on_cpu(60, deepspeed=sys.argv[1] == "deepspeed")
+print(PartialState().distributed_type, PartialState().num_processes, flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [("ddp", "DistributedType.MULTI_CPU 2"), ("deepspeed", "DistributedType.DEEPSPEED 2")],
+)
+def test_two_cpu_processes_share_one_distributed_state(engine, expected, tmp_path):
+    """Without DeepSpeed, the CPU state must be a distributed one (MULTI_CPU), or the Trainer
+    never wraps the model in DDP and each rank trains alone; with DeepSpeed, DeepSpeed's."""
+    script = tmp_path / "state.py"
+    script.write_text(PROCESS_GROUP_STATE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT),
+           "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    if engine == "deepspeed":
+        env["ACCELERATE_USE_DEEPSPEED"] = "true"  # what accelerate launch sets for DeepSpeed
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(script), engine],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = [line for line in done.stdout.splitlines() if line.startswith("DistributedType")]
+    assert states == [expected, expected], done.stdout

@@ -67,7 +67,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     flags = config.parsed()
     task = flags.task
     startup.mark("flags")
-    use_gloo_on_cpu(flags.training.ddp_timeout)
+    use_gloo_on_cpu(flags.training.ddp_timeout, deepspeed=config.deepspeed_config is not None)
     set_seed(flags.training.seed)
     startup.mark("rendezvous")
     # The model is loaded before TrainingArguments exists on purpose: with a ZeRO-3 config,
