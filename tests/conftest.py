@@ -222,8 +222,8 @@ def dry_run(monkeypatch, capsys, tmp_path, text_assets):
         monkeypatch.delenv(name, raising=False)
     model_dir, dataset_dir = text_assets
 
-    def run(*args: str) -> tuple[int, str, str]:
-        argv = ["--task", "text-classification", "--model_name_or_path", str(model_dir),
+    def run(*args: str, model: Path = model_dir) -> tuple[int, str, str]:
+        argv = ["--task", "text-classification", "--model_name_or_path", str(model),
                 "--dataset_name", str(dataset_dir), *TEXT_COLUMNS, "--learning_rate", "3e-3",
                 *args, "--dry-run"]  # fmt: skip
         try:

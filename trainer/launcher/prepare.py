@@ -13,6 +13,7 @@ from trainer.config.resolve import RunConfig, resolve_run
 from trainer.launcher import hardware as node  # tests replace its detectors
 from trainer.launcher.demo_assets import prepare_demo_assets
 from trainer.launcher.hub_checks import check_hub_ids, check_hub_writes, hub_ids
+from trainer.launcher.model_plan import plan_model
 from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.launcher.secret_manager import resolve_secrets
 from trainer.launcher.training_checks import check_training_arguments
@@ -37,19 +38,23 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
     secrets = resolve_secrets(config.launcher.secret, env)  # --secret, before anything starts
     if config.demo is not None:  # built on every node (once; cached): nodes share no disk
         prepare_demo_assets(config.demo.model_dir.parent)
-    check_inputs(config, {**env, **secrets})  # a gated model's check with the secret HF_TOKEN
-    return build_launch_plan(config, env, cache_dir(env), secrets=secrets)
+    model = check_inputs(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
+    return build_launch_plan(config, env, cache_dir(env), secrets=secrets, model=model)
 
 
-def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
+def check_inputs(config: RunConfig, env: Mapping[str, str]) -> dict:
     """What the configuration names exists and can be used, and the TrainingArguments the
     training processes will build pass the checks that would otherwise fail in them
-    (trainer/launcher/training_checks.py): UserError otherwise. A dry run makes every
-    check but the write probes."""
+    (trainer/launcher/training_checks.py), and the model fits the GPU
+    (trainer/launcher/model_plan.py): UserError otherwise. A dry run makes every check but
+    the write probes. Returns the model's plan (parameters, memory per GPU)."""
     flags = config.parsed()
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
+    # before TrainingArguments: under ZeRO-3 they make every model built after them, even
+    # on the meta device, a DeepSpeed-partitioned one
+    model = plan_model(config, flags)
     args = check_training_arguments(flags, config.topology.world_size, config.hardware)
     if not config.launcher.skip_hub_check:
         ids = hub_ids(flags.model.model_name_or_path, None) + [
@@ -61,3 +66,4 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
         check_output_locations(
             resolve_output_locations(flags.outputs, env, flags.training.output_dir)
         )
+    return model

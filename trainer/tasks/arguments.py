@@ -44,8 +44,8 @@ class ModelArguments:
         default=None,
         metadata={
             "help": "Comma-separated module names that get adapters (default per model type: "
-            "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's and BERT's "
-            "query,value)."
+            "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's q_proj,v_proj; "
+            "BERT's query,value)."
         },
     )
     load_in_8bit: bool = field(

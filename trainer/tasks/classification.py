@@ -323,6 +323,22 @@ class ClassificationTask(Task):
             if name != model.base_model_prefix and any(True for _ in module.parameters())
         ]
 
+    def sequence_length(self, config: Any) -> int:
+        """The positions each encoder layer sees (at most)."""
+        raise NotImplementedError
+
+    def activation_values_per_sample(
+        self, model: PreTrainedModel, training: Any
+    ) -> tuple[int, int]:
+        """An encoder layer keeps about 17 s h values for s positions of width h with fused
+        attention (Korthikanti et al. 2022, sec. 4.1, as for Whisper in speech.py); with
+        checkpointing, each layer's input plus one layer being recomputed."""
+        config = model.config
+        positions, width = self.sequence_length(config), config.hidden_size
+        layer = 17 * positions * width
+        full = config.num_hidden_layers * layer
+        return full, config.num_hidden_layers * positions * width + layer
+
     def model_to_merge_into(self) -> PreTrainedModel:
         return self.load_model_and_processor(self.labels, quantized=False)[0]
 

@@ -104,6 +104,9 @@ class ImageClassificationTask(ClassificationTask):
 
         return AutoModelForImageClassification
 
+    def sequence_length(self, config) -> int:
+        return (config.image_size // config.patch_size) ** 2 + 1  # patches and [CLS]
+
     def load_model_and_processor(self, labels: LabelSet, quantized: bool = True):
         from transformers import AutoImageProcessor
 

@@ -21,14 +21,15 @@ if TYPE_CHECKING:
 
 DEFAULT_TARGET_MODULES = {
     "whisper": ("q_proj", "k_proj", "v_proj", "out_proj"),
-    "vit": ("query", "value"),
+    "vit": ("q_proj", "v_proj"),
     "bert": ("query", "value"),
     "roberta": ("query", "value"),
 }
 """Per model type, the modules that get adapters unless `--lora_target_modules` names
 others: Whisper's attention projections (encoder, decoder and cross-attention), and the
 query and value projections for ViT and BERT-style encoders, as in the LoRA paper (Hu et
-al. 2021, sec. 7.1)."""
+al. 2021, sec. 7.1). The names are transformers 5's (ViT's attention became q_proj/v_proj
+there; BERT's is still query/value)."""
 
 ADAPTER_DIRNAME = "adapter"
 """Where the delivered model folder keeps the trained adapter beside the merged model."""

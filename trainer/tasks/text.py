@@ -130,6 +130,9 @@ class TextClassificationTask(ClassificationTask):
 
         return AutoModelForSequenceClassification
 
+    def sequence_length(self, config) -> int:
+        return self.options.max_seq_length  # batches are padded to their longest text only
+
     def load_model_and_processor(self, labels: LabelSet, quantized: bool = True):
         from transformers import AutoTokenizer
 
