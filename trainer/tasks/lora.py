@@ -77,8 +77,9 @@ def weightless(model_class, path: str, cache_dir: str | None, **config_kwargs):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, cache_dir=cache_dir, **config_kwargs)
-    with torch.device("meta"):
-        return model_class.from_config(config)
+    with torch.device("meta"):  # an Auto class builds through from_config, others directly
+        build = getattr(model_class, "from_config", model_class)
+        return build(config)
 
 
 def with_lora(

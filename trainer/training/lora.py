@@ -7,7 +7,10 @@ The adapter stays beside it in `model/adapter/`, or alone with `--save_adapter_o
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+
+from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
 
 from trainer.tasks.base import Task
 from trainer.tasks.lora import ADAPTER_DIRNAME, merge_adapter
@@ -16,7 +19,7 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
 """What PEFT's `save_pretrained` writes (README.md: its model card of the adapter)."""
 
 
-def merge_delivered_adapter(task: Task, final_dir: Path) -> None:
+def merge_delivered_adapter(task: Task, final_dir: Path, args) -> None:
     """On the process that writes the model, after `Trainer.save_model(final_dir)`: the
     adapter moved to `final_dir/adapter`, and the merged full model saved in `final_dir`
     (its processor is already there). The merge reloads the pretrained weights in full
@@ -29,5 +32,19 @@ def merge_delivered_adapter(task: Task, final_dir: Path) -> None:
     for name in PEFT_FILES:
         if (final_dir / name).exists():
             shutil.move(final_dir / name, adapter_dir / name)
-    merged = merge_adapter(task.model_to_merge_into(), adapter_dir)
+    with without_zero3_init(args):
+        merged = merge_adapter(task.model_to_merge_into(), adapter_dir)
     merged.save_pretrained(final_dir)
+
+
+@contextmanager
+def without_zero3_init(args):
+    """Loading outside DeepSpeed ZeRO-3: while its config is registered (TrainingArguments
+    did that), `from_pretrained` partitions the model over the ranks, a collective the
+    other ranks, already past delivery, never join."""
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if getattr(args, "hf_deepspeed_config", None) is not None:
+            set_hf_deepspeed_config(args.hf_deepspeed_config)

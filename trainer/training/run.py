@@ -253,7 +253,7 @@ def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace, task
     try:
         trainer.save_model(str(final_dir))
         if place.is_global_main:
-            merge_delivered_adapter(task, final_dir)
+            merge_delivered_adapter(task, final_dir, trainer.args)
     except Exception as error:
         what = (
             disk_line(final_dir, "writing the final model")
