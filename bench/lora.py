@@ -155,8 +155,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     rows = [
-        measured_in_fresh_process(args.model, peft, args.batch_size, args.steps,
-                                  args.checkpointing)  # fmt: skip
+        measured_in_fresh_process(args.model, peft, args.batch_size, args.steps, args.checkpointing)
         for peft in ("none", "lora")
     ]
     print(table(rows))
