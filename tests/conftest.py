@@ -15,6 +15,7 @@ import yaml
 from tests.helpers import (  # noqa: F401
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
+    TEXT_COLUMNS,
     free_port,
     run_trainer,
     trainer_env,
@@ -23,6 +24,7 @@ from tests.helpers import (  # noqa: F401
 from trainer.config import recipes as config_file
 from trainer.config.demo import MODEL_DIRNAME, DemoAssets
 from trainer.data.sources import looks_like_path
+from trainer.launcher import main as launch
 from trainer.launcher.demo_assets import build_tiny_whisper, prepare_demo_assets
 
 CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
@@ -111,6 +113,21 @@ def text_assets(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def image_assets(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny ViT and the colour set, plus two training files no decoder can read."""
+    from tests.tiny_assets import build_tiny_vit, write_colour_images
+
+    root = tmp_path_factory.mktemp("image-assets")
+    build_tiny_vit(root / "vit")
+    write_colour_images(root / "colours")
+    red = root / "colours" / "train" / "red"
+    (red / "not-an-image.png").write_bytes(b"this is text, not a PNG")
+    whole = (red / "0000.png").read_bytes()
+    (red / "truncated.png").write_bytes(whole[: len(whole) // 2])
+    return root / "vit", root / "colours"
+
+
+@pytest.fixture(scope="session")
 def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
     """The demo's own assets, as `python -m trainer` builds them: the same tiny Whisper and
     about a thousand clips synthesized with espeak-ng (15-25 s to build). For tests in
@@ -191,3 +208,31 @@ def gcs(gcs_emulator, monkeypatch):
     storage._process_client.cache_clear()
     yield gcs_emulator
     storage._process_client.cache_clear()
+
+
+@pytest.fixture
+def dry_run(monkeypatch, capsys, tmp_path, text_assets):
+    """`python -m trainer --task text-classification ... ARGS --dry-run` in-process, in an
+    empty working directory; returns (exit code, stdout, stderr) and checks that nothing
+    was written there (no output directory, no log)."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    model_dir, dataset_dir = text_assets
+
+    def run(*args: str, model: Path = model_dir) -> tuple[int, str, str]:
+        argv = ["--task", "text-classification", "--model_name_or_path", str(model),
+                "--dataset_name", str(dataset_dir), *TEXT_COLUMNS, "--learning_rate", "3e-3",
+                *args, "--dry-run"]  # fmt: skip
+        try:
+            launch.main(argv)
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code
+        out, err = capsys.readouterr()
+        assert list(workdir.iterdir()) == [], "a dry run writes nothing"
+        return code, out, err
+
+    return run

@@ -31,11 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.common.cache import cache_dir, torch_extensions_dir
+from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 PERSISTENT_EXTENSIONS_DIR = torch_extensions_dir(os.environ, cache_dir())
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
+
+TEXT_COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
+"""What the sentiment set of `text_assets` needs as --dataset_name."""
 
 DEMO_SPEECH_FLAGS = ["--text_column_name", "transcription", "--language", "en"]
 """What the demo's speech set needs when it is given as --dataset_name."""
@@ -349,6 +353,25 @@ def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Dry runs -----------------------------------------------------------------------------------
+
+
+def assert_refused(result: tuple[int, str, str], message: str) -> None:
+    """Exit 2, one `error:` line holding `message`, and no plan printed."""
+    code, out, err = result
+    assert code == CONFIG_ERROR_EXIT_CODE, err
+    assert out == "", "the plan is printed only when every check passed"
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err, err
+
+
+def assert_planned(result: tuple[int, str, str]) -> dict:
+    """Exit 0 and the plan printed: what the launcher would exec."""
+    code, out, err = result
+    assert code == 0 and "error:" not in err, err
+    return json.loads(out)
 
 
 # Storage -------------------------------------------------------------------------------------

@@ -172,7 +172,10 @@ def test_the_image_reads_the_packages_dependencies_from_pyproject():
         [sys.executable, "-c", command[2]], cwd=REPO_ROOT, capture_output=True, text=True
     ).stdout.split()
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    assert listed == [dep.replace(" ", "") for dep in pyproject["project"]["dependencies"]]
+    project = pyproject["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["gpu"]
+    assert listed == [dep.replace(" ", "") for dep in wanted]
+    assert any(requirement_name(dep) == "bitsandbytes" for dep in listed), "--load_in_8bit"
     pins = constraint_pins()
     assert [dep for dep in listed if requirement_name(dep) not in pins] == []
 

@@ -8,7 +8,6 @@ import json
 import random
 import re
 import shutil
-from pathlib import Path
 
 import datasets
 import pytest
@@ -19,7 +18,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from tests.helpers import image_task, start_nodes, use_delivered_model
-from tests.tiny_assets import COLOURS, IMAGE_SPLITS, build_tiny_vit, write_colour_images
+from tests.tiny_assets import COLOURS, IMAGE_SPLITS
 from trainer.common.errors import UserError
 from trainer.config.flags import parse_flags
 from trainer.config.recipes import RECIPES_DIR, config_file_flags
@@ -28,19 +27,6 @@ CLASSES = sorted(COLOURS)
 TRAIN_IMAGES = IMAGE_SPLITS["train"] * len(COLOURS)
 ALLOW_FIXTURE_BAD = ("--max_bad_examples", "2")
 """The fixture's two undecodable training files, more than the default (1%) allows."""
-
-
-@pytest.fixture(scope="session")
-def image_assets(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny ViT and the colour set, plus two training files no decoder can read."""
-    root = tmp_path_factory.mktemp("image-assets")
-    build_tiny_vit(root / "vit")
-    write_colour_images(root / "colours")
-    red = root / "colours" / "train" / "red"
-    (red / "not-an-image.png").write_bytes(b"this is text, not a PNG")
-    whole = (red / "0000.png").read_bytes()
-    (red / "truncated.png").write_bytes(whole[: len(whole) // 2])
-    return root / "vit", root / "colours"
 
 
 def test_class_folders_become_the_label_set_of_the_model(image_assets):

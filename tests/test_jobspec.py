@@ -113,6 +113,7 @@ def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
         ["--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32],
         ["--machine_type", "a3-highgpu-8g", "--nodes", "1"],  # one node: NVLink only
         ["--machine_type", "a3-megagpu-8g", "--accept_tcp_between_nodes"],
+        ["--recipe", "whisper-large-v3-lora.yaml", "--machine_type", "g2-standard-12"],
     ],
 )
 def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):

@@ -8,10 +8,10 @@ import torch
 from trainer.config.deepspeed import resolve_deepspeed_config
 from trainer.config.hardware import Hardware
 from trainer.config.hardware_defaults import fast_defaults, flag_names
+from trainer.config.memory_estimate import TrainingFootprint, gradient_checkpointing_needed
 from trainer.config.resolve import resolve_run
 from trainer.launcher.plan import build_launch_plan
 from trainer.launcher.prepare import prepare_launch
-from trainer.training.memory import TrainingFootprint, gradient_checkpointing_needed
 
 A100 = Hardware(gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0),
                 cpu_count=96)  # fmt: skip
@@ -206,7 +206,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
 
 
 def test_zero_settings_are_read_from_the_deepspeed_config():
-    from trainer.training.memory import deepspeed_zero_settings
+    from trainer.config.memory_estimate import deepspeed_zero_settings
 
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero2"))) == (2, False)
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3"))) == (3, False)

@@ -20,6 +20,9 @@ import torch
 from transformers import EvalPrediction
 
 from tests.helpers import (
+    TEXT_COLUMNS,
+    assert_planned,
+    assert_refused,
     free_port,
     run_trainer,
     speech_task,
@@ -29,7 +32,6 @@ from tests.loopback_hub import running_hub
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_IN_TRAINING_EXIT_CODE
 from trainer.config.flags import parse_flags
 from trainer.config.training_arguments import training_arguments_before_launch
-from trainer.launcher import main as launch
 from trainer.tasks import load_task, task_names
 from trainer.tasks.classification import ClassificationTask, classification_metrics
 
@@ -74,53 +76,6 @@ ZERO3_AUTO = {
     "wall_clock_breakdown": False,
 }  # fmt: skip
 """The same file as transformers ships it now (e7a14199): "auto" wherever a flag decides."""
-
-TEXT_COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
-
-
-@pytest.fixture
-def dry_run(monkeypatch, capsys, tmp_path, text_assets):
-    """`python -m trainer --task text-classification ... ARGS --dry-run` in-process, in an
-    empty working directory; returns (exit code, stdout, stderr) and checks that nothing
-    was written there (no output directory, no log)."""
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    monkeypatch.chdir(workdir)
-    for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    model_dir, dataset_dir = text_assets
-
-    def run(*args: str) -> tuple[int, str, str]:
-        argv = ["--task", "text-classification", "--model_name_or_path", str(model_dir),
-                "--dataset_name", str(dataset_dir), *TEXT_COLUMNS, "--learning_rate", "3e-3",
-                *args, "--dry-run"]  # fmt: skip
-        try:
-            launch.main(argv)
-            code = 0
-        except SystemExit as exit_info:
-            code = exit_info.code
-        out, err = capsys.readouterr()
-        assert list(workdir.iterdir()) == [], "a dry run writes nothing"
-        return code, out, err
-
-    return run
-
-
-def assert_refused(result: tuple[int, str, str], message: str) -> None:
-    """Exit 2, one `error:` line holding `message`, and no plan printed."""
-    code, out, err = result
-    assert code == CONFIG_ERROR_EXIT_CODE, err
-    assert out == "", "the plan is printed only when every check passed"
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert message in err, err
-
-
-def assert_planned(result: tuple[int, str, str]) -> dict:
-    """Exit 0 and the plan printed: what the launcher would exec."""
-    code, out, err = result
-    assert code == 0 and "error:" not in err, err
-    return json.loads(out)
-
 
 # --metric_for_best_model -------------------------------------------------------------------
 

@@ -48,6 +48,12 @@ ALLOWED = [
         "the same deprecation as all_gather_into_tensor, from older DeepSpeed code paths",
         FutureWarning,
     ),
+    KnownNoise(
+        r"`is_gradient_checkpointing` is deprecated",
+        "PEFT 0.21 reads transformers 5's renamed attribute by its old name when it adds "
+        "LoRA adapters (--peft lora); the value it gets is right",
+        FutureWarning,
+    ),
 ]
 
 PROGRESS_BAR_VARIABLES = {

@@ -14,6 +14,8 @@ class Hardware:
     cpu_count: int
     shm_bytes: int | None = None
     """The size of /dev/shm, where loader workers hand over batches (None: not present)."""
+    gpu_memory_bytes: int | None = None
+    """The smallest GPU's memory (None on a CPU node): what a training step must fit in."""
 
     @property
     def mixed_precision(self) -> str:

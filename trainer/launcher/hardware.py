@@ -33,12 +33,14 @@ def detect_hardware() -> Hardware:
                         cpu_count=cpu_count, shm_bytes=shm)  # fmt: skip
     count = torch.cuda.device_count()
     capabilities = [torch.cuda.get_device_capability(i) for i in range(count)]
+    memory = [torch.cuda.get_device_properties(i).total_memory for i in range(count)]
     return Hardware(
         gpu_count=count,
         gpu_name=torch.cuda.get_device_name(0),
         compute_capability=min(capabilities),
         cpu_count=cpu_count,
         shm_bytes=shm,
+        gpu_memory_bytes=min(memory),
     )
 
 

@@ -40,6 +40,9 @@ class LaunchPlan:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     """Secret variables for the launched processes (`--hub_token` as HF_TOKEN, `--secret`
     values): set like `env`, shown by name only."""
+    model: dict | None = None
+    """The model's plan (trainer/launcher/model_plan.py): trainable and total parameters,
+    and a training step's estimated memory per GPU."""
 
     def describe(self) -> dict:
         topology = self.config.topology
@@ -47,6 +50,7 @@ class LaunchPlan:
             "topology": {**asdict(topology), "world_size": topology.world_size},
             "hardware": asdict(self.config.hardware),
             "config": self.config.describe(),
+            "model": self.model,
             "command": self.argv,
             "env": {k: v for k, v in self.env.items() if k != RUN_CONFIG_VARIABLE}
             | {name: MASK for name in self.secret_env},
@@ -61,9 +65,11 @@ def build_launch_plan(
     cache_dir: Path,
     python: str = sys.executable,
     secrets: Mapping[str, str] | None = None,
+    model: dict | None = None,
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure). `secrets`:
-    the `--secret` variables' values (trainer/launcher/secret_manager.py)."""
+    the `--secret` variables' values (trainer/launcher/secret_manager.py); `model`: the
+    model's plan, shown by the dry run."""
     topology, hardware = config.topology, config.hardware
     handed_over, secret_env = config.without_secrets()
     argv = [
@@ -108,4 +114,4 @@ def build_launch_plan(
         env["DS_ACCELERATOR"] = "cpu"
         env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir(current_env, cache_dir))
     unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
-    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env)
+    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env, model)

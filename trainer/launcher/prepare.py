@@ -13,6 +13,7 @@ from trainer.config.resolve import RunConfig, resolve_run
 from trainer.launcher import hardware as node  # tests replace its detectors
 from trainer.launcher.demo_assets import prepare_demo_assets
 from trainer.launcher.hub_checks import check_hub_ids, check_hub_writes, hub_ids
+from trainer.launcher.model_plan import plan_model
 from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.launcher.secret_manager import resolve_secrets
 from trainer.launcher.training_checks import check_training_arguments
@@ -33,33 +34,37 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
         # As the plan sets for the training processes: the checks below import DeepSpeed,
         # which otherwise warns, on a node known to have no GPU, that it found none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    config, secrets = resolve_and_check(argv, env, hardware)
-    return build_launch_plan(config, env, cache_dir(env), secrets=secrets)
+    config, secrets, model = resolve_and_check(argv, env, hardware)
+    return build_launch_plan(config, env, cache_dir(env), secrets=secrets, model=model)
 
 
 def resolve_and_check(
     argv: list[str], env: Mapping[str, str], hardware
-) -> tuple[RunConfig, dict[str, str]]:
-    """The run's configuration, its demo assets built and its inputs checked, and the values
-    of its `--secret`s: what every way in (this launcher, `python -m trainer.ray`) does
-    before anything is started."""
+) -> tuple[RunConfig, dict[str, str], dict]:
+    """The run's configuration, its demo assets built and its inputs checked; the values of
+    its `--secret`s; the model's plan (parameters, memory per GPU): what every way in (this
+    launcher, `python -m trainer.ray`) does before anything is started."""
     config = resolve_run(argv, env, hardware)
     secrets = resolve_secrets(config.launcher.secret, env)  # --secret, before anything starts
     if config.demo is not None:  # built on every node (once; cached): nodes share no disk
         prepare_demo_assets(config.demo.model_dir.parent)
-    check_inputs(config, {**env, **secrets})  # a gated model's check with the secret HF_TOKEN
-    return config, secrets
+    model = check_inputs(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
+    return config, secrets, model
 
 
-def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
+def check_inputs(config: RunConfig, env: Mapping[str, str]) -> dict:
     """What the configuration names exists and can be used, and the TrainingArguments the
     training processes will build pass the checks that would otherwise fail in them
-    (trainer/launcher/training_checks.py): UserError otherwise. A dry run makes every
-    check but the write probes."""
+    (trainer/launcher/training_checks.py), and the model fits the GPU
+    (trainer/launcher/model_plan.py): UserError otherwise. A dry run makes every check but
+    the write probes. Returns the model's plan (parameters, memory per GPU)."""
     flags = config.parsed()
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
+    # before TrainingArguments: under ZeRO-3 they make every model built after them, even
+    # on the meta device, a DeepSpeed-partitioned one
+    model = plan_model(config, flags)
     args = check_training_arguments(flags, config.topology.world_size, config.hardware)
     if not config.launcher.skip_hub_check:
         ids = hub_ids(flags.model.model_name_or_path, None) + [
@@ -71,3 +76,4 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
         check_output_locations(
             resolve_output_locations(flags.outputs, env, flags.training.output_dir)
         )
+    return model

@@ -74,18 +74,20 @@ def prepare(argv: list[str], launched_at: float):
     connect(address, os.environ)
     workers = plan_workers(asked, node_resources())
     hardware = worker_hardware(workers)
-    config, secrets = resolve_and_check(training_argv, os.environ, hardware)
+    config, secrets, model = resolve_and_check(training_argv, os.environ, hardware)
     refuse_secret_values(config)
     if SUBMITTED_JOB_VARIABLE in os.environ:
         leave_the_jobs_copy_of_the_project(config)
-    plan = build_launch_plan(config, os.environ, cache_dir(os.environ), secrets=secrets)
+    plan = build_launch_plan(
+        config, os.environ, cache_dir(os.environ), secrets=secrets, model=model
+    )
     worker_env = {k: v for k, v in plan.env.items() if k not in PLAN_ENV_LEFT_TO_RAY}
     worker_env |= accelerate_launch_env(config)
     dry_run = config.launcher.dry_run
     for notice in config.notices:
         print(notice, file=sys.stderr if dry_run else sys.stdout, flush=True)
     if dry_run:
-        description = {"workers": workers.__dict__, "hardware": hardware.__dict__,
+        description = {"workers": workers.__dict__, "hardware": hardware.__dict__, "model": model,
                        "config": config.describe(), "worker_env": worker_env}  # fmt: skip
         print(json.dumps(description, indent=2, default=str))
         return None, config

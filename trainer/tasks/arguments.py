@@ -1,8 +1,10 @@
-"""The model flags every task reads (`--model_name_or_path` and its loading options)."""
+"""The model flags every task reads: `--model_name_or_path`, its loading options, and how
+much of it trains (`--peft lora` and its settings, trainer/tasks/lora.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -24,3 +26,61 @@ class ModelArguments:
             "model that supports it), eager, or flash_attention_2 (needs the flash-attn package)."
         },
     )
+    peft: Literal["none", "lora"] = field(
+        default="none",
+        metadata={
+            "help": "lora: train low-rank adapters (PEFT) instead of every weight; the delivered "
+            "model is the merged full model. none: full fine-tuning."
+        },
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank (with --peft lora)."})
+    lora_alpha: int = field(
+        default=32, metadata={"help": "LoRA scaling numerator: updates are scaled by alpha/r."}
+    )
+    lora_dropout: float = field(
+        default=0.05, metadata={"help": "Dropout on the LoRA branch's input."}
+    )
+    lora_target_modules: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated module names that get adapters (default per model type: "
+            "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's q_proj,v_proj; "
+            "BERT's query,value)."
+        },
+    )
+    load_in_8bit: bool = field(
+        default=False,
+        metadata={
+            "help": "Load the frozen base model in 8 bits (bitsandbytes; with --peft lora, on a "
+            "CUDA GPU of compute capability 7.5+ only)."
+        },
+    )
+    save_adapter_only: bool = field(
+        default=False,
+        metadata={
+            "help": "With --peft lora, deliver only the adapter and processor, not the merged "
+            "full model."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.lora_r <= 0:
+            raise ValueError("--lora_r must be positive.")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError("--lora_dropout must be in [0, 1).")
+        lora_only = [
+            name
+            for name, value in (
+                ("--lora_target_modules", self.lora_target_modules),
+                ("--load_in_8bit", self.load_in_8bit),
+                ("--save_adapter_only", self.save_adapter_only),
+            )
+            if value
+        ]
+        if self.peft == "none" and lora_only:
+            raise ValueError(f"{', '.join(lora_only)} needs --peft lora.")
+
+    def target_modules(self) -> list[str] | None:
+        if not self.lora_target_modules:
+            return None
+        return [name.strip() for name in self.lora_target_modules.split(",") if name.strip()]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
+from trainer.tasks.lora import weightless, with_lora
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -137,6 +138,41 @@ class Task(ABC):
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         """The model to fine-tune and the processor saved next to it."""
+
+    def model_class(self) -> type[PreTrainedModel]:
+        """The transformers class `build_model_and_processor` loads, for a weightless copy
+        (`weightless_model`); imported when called, as the task modules load without it."""
+        raise NotImplementedError
+
+    def weightless_model(self) -> PreTrainedModel:
+        """The model to train, as `trained_model` will make it, on the meta device: module
+        names and parameter counts for the launcher's checks and memory estimate, in a
+        second and without a weight loaded (classification heads get two labels)."""
+        path, cache_dir = self.model_args.model_name_or_path, self.model_args.cache_dir
+        model = weightless(self.model_class(), path, cache_dir, **self.weightless_config())
+        return self.trained_model(model)
+
+    def weightless_config(self) -> dict:
+        """Config values the weightless copy needs beyond the checkpoint's own."""
+        return {}
+
+    def head_modules(self, model: PreTrainedModel) -> list[str]:
+        """Modules trained in full beside LoRA adapters: a head the task gave the model
+        fresh (the pretrained weights have nothing to adapt)."""
+        return []
+
+    def trained_model(self, model: PreTrainedModel) -> PreTrainedModel:
+        """What trains: `model` itself, or with `--peft lora` a PEFT model of frozen
+        weights and adapters (trainer/tasks/lora.py)."""
+        if self.model_args.peft != "lora":
+            return model
+        return with_lora(model, self.model_args, self.head_modules(model))
+
+    def model_to_merge_into(self) -> PreTrainedModel:
+        """The pretrained model as `build_model_and_processor` loaded it, in full precision
+        (never 8-bit), for merging the trained adapter into at delivery. Called after
+        `build_model_and_processor` on the same task."""
+        raise NotImplementedError
 
     @abstractmethod
     def data_collator(self, processor: Any) -> Callable[[list[dict]], dict]:

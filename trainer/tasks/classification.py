@@ -44,6 +44,7 @@ from trainer.data.sources import (
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
+from trainer.tasks.lora import eight_bit_loading
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -274,7 +275,9 @@ class ClassificationTask(Task):
     _class_weights: torch.Tensor | None = None
 
     @abstractmethod
-    def load_model_and_processor(self, labels: LabelSet) -> tuple[PreTrainedModel, Any]:
+    def load_model_and_processor(
+        self, labels: LabelSet, quantized: bool = True
+    ) -> tuple[PreTrainedModel, Any]:
         """The pretrained model with a head for `labels` (see `pretrained_kwargs`)."""
 
     @abstractmethod
@@ -294,8 +297,9 @@ class ClassificationTask(Task):
             print(self.labels.describe(), flush=True)
         return self.load_model_and_processor(self.labels)
 
-    def pretrained_kwargs(self, labels: LabelSet) -> dict:
-        """`from_pretrained` arguments that give the model a fresh head for our labels."""
+    def pretrained_kwargs(self, labels: LabelSet, quantized: bool = True) -> dict:
+        """`from_pretrained` arguments that give the model a fresh head for our labels
+        (loaded in 8 bits with `--load_in_8bit`, unless not `quantized`)."""
         return {
             "cache_dir": self.model_args.cache_dir,
             "attn_implementation": self.model_args.attn_implementation,
@@ -304,7 +308,39 @@ class ClassificationTask(Task):
             "label2id": labels.label2id,
             # a checkpoint fine-tuned on other classes has a head of another size
             "ignore_mismatched_sizes": True,
+            **(eight_bit_loading(self.model_args) if quantized else {}),
         }
+
+    def weightless_config(self) -> dict:
+        return {"num_labels": 2}
+
+    def head_modules(self, model: PreTrainedModel) -> list[str]:
+        """The classifier: every top-level module with weights outside the pretrained
+        body (`classifier` for ViT and BERT, `score` for some others)."""
+        return [
+            name
+            for name, module in model.named_children()
+            if name != model.base_model_prefix and any(True for _ in module.parameters())
+        ]
+
+    def sequence_length(self, config: Any) -> int:
+        """The positions each encoder layer sees (at most)."""
+        raise NotImplementedError
+
+    def activation_values_per_sample(
+        self, model: PreTrainedModel, training: Any
+    ) -> tuple[int, int]:
+        """An encoder layer keeps about 17 s h values for s positions of width h with fused
+        attention (Korthikanti et al. 2022, sec. 4.1, as for Whisper in speech.py); with
+        checkpointing, each layer's input plus one layer being recomputed."""
+        config = model.config
+        positions, width = self.sequence_length(config), config.hidden_size
+        layer = 17 * positions * width
+        full = config.num_hidden_layers * layer
+        return full, config.num_hidden_layers * positions * width + layer
+
+    def model_to_merge_into(self) -> PreTrainedModel:
+        return self.load_model_and_processor(self.labels, quantized=False)[0]
 
     def label_column(self) -> str | None:
         return self.options.label_column_name

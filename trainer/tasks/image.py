@@ -99,12 +99,20 @@ class ImageClassificationTask(ClassificationTask):
             )
         return LocalLayout(builder="imagefolder", splits=splits, columns=frozenset({IMAGE, LABEL}))
 
-    def load_model_and_processor(self, labels: LabelSet):
-        from transformers import AutoImageProcessor, AutoModelForImageClassification
+    def model_class(self):
+        from transformers import AutoModelForImageClassification
+
+        return AutoModelForImageClassification
+
+    def sequence_length(self, config) -> int:
+        return (config.image_size // config.patch_size) ** 2 + 1  # patches and [CLS]
+
+    def load_model_and_processor(self, labels: LabelSet, quantized: bool = True):
+        from transformers import AutoImageProcessor
 
         path = self.model_args.model_name_or_path
-        model = AutoModelForImageClassification.from_pretrained(
-            path, **self.pretrained_kwargs(labels)
+        model = self.model_class().from_pretrained(
+            path, **self.pretrained_kwargs(labels, quantized)
         )
         processor = AutoImageProcessor.from_pretrained(path, cache_dir=self.model_args.cache_dir)
         return model, processor

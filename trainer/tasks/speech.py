@@ -48,6 +48,7 @@ from trainer.data.sources import (
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
 from trainer.tasks.english_spelling import restore_english_spelling
+from trainer.tasks.lora import eight_bit_loading
 from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -218,13 +219,12 @@ class SpeechRecognitionTask(Task):
             self._length_column = training.length_column_name
 
     def build_model_and_processor(self):
-        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+        from transformers import WhisperProcessor
 
         path, cache_dir = self.model_args.model_name_or_path, self.model_args.cache_dir
         processor = WhisperProcessor.from_pretrained(path, cache_dir=cache_dir)
-        model = WhisperForConditionalGeneration.from_pretrained(
-            path, cache_dir=cache_dir, attn_implementation=self.model_args.attn_implementation
-        )
+        self._tokenizer = processor.tokenizer
+        model = self._pretrained(**eight_bit_loading(self.model_args))
         checkpoint = WhisperCheckpoint.from_loaded(path, model, processor)
         checkpoint.check_processor(self.options.max_duration_in_seconds)
         self._prompt = checkpoint.prompt(self.options.language, self.options.whisper_task)
@@ -236,6 +236,24 @@ class SpeechRecognitionTask(Task):
             model.freeze_encoder()
         self._max_label_length = model.config.max_target_positions
         return model, processor
+
+    def model_class(self):
+        from transformers import WhisperForConditionalGeneration
+
+        return WhisperForConditionalGeneration
+
+    def _pretrained(self, **loading):
+        return self.model_class().from_pretrained(
+            self.model_args.model_name_or_path,
+            cache_dir=self.model_args.cache_dir,
+            attn_implementation=self.model_args.attn_implementation,
+            **loading,
+        )
+
+    def model_to_merge_into(self):
+        model = self._pretrained()
+        use_prompt(self._prompt, model, self._tokenizer)
+        return model
 
     def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
         max_duration = (

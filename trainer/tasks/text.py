@@ -125,13 +125,21 @@ class TextClassificationTask(ClassificationTask):
                 )
         return table_layout(files, "the files of --train_file, --validation_file, --test_file")
 
-    def load_model_and_processor(self, labels: LabelSet):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    def model_class(self):
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification
+
+    def sequence_length(self, config) -> int:
+        return self.options.max_seq_length  # batches are padded to their longest text only
+
+    def load_model_and_processor(self, labels: LabelSet, quantized: bool = True):
+        from transformers import AutoTokenizer
 
         path = self.model_args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=self.model_args.cache_dir)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, **self.pretrained_kwargs(labels)
+        model = self.model_class().from_pretrained(
+            path, **self.pretrained_kwargs(labels, quantized)
         )
         limit = min(
             tokenizer.model_max_length,

@@ -32,6 +32,7 @@ from trainer.storage.checkpoints import (
 from trainer.storage.faults import brief, disk_full, disk_line
 from trainer.storage.locations import resolve_output_locations
 from trainer.storage.store import open_store
+from trainer.tasks.base import Task
 from trainer.training.callbacks import (
     CheckpointSyncCallback,
     HypertuneCallback,
@@ -43,6 +44,7 @@ from trainer.training.fabric import report_fabric
 from trainer.training.failures import RunFailed, is_peer_failure, root_cause
 from trainer.training.keep_work import EvaluationFailed, work_keeping_trainer
 from trainer.training.kept import WhatIsKept
+from trainer.training.lora import merge_delivered_adapter
 from trainer.training.memory import decide_gradient_checkpointing
 from trainer.training.preemption import EvaluationStopped, Stopped, StopRequest
 from trainer.training.progress import (
@@ -75,6 +77,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     # weight init fails on already-partitioned tensors (transformers 5.23: sinusoids() gets
     # an empty shape). Loaded normally, the model is partitioned when DeepSpeed starts.
     model, processor = task.build_model_and_processor()
+    model = task.trained_model(model)  # with --peft lora: frozen, with adapters
     checkpointing = None
     if config.gradient_checkpointing_left_open:
         checkpointing = decide_gradient_checkpointing(flags, model)
@@ -138,7 +141,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         if failed.step >= trainer.state.max_steps:  # the last step: its model is the result
             try:
                 kept.model = deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME,
-                                           locations, place)  # fmt: skip
+                                           locations, place, task)  # fmt: skip
             except ModelNotDelivered as also:
                 raise kept.failed(RunFailed(f"{failed}; {also}")) from root_cause(failed)
         raise kept.failed(failed) from root_cause(failed)
@@ -153,7 +156,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     if saver.stopped_at_step is not None:
         raise stopped_after_saving(saver, stop, uploader, locations.checkpoints, flags.outputs)
     trainer.save_metrics("train", result.metrics)
-    kept.model = deliver_or_fail(trainer, output_dir, locations, place, kept)
+    kept.model = deliver_or_fail(trainer, output_dir, locations, place, kept, task)
     stop_if_requested(stop, place, kept)
     # Everything after this point may fail without losing the run: the model is delivered.
     if eval_dataset is not None:
@@ -229,10 +232,10 @@ def stopped_after_saving(saver, stop, uploader, checkpoints: str, outputs) -> St
     return Stopped(f"{cause}: {name} {what} in {checkpoints}, {seconds:.1f} s after the stop")
 
 
-def deliver_or_fail(trainer, output_dir: Path, locations, place, kept: WhatIsKept) -> str:
+def deliver_or_fail(trainer, output_dir: Path, locations, place, kept: WhatIsKept, task) -> str:
     """`deliver_model`, or the run's one line when the delivery failed."""
     try:
-        return deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place)
+        return deliver_model(trainer, output_dir / FINAL_MODEL_DIRNAME, locations, place, task)
     except ModelNotDelivered as failed:
         raise kept.failed(failed) from root_cause(failed)
 
@@ -241,16 +244,19 @@ class ModelNotDelivered(RunFailed):
     """Saving or uploading the final model failed; the message says what is left where."""
 
 
-def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace) -> str:
+def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace, task: Task) -> str:
     """Save the final model and processor, and upload them to their destination, before
     anything else can fail: the final evaluation, metrics or uploads come after this. The
     model's manifest is written last: without it, the model there is incomplete.
 
     Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective);
-    the global main process writes and uploads. Returns where the model is.
+    the global main process writes (with `--peft lora`, merges: training/lora.py) and
+    uploads. Returns where the model is.
     """
     try:
         trainer.save_model(str(final_dir))
+        if place.is_global_main:
+            merge_delivered_adapter(task, final_dir, trainer.args)
     except Exception as error:
         what = (
             disk_line(final_dir, "writing the final model")

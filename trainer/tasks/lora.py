@@ -1,0 +1,137 @@
+"""`--peft lora`: low-rank adapters (PEFT) on a frozen pretrained model, and the merge that
+turns a trained adapter back into a plain full model for delivery.
+
+The launcher checks the adapter's target modules on a weightless copy of the model (built
+on the meta device from its config, in a second), so that an unknown module name or a model
+type without default targets is one line before launch instead of a failure after the
+training processes loaded the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.common.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from trainer.tasks.arguments import ModelArguments
+
+DEFAULT_TARGET_MODULES = {
+    "whisper": ("q_proj", "k_proj", "v_proj", "out_proj"),
+    "vit": ("q_proj", "v_proj"),
+    "bert": ("query", "value"),
+    "roberta": ("query", "value"),
+}
+"""Per model type, the modules that get adapters unless `--lora_target_modules` names
+others: Whisper's attention projections (encoder, decoder and cross-attention), and the
+query and value projections for ViT and BERT-style encoders, as in the LoRA paper (Hu et
+al. 2021, sec. 7.1). The names are transformers 5's (ViT's attention became q_proj/v_proj
+there; BERT's is still query/value)."""
+
+ADAPTER_DIRNAME = "adapter"
+"""Where the delivered model folder keeps the trained adapter beside the merged model."""
+
+
+def lora_targets(model_args: ModelArguments, model_type: str) -> list[str]:
+    """The module names that get adapters: `--lora_target_modules`, else the model type's
+    defaults; UserError when neither names any."""
+    given = model_args.target_modules()
+    if given:
+        return given
+    if model_type not in DEFAULT_TARGET_MODULES:
+        raise UserError(
+            f"--peft lora: no default target modules for model type {model_type!r} (defaults "
+            f"exist for {', '.join(DEFAULT_TARGET_MODULES)}); name them with "
+            "--lora_target_modules, e.g. --lora_target_modules q_proj,v_proj."
+        )
+    return list(DEFAULT_TARGET_MODULES[model_type])
+
+
+def check_targets(model: PreTrainedModel, targets: list[str]) -> None:
+    """Every target names at least one linear layer of `model` (as PEFT matches them: the
+    last parts of a module's dotted name); UserError listing the candidates otherwise. PEFT
+    itself refuses only when no target matches, and silently skips the others."""
+    import torch
+
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    unknown = [
+        target
+        for target in targets
+        if not any(name == target or name.endswith(f".{target}") for name in linear)
+    ]
+    if unknown:
+        leaves = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise UserError(
+            f"--lora_target_modules: {', '.join(unknown)} names no linear layer of "
+            f"{model.config.model_type}; its linear layers are {', '.join(leaves)}."
+        )
+
+
+def weightless(model_class, path: str, cache_dir: str | None, **config_kwargs):
+    """`model_class` built from `path`'s config on the meta device: module names and
+    parameter counts without loading (or allocating) a weight."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, cache_dir=cache_dir, **config_kwargs)
+    with torch.device("meta"):  # an Auto class builds through from_config, others directly
+        build = getattr(model_class, "from_config", model_class)
+        return build(config)
+
+
+def with_lora(
+    model: PreTrainedModel, model_args: ModelArguments, modules_to_save: list[str] | None = None
+):
+    """`model` frozen, with LoRA adapters on its target modules; `modules_to_save`: modules
+    trained in full beside them (a classifier head fresh for the labels)."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    targets = lora_targets(model_args, model.config.model_type)
+    check_targets(model, targets)
+    if model_args.load_in_8bit:
+        # fp32 layer norms and output head, and inputs that carry gradients into the
+        # frozen 8-bit layers (PEFT's recipe for quantized bases)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=targets,
+        modules_to_save=modules_to_save or None,
+    )
+    return get_peft_model(model, config)
+
+
+def merge_adapter(base: PreTrainedModel, adapter_dir: Path) -> PreTrainedModel:
+    """`base` (the pretrained model, as the task loaded it, in full precision) with the
+    adapter saved in `adapter_dir` merged into its weights: a plain model again, which
+    loads with `from_pretrained` and `pipeline()` without PEFT."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(trainable, total) parameters, counted on real or meta tensors alike."""
+    total = sum(parameter.numel() for parameter in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total
+
+
+def eight_bit_loading(model_args: ModelArguments) -> dict:
+    """`from_pretrained` arguments that load the frozen base in 8 bits on this process's
+    GPU with `--load_in_8bit` (the launcher refused it on a node without a suitable GPU);
+    none otherwise."""
+    if not model_args.load_in_8bit:
+        return {}
+    import os
+
+    from transformers import BitsAndBytesConfig
+
+    return {
+        "quantization_config": BitsAndBytesConfig(load_in_8bit=True),
+        "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))},
+    }
