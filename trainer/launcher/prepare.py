@@ -17,6 +17,7 @@ from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.launcher.secret_manager import resolve_secrets
 from trainer.launcher.training_checks import check_training_arguments
 from trainer.storage.locations import check_output_locations, resolve_output_locations
+from trainer.storage.run_records import RunIdentity, check_ownership, claim
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
@@ -45,8 +46,21 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
     """What the configuration names exists and can be used, and the TrainingArguments the
     training processes will build pass the checks that would otherwise fail in them
     (trainer/launcher/training_checks.py): UserError otherwise. A dry run makes every
-    check but the write probes."""
+    check but those of the output locations.
+
+    The output locations come first: a restart of a job whose run already ended stops
+    there (`RunAlreadyEnded`) before fetching any dataset, and a directory another job owns
+    is refused; the chief claims the directory for this job once every check has passed
+    (trainer/storage/run_records.py)."""
     flags = config.parsed()
+    dry_run = config.launcher.dry_run  # a dry run reads and writes no output location
+    identity = RunIdentity.from_env(env)
+    if not dry_run:
+        locations = resolve_output_locations(flags.outputs, env, flags.training.output_dir)
+        check_output_locations(locations)
+        owner = check_ownership(
+            locations.checkpoints, identity, flags.outputs.resume_from_output_dir
+        )
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
@@ -57,7 +71,5 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> None:
         ]
         check_hub_ids(ids, env, flags.model.cache_dir)
     check_hub_writes(args.push_to_hub, args.hub_token, env)
-    if not config.launcher.dry_run:  # a dry run writes nothing, not even a probe file
-        check_output_locations(
-            resolve_output_locations(flags.outputs, env, flags.training.output_dir)
-        )
+    if not dry_run and config.topology.node_rank == 0:
+        claim(locations.checkpoints, identity, owner)

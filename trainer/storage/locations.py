@@ -40,6 +40,12 @@ class OutputArguments:
         metadata={"help": "auto (the newest complete checkpoint, if any), never, or the path "
                   "or gs:// URI of one checkpoint."},
     )  # fmt: skip
+    resume_from_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Let this job continue the run of another job whose output "
+                  "directory this is (its checkpoints, then its model); without it, a "
+                  "directory another Vertex AI job owns is refused (docs/storage.md)."},
+    )  # fmt: skip
     tensorboard_sync_seconds: int = field(
         default=60, metadata={"help": "How often TensorBoard logs are synced."}
     )

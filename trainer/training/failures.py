@@ -41,9 +41,10 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 """How long a process whose collective broke waits before reporting (see report_failure)."""
 
 
-def report_failure(error: Exception, sleep=time.sleep) -> None:
+def report_failure(error: Exception, sleep=time.sleep) -> str:
     """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for).
+    the exception (the line torchrun's error box would otherwise stand in for). Returns
+    the line without `error: `.
 
     When one process fails, the collectives of the others break too ("connection closed by
     peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
@@ -66,9 +67,11 @@ def report_failure(error: Exception, sleep=time.sleep) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        return
+        return f"{place} stopped: a process on another node failed ({cause})"
     print_traceback(error)
-    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
+    line = f"{place} failed: {cause}"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    return line
 
 
 def without_secrets(text: str) -> str:
