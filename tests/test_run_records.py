@@ -142,9 +142,7 @@ def complete_checkpoint(outputs: str, step: int) -> None:
     write_manifest(open_store(f"{outputs}/checkpoints/checkpoint-{step}"), {"files": []})
 
 
-def test_a_restart_after_the_model_was_delivered_exits_0_before_launch(
-    launcher, outputs, tmp_path
-):
+def test_a_restart_after_the_model_was_delivered_exits_0_before_launch(launcher, outputs, tmp_path):
     assert launcher("111", outputs)[0] is None
     deliver(outputs, RunIdentity("111"), tmp_path)
 
@@ -221,8 +219,9 @@ def disk_full() -> OSError:
     ("error", "repeats"),
     [
         pytest.param(UserError("--metric_for_best_model bleu"), True, id="configuration"),
-        pytest.param(DataFault("shard train-3 has CRC32C x but index.json says y"), True,
-                     id="damaged-data"),  # fmt: skip
+        pytest.param(
+            DataFault("shard train-3 has CRC32C x but index.json says y"), True, id="damaged-data"
+        ),  # fmt: skip
         pytest.param(ValueError("metric backend exploded"), True, id="code"),
         pytest.param(storage_failure(Forbidden), False, id="refused"),
         pytest.param(storage_failure(ServiceUnavailable), False, id="outage"),
