@@ -81,8 +81,8 @@ with room for a busy 2-core machine. Without the deadline it never exits."""
 
 STOP_EXIT_BOUND = 90
 """Seconds from SIGTERM until both nodes have exited: the step in flight, the save, at
-most --stop_grace_seconds (25 s) of uploads and torchrun's 5 s margin, on a busy 2-core
-machine. Vertex AI's own bound (the Spot notice) is 30 s; docs/restarts.md."""
+most --stop_grace_seconds (8 s by default) of uploads and torchrun's 5 s margin, on a busy
+2-core machine. The bound a real stop must meet is 15 s (docs/restarts.md)."""
 
 
 def steps_logged(log: str) -> list[int]:
