@@ -15,7 +15,6 @@ from pathlib import Path
 
 from trainer.storage.store import open_store
 
-
 STOP_GRACE_SECONDS = 8
 """How long uploads get after SIGTERM by default. Compute Engine switches a Spot VM off 30 s
 after its notice, but GKE gives non-system pods only 15 s of those 30 (GKE's Spot VM
