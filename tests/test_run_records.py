@@ -258,6 +258,7 @@ NODE_RUN = [
     "--generation_max_length", "4",
     "--logging_steps", "1",
     "--ddp_timeout", "60",
+    "--stop_grace_seconds", "25",  # a failing node's uploads finish first, on a busy machine
     "--output_dir", "out",
 ]  # fmt: skip
 STEP_LINE = re.compile(rf"^step \d+/{STEPS} ", re.MULTILINE)

@@ -60,14 +60,13 @@ def report_failure(error: Exception, sleep=time.sleep) -> str:
     cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())[:500]}"
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
+        line = (
+            f"{place} stopped: a process on another node failed or its machine went away "
+            f"({cause}); the cause is in that node's log"
+        )
         if env.get("LOCAL_RANK", "0") == "0":
-            print(
-                f"error: {place} stopped: a process on another node failed or its machine "
-                f"went away ({cause}); the cause is in that node's log",
-                file=sys.stderr,
-                flush=True,
-            )
-        return f"{place} stopped: a process on another node failed ({cause})"
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return line
     print_traceback(error)
     line = f"{place} failed: {cause}"
     print(f"error: {line}", file=sys.stderr, flush=True)
