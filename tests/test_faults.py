@@ -54,6 +54,8 @@ RUN = [
     "--generation_max_length", "4",
     "--logging_steps", "1",
     "--output_dir", "out",
+    # the default 8 s (sized for GKE's 15 s notice) is too short on this busy 2-core machine
+    "--stop_grace_seconds", "25",
 ]  # fmt: skip
 
 

@@ -320,7 +320,9 @@ def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_pa
     }
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         args = pool["containerSpec"]["args"]
-        assert args[args.index("--save_interval_minutes") + 1] == "15"
+        assert args[args.index("--save_interval_minutes") + 1] == str(
+            jobspec.SPOT_SAVE_INTERVAL_MINUTES
+        )
     assert sent.scheduling.strategy.name == "SPOT"
     assert sent.scheduling.restart_job_on_worker_restart and not sent.scheduling.disable_retries
     assert sent.scheduling.max_wait_duration.total_seconds() == 4 * 3600

@@ -134,7 +134,10 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         args = list(pool.container_spec.args)
         expected_args = [options.recipe, "--deepspeed", options.deepspeed, *training_flags]
         if options.spot and "--save_interval_minutes" not in training_flags:
-            expected_args += ["--save_interval_minutes", "15"]  # a Spot job saves by time
+            expected_args += [
+                "--save_interval_minutes",
+                str(jobspec.SPOT_SAVE_INTERVAL_MINUTES),
+            ]  # a Spot job saves by time
         assert args == expected_args
         env = {item.name: item.value for item in pool.container_spec.env}
         expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)

@@ -200,3 +200,11 @@ def test_torchrun_waits_for_the_stop_grace_before_killing_on_sigterm():
         config = config_for(topology, CPU, "none", ("--stop_grace_seconds", str(grace)))
         plan = build_launch_plan(config, {}, Path("/cache"))
         assert plan.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == timeout
+
+
+def test_the_default_stop_fits_in_the_15_s_a_gke_pod_gets_of_a_spot_notice():
+    """GKE gives non-system pods 15 s of a Spot VM's 30 s notice, and Vertex AI documents
+    nothing: by default torchrun kills the training processes with 2 s of those 15 left."""
+    topology = Topology(1, 0, "127.0.0.1", 29500, 2, "chief")
+    plan = build_launch_plan(config_for(topology, CPU, "none"), {}, Path("/cache"))
+    assert int(plan.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 13

@@ -81,8 +81,8 @@ with room for a busy 2-core machine. Without the deadline it never exits."""
 
 STOP_EXIT_BOUND = 90
 """Seconds from SIGTERM until both nodes have exited: the step in flight, the save, at
-most --stop_grace_seconds (25 s) of uploads and torchrun's 5 s margin, on a busy 2-core
-machine. Vertex AI's own bound (the Spot notice) is 30 s; docs/restarts.md."""
+most --stop_grace_seconds (25 s in the test, 8 s by default) of uploads and torchrun's 5 s
+margin, on a busy 2-core machine. The bound a real stop must meet is 15 s (docs/restarts.md)."""
 
 
 def steps_logged(log: str) -> list[int]:
@@ -258,7 +258,11 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
     inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
     checkpoints = open_store(f"{base}/checkpoints")
 
-    nodes = start_nodes(tmp_path / "job", *inputs, RUN, **env)
+    # A real node's 8 s default is for real storage; on this busy 2-core machine the
+    # emulator's uploads may take longer (docs/restarts.md). The stop that overruns its grace
+    # is the test after this one.
+    stop_run = [*RUN, "--stop_grace_seconds", "25"]
+    nodes = start_nodes(tmp_path / "job", *inputs, stop_run, **env)
     wait_until(lambda: "checkpoint-10" in complete_checkpoints(checkpoints), 400,
                "checkpoint-10 in the store")  # fmt: skip
     nodes[1].terminate()

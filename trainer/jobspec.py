@@ -92,10 +92,15 @@ lines; NCCL warnings are what explains a multi-node hang."""
 
 MIN_BOOT_DISK_GB = 100
 
-SPOT_SAVE_INTERVAL_MINUTES = 15
+SPOT_SAVE_INTERVAL_MINUTES = 10
 """With --spot every node also saves by time (`--save_interval_minutes`, unless the training
-flags set it): a preemption that gives no time to save loses at most this much work,
-whatever the step time (docs/restarts.md)."""
+flags set it): a preemption whose stop checkpoint cannot be uploaded within the grace
+(whisper-medium and larger, at any rate; whisper-small unless uploads reach about
+1 GB/s) loses at most this much work, whatever the step time. 10 minutes is Young's
+optimum sqrt(2 x save cost x mean time between preemptions) for the largest shipped
+model's blocking save (whisper-large-v3, ~15 s) and an assumed 4 h between preemptions
+(Vertex AI publishes no rate): about 11 minutes (docs/restarts.md, "The save interval
+with --spot")."""
 
 DEFAULT_MAX_WAIT_HOURS = 24
 """Vertex AI's own default for a FLEX_START job's maxWaitDuration (1 day)."""

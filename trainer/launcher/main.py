@@ -24,6 +24,7 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.config.secrets import mask, secret_values
 from trainer.launcher.cuda_driver import ensure_cuda_driver
+from trainer.storage.run_records import RunAlreadyEnded
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
 
@@ -92,6 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
+    except RunAlreadyEnded as ended:  # a restart of a job that delivered, or failed for good
+        out = sys.stderr if ended.exit_code else sys.stdout
+        print(mask(ended.line, secrets), file=out, flush=True)
+        sys.exit(ended.exit_code)
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
         f"{topology.nproc_per_node} process(es) per node, world size {topology.world_size}, "

@@ -18,6 +18,7 @@ from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.launcher.secret_manager import resolve_secrets
 from trainer.launcher.training_checks import check_training_arguments
 from trainer.storage.locations import check_output_locations, resolve_output_locations
+from trainer.storage.run_records import RunIdentity, check_ownership, claim
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
@@ -57,8 +58,21 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> dict:
     training processes will build pass the checks that would otherwise fail in them
     (trainer/launcher/training_checks.py), and the model fits the GPU
     (trainer/launcher/model_plan.py): UserError otherwise. A dry run makes every check but
-    the write probes. Returns the model's plan (parameters, memory per GPU)."""
+    those of the output locations. Returns the model's plan (parameters, memory per GPU).
+
+    The output locations come first: a restart of a job whose run already ended stops
+    there (`RunAlreadyEnded`) before fetching any dataset, and a directory another job owns
+    is refused; the chief claims the directory for this job once every check has passed
+    (trainer/storage/run_records.py)."""
     flags = config.parsed()
+    dry_run = config.launcher.dry_run  # a dry run reads and writes no output location
+    identity = RunIdentity.from_env(env)
+    if not dry_run:
+        locations = resolve_output_locations(flags.outputs, env, flags.training.output_dir)
+        check_output_locations(locations)
+        owner = check_ownership(
+            locations.checkpoints, identity, flags.outputs.resume_from_output_dir
+        )
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
@@ -72,8 +86,6 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> dict:
         ]
         check_hub_ids(ids, env, flags.model.cache_dir)
     check_hub_writes(args.push_to_hub, args.hub_token, env)
-    if not config.launcher.dry_run:  # a dry run writes nothing, not even a probe file
-        check_output_locations(
-            resolve_output_locations(flags.outputs, env, flags.training.output_dir)
-        )
+    if not dry_run and config.topology.node_rank == 0:
+        claim(locations.checkpoints, identity, owner)
     return model

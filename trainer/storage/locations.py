@@ -15,6 +15,14 @@ from pathlib import Path
 
 from trainer.storage.store import open_store
 
+STOP_GRACE_SECONDS = 8
+"""How long uploads get after SIGTERM by default. Compute Engine switches a Spot VM off 30 s
+after its notice, but GKE gives non-system pods only 15 s of those 30 (GKE's Spot VM
+page) and Vertex AI documents nothing for training containers, so the whole stop must fit
+in 15 s: this grace, plus the launcher's margin to report and exit
+(trainer/launcher/plan.py SHUTDOWN_MARGIN_SECONDS, 5 s), leaves 2 s to spare. Which
+checkpoints fit: docs/restarts.md ("From SIGTERM to a complete checkpoint")."""
+
 
 @dataclass
 class OutputArguments:
@@ -40,6 +48,12 @@ class OutputArguments:
         metadata={"help": "auto (the newest complete checkpoint, if any), never, or the path "
                   "or gs:// URI of one checkpoint."},
     )  # fmt: skip
+    resume_from_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Let this job continue the run of another job whose output "
+                  "directory this is (its checkpoints, then its model); without it, a "
+                  "directory another Vertex AI job owns is refused (docs/storage.md)."},
+    )  # fmt: skip
     tensorboard_sync_seconds: int = field(
         default=60, metadata={"help": "How often TensorBoard logs are synced."}
     )
@@ -55,10 +69,11 @@ class OutputArguments:
                   "the work a crash loses whatever the step time."},
     )  # fmt: skip
     stop_grace_seconds: float = field(
-        default=25,
+        default=STOP_GRACE_SECONDS,
         metadata={"help": "On SIGTERM (Spot preemption, a stopped job) every rank finishes its "
                   "step and saves; uploads get this long from the signal before the process "
-                  "exits (a Spot VM is switched off 30 s after its notice)."},
+                  "exits (with the launcher's 5 s to exit, 13 s: GKE gives a pod 15 s of a "
+                  "Spot VM's 30 s notice, Vertex AI documents nothing; docs/restarts.md)."},
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -41,9 +41,10 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 """How long a process whose collective broke waits before reporting (see report_failure)."""
 
 
-def report_failure(error: Exception, sleep=time.sleep) -> None:
+def report_failure(error: Exception, sleep=time.sleep) -> str:
     """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for).
+    the exception (the line torchrun's error box would otherwise stand in for). Returns
+    the line without `error: `.
 
     When one process fails, the collectives of the others break too ("connection closed by
     peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
@@ -59,16 +60,17 @@ def report_failure(error: Exception, sleep=time.sleep) -> None:
     cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())[:500]}"
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
+        line = (
+            f"{place} stopped: a process on another node failed or its machine went away "
+            f"({cause}); the cause is in that node's log"
+        )
         if env.get("LOCAL_RANK", "0") == "0":
-            print(
-                f"error: {place} stopped: a process on another node failed or its machine "
-                f"went away ({cause}); the cause is in that node's log",
-                file=sys.stderr,
-                flush=True,
-            )
-        return
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        return line
     print_traceback(error)
-    print(f"error: {place} failed: {cause}", file=sys.stderr, flush=True)
+    line = f"{place} failed: {cause}"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    return line
 
 
 def without_secrets(text: str) -> str:

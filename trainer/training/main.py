@@ -28,6 +28,7 @@ from trainer.training.failures import (
     without_secrets,
 )
 from trainer.training.preemption import Stopped
+from trainer.training.run_end import remember_failure
 
 
 def main() -> None:
@@ -35,6 +36,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     silence_known_noise()  # before torch, DeepSpeed or datasets print anything
     launched_at = os.environ.get(LAUNCHED_AT_VARIABLE)
+    config = None  # for the record of a failure that a restart would repeat
     try:
         config_json = os.environ.get(RUN_CONFIG_VARIABLE)
         if not config_json or sys.argv[1:]:
@@ -48,13 +50,17 @@ def main() -> None:
         from trainer.config.resolve import RunConfig
         from trainer.training.run import train
 
-        train(RunConfig.from_json(config_json), float(launched_at) if launched_at else None)
+        config = RunConfig.from_json(config_json)
+        train(config, float(launched_at) if launched_at else None)
     except UserError as error:
+        line = without_secrets(str(error))
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
+            print(f"error: {line}", file=sys.stderr, flush=True)
+        remember_failure(config, error, line, CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
         sys.exit(CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
     except RunFailed as error:
         report_run_failed(error)
+        remember_failure(config, error, without_secrets(str(error)), 1)
         sys.exit(1)
     except Stopped as stopped:
         if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -64,7 +70,7 @@ def main() -> None:
         # an upload this process has given up on (its checkpoint keeps no manifest).
         os._exit(PREEMPTED_EXIT_CODE)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
-        report_failure(error)
+        remember_failure(config, error, report_failure(error), 1)
         sys.exit(1)
 
 

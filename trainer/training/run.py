@@ -55,6 +55,7 @@ from trainer.training.progress import (
     before_after_line,
     evaluation_logged_at,
 )
+from trainer.training.run_end import remember_delivery
 from trainer.training.stream_training import streaming_trainer
 from trainer.training.world_size import check_world_size
 
@@ -278,6 +279,8 @@ def deliver_model(trainer, final_dir: Path, locations, place: ProcessPlace, task
         f"final model and processor saved to {locations.model} (load with from_pretrained)",
         flush=True,
     )
+    # a restart of this job then stops before launch, saying the model is there
+    remember_delivery(locations.checkpoints, locations.model, trainer.state.global_step)
     return locations.model
 
 

@@ -1,0 +1,78 @@
+"""How this attempt ended, recorded for the launcher of the next one
+(trainer/storage/run_records.py): Vertex AI restarts a replica that exits non-zero (up to
+five times, then the whole job), and without a record every restart would train again,
+after a delivered model or up to the same failure. Only jobs the platform restarts (with a
+`CLOUD_ML_JOB_ID`) record anything.
+
+Recorded: a configuration error found in training (`UserError`, exit 78) and any failure
+whose causes hold no storage, network, disk or peer error: damaged data, a metric that
+raises, a bug. Not recorded, so that the restart resumes: a lost peer, a preemption (75,
+never routed here), a storage outage or refusal (which may be fixed meanwhile), a full
+disk, and a `RunFailed` with no cause (uploads that failed): when in doubt a restart costs
+some GPU time, while a wrongly recorded failure would end a job that could have finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from google.api_core.exceptions import GoogleAPIError
+from google.auth.exceptions import GoogleAuthError
+
+from trainer.common.errors import UserError
+from trainer.storage.faults import causes
+from trainer.storage.locations import resolve_output_locations
+from trainer.storage.run_records import RunIdentity, record_failure, record_model
+from trainer.storage.store import TransferError
+from trainer.training.failures import RunFailed, is_peer_failure
+
+if TYPE_CHECKING:  # resolve imports torch, which must load after main's noise filters
+    from trainer.config.resolve import RunConfig
+
+CURABLE = (GoogleAPIError, GoogleAuthError, TransferError, OSError)
+"""Storage and network errors (requests' and the socket's are OSErrors), and a full disk."""
+
+
+def would_repeat(error: BaseException) -> bool:
+    """Whether the same attempt, restarted from the same checkpoint, would fail the same way."""
+    if isinstance(error, UserError):
+        return True
+    if isinstance(error, RunFailed) and error.__cause__ is None:
+        return False
+    return not any(
+        isinstance(cause, CURABLE) or (isinstance(cause, Exception) and is_peer_failure(cause))
+        for cause in causes(error)
+    )
+
+
+def remember_failure(
+    config: RunConfig | None, error: BaseException, line: str, exit_code: int
+) -> None:
+    """Record this rank's failure (its one line, without `error: `) if it would repeat and
+    the platform restarts this job; a record that cannot be written only costs a retrain."""
+    identity = RunIdentity.from_env(os.environ)
+    if config is None or not identity.restartable or not would_repeat(error):
+        return
+    flags = config.parsed()
+    checkpoints = resolve_output_locations(
+        flags.outputs, os.environ, flags.training.output_dir
+    ).checkpoints
+    try:
+        record_failure(checkpoints, identity, int(os.environ.get("RANK", "0")), line, exit_code)
+    except Exception as failure:  # noqa: BLE001 - the run's own line is already out
+        logging.getLogger(__name__).warning("could not record the failure in %s: %s",
+                                            checkpoints, failure)  # fmt: skip
+
+
+def remember_delivery(checkpoints: str, model: str, step: int) -> None:
+    """Record that this job's model is delivered (its manifest written) at `step`."""
+    identity = RunIdentity.from_env(os.environ)
+    if not identity.restartable:
+        return
+    try:
+        record_model(checkpoints, identity, model, step)
+    except Exception as failure:  # noqa: BLE001 - the model is delivered; a restart retrains
+        logging.getLogger(__name__).warning("could not record the delivered model in %s: %s",
+                                            checkpoints, failure)  # fmt: skip
