@@ -264,3 +264,36 @@ def test_whisper_large_v3_on_one_l4_fits_with_lora(peft, deepspeed, world_size, 
     footprint = footprint_of(flags, flags.task.trained_model(model), world_size)
     assert flags.training.gradient_checkpointing
     assert (footprint.step_bytes(checkpointing=True) < usable_gpu_bytes(24 * GIB)) == fits
+
+
+@pytest.mark.slow
+def test_a_lora_run_with_gradient_checkpointing_saves_on_sigterm_and_resumes_there(
+    text_assets, tmp_path
+):
+    """LoRA composed with what a Spot job uses: gradient checkpointing (PEFT's frozen inputs
+    must still carry gradients through the recomputed layers), a save by time, and the
+    SIGTERM checkpoint, resumed by the next run, which then delivers a merged model."""
+    args = text_args(
+        text_assets, "--deepspeed", "zero2", "--max_steps", "12", "--save_steps", "100",
+        "--gradient_checkpointing", "true", "--save_interval_minutes", "60",
+        "--stop_grace_seconds", "25", "--logging_steps", "1",
+    )  # fmt: skip
+    env = with_start_hook(trainer_env(tmp_path / "cache"), tmp_path / "hooks", SLOW_STEPS)
+    job = start_trainer(args, tmp_path, env)
+    wait_until(lambda: "step 3/12" in job.log.read_text(), 300, "step 3")
+    job.terminate()
+    code, log = job.finish()
+    assert code == 75, log[-3000:]
+    (stopped,) = re.findall(r"^preempted: .*?(checkpoint-(\d+))", log, re.M)
+    assert 3 <= int(stopped[1]) < 12 and (tmp_path / "out" / stopped[0]).is_dir(), log[-2000:]
+
+    code, output = run_trainer(args, tmp_path, env)
+    assert code == 0, output[-3000:]
+    assert f"resuming from out/{stopped[0]}" in output
+    assert min(int(step) for step in re.findall(r"step (\d+)/12", output)) == int(stopped[1]) + 1
+    labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
+    assert sorted(labels["labels"]) == SENTIMENTS
+    # the adapters learnt through the recomputed layers: LoRA's B matrices start at zero
+    adapter = load_file(delivered(tmp_path) / "adapter" / "adapter_model.safetensors")
+    b_matrices = [weight for name, weight in adapter.items() if "lora_B" in name]
+    assert b_matrices and all(weight.abs().max() > 0 for weight in b_matrices)
