@@ -22,6 +22,7 @@ from tests.helpers import (
     assert_planned,
     assert_refused,
     checked_task,
+    make_shards_in_process,
     run_trainer,
     start_trainer,
     trainer_env,
@@ -297,3 +298,27 @@ def test_a_lora_run_with_gradient_checkpointing_saves_on_sigterm_and_resumes_the
     adapter = load_file(delivered(tmp_path) / "adapter" / "adapter_model.safetensors")
     b_matrices = [weight for name, weight in adapter.items() if "lora_B" in name]
     assert b_matrices and all(weight.abs().max() > 0 for weight in b_matrices)
+
+
+@pytest.mark.slow
+def test_a_streamed_lora_run_delivers_a_merged_model(text_assets, tmp_path):
+    """LoRA on a stream (a shard set, `--streaming` with `--max_steps`): the adapters train
+    on the examples as they stream by, and the merged model is delivered."""
+    model_dir, dataset_dir = text_assets
+    shards = tmp_path / "shards"
+    assert make_shards_in_process(dataset_dir, shards, "--task", "text-classification",
+                                  *TEXT_COLUMNS, "--shard_size_mb", "0.001") == 0  # fmt: skip
+    args = [
+        "--task", "text-classification", "--model_name_or_path", str(model_dir),
+        "--dataset_name", str(shards), *TEXT_COLUMNS, "--streaming", "true", "--max_steps", "6",
+        "--max_seq_length", "16", "--per_device_train_batch_size", "4", "--seed", "3",
+        "--learning_rate", "1e-2", "--deepspeed", "zero2", "--eval_strategy", "no",
+        *LORA, *TWO_PROCESSES,
+    ]  # fmt: skip
+    code, output = run_trainer(args, tmp_path, trainer_env(tmp_path / "cache"))
+    assert code == 0, output[-3000:]
+    assert "step 6/6" in output
+    labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
+    assert sorted(labels["labels"]) == SENTIMENTS
+    adapter = load_file(delivered(tmp_path) / "adapter" / "adapter_model.safetensors")
+    assert any(weight.abs().max() > 0 for name, weight in adapter.items() if "lora_B" in name)
