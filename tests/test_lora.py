@@ -322,3 +322,15 @@ def test_a_streamed_lora_run_delivers_a_merged_model(text_assets, tmp_path):
     assert sorted(labels["labels"]) == SENTIMENTS
     adapter = load_file(delivered(tmp_path) / "adapter" / "adapter_model.safetensors")
     assert any(weight.abs().max() > 0 for name, weight in adapter.items() if "lora_B" in name)
+
+
+@pytest.mark.slow
+def test_lora_under_plain_ddp_delivers_a_merged_model(text_assets, tmp_path):
+    """Without DeepSpeed the two processes are a DDP group: the frozen base weights take
+    no part in its gradient all-reduce, the adapters and the head do."""
+    args = text_args(text_assets, "--deepspeed", "none", "--max_steps", "4",
+                     "--eval_strategy", "no")  # fmt: skip
+    code, output = run_trainer(args, tmp_path, trainer_env(tmp_path / "cache"))
+    assert code == 0, output[-3000:]
+    labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
+    assert sorted(labels["labels"]) == SENTIMENTS
