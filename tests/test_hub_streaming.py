@@ -245,8 +245,8 @@ def test_two_processes_train_on_disjoint_hub_examples(hub, text_model, tmp_path)
     code, output = run_trainer(
         [*FLAGS, "--model_name_or_path", str(text_model), "--nproc_per_node", "2",
          "--per_device_train_batch_size", "5", "--shuffle_buffer_size", str(BUFFER),
-         "--eval_strategy", "no", "--save_strategy", "no", "--max_seq_length", "16",
-         "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
+         "--eval_strategy", "no", "--do_eval", "true", "--save_strategy", "no",
+         "--max_seq_length", "16", "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
         cwd=tmp_path, env=online_env(hub, tmp_path / "scratch"), timeout=300,
     )  # fmt: skip
     assert code == 0, output[-3000:]

@@ -522,7 +522,8 @@ def test_whisper_trains_from_shards_in_cloud_storage(tmp_path, spoken_assets, gc
          "--dataset_name", uri, *DEMO_SPEECH_FLAGS, "--streaming", "true",
          "--train_split_name", "train+test", "--max_steps", "3",
          "--per_device_train_batch_size", "4", "--save_strategy", "no",
-         "--eval_strategy", "no", "--max_eval_samples", "4", "--generation_max_length", "4",
+         "--eval_strategy", "no", "--do_eval", "true", "--max_eval_samples", "4",
+         "--generation_max_length", "4",
          "--stream_audit_dir", str(audit_dir), "--output_dir", "out"],
         cwd=tmp_path, env=env,
     )  # fmt: skip

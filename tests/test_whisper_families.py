@@ -30,6 +30,7 @@ TWO_STEPS = [
     "--max_eval_samples", "4",
     "--generation_max_length", "8",
     "--eval_strategy", "no",
+    "--do_eval", "true",  # evaluation after training only
     "--save_strategy", "no",
     "--logging_steps", "1",
     "--output_dir", "out",
