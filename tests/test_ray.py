@@ -21,15 +21,15 @@ from trainer.ray.flags import RayArguments
 from trainer.storage.checkpoints import complete_checkpoints
 from trainer.storage.store import open_store
 
-TINY_RUN = [
+TINY_TRAINING = [
     *DEMO_SPEECH_FLAGS,
     "--per_device_train_batch_size", "4",
     "--eval_strategy", "no",
     "--logging_steps", "1",
     "--learning_rate", "1e-3",
     "--seed", "7",
-    "--output_dir", "out",
 ]  # fmt: skip
+TINY_RUN = [*TINY_TRAINING, "--output_dir", "out"]
 STEP_LINE = re.compile(r"step (\d+)/(\d+) ")
 
 
@@ -184,7 +184,7 @@ def train_worker_pid(cluster, world_rank: int) -> int:
 def test_a_job_submitted_from_outside_runs_and_its_logs_come_back(cluster, tmp_path, demo_assets):
     env = {**cluster.env, "HF_TOKEN": "hf_not_printed_anywhere"}
     code, out, err = run("trainer.ray_submit", [
-        "--address", cluster.dashboard, *TINY_RUN, "--max_steps", "2", "--num_workers", "1",
+        "--address", cluster.dashboard, *TINY_TRAINING, "--max_steps", "2", "--num_workers", "1",
         "--model_name_or_path", str(demo_assets.model_dir),
         "--dataset_name", str(demo_assets.dataset_dir),
         "--output_dir", str(tmp_path / "job-out"),
