@@ -280,7 +280,8 @@ def start_node(
 
     It gets a CLUSTER_SPEC for its pool and index (chief at 127.0.0.1:`port`), Vertex's
     node-level RANK/WORLD_SIZE, and its own directory `root/node{rank}` with its own copy
-    of the model and data: nodes share no disk. One training process per node. Starting
+    of the model and data: nodes share no disk. One training process per node, unless
+    `args` say otherwise (a flag is given once). Starting
     a node again in an existing directory is a restart on the same machine (its local
     files are still there); under a new `root` it is a fresh machine.
     """
@@ -296,9 +297,10 @@ def start_node(
             "task": {"type": pool, "index": index, "trial": "1"}}  # fmt: skip
     node_env = trainer_env(root / f"cache{rank}", CLUSTER_SPEC=json.dumps(spec),
                            RANK=str(rank), WORLD_SIZE=str(num_nodes), **env)  # fmt: skip
-    node_args = ["--model_name_or_path", str(node_dir / "model-in"),
-                 "--dataset_name", str(node_dir / "data"), "--nproc_per_node", "1",
-                 *args]  # fmt: skip
+    defaults = {"--model_name_or_path": str(node_dir / "model-in"),
+                "--dataset_name": str(node_dir / "data"), "--nproc_per_node": "1"}  # fmt: skip
+    node_args = [*(item for flag, value in defaults.items() if flag not in args
+                   for item in (flag, value)), *args]  # fmt: skip
     return start_trainer(node_args, cwd=node_dir, env=node_env, log_name=log_name)
 
 

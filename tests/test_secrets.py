@@ -329,10 +329,11 @@ def training_environments(launcher: psutil.Process) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_a_run_writes_and_prints_no_secret_and_its_processes_get_each(tmp_path, demo_assets):
-    """Canaries through every way in: `--hub_token=` and `--hub-token V` (the last wins, as
-    argparse has it), HF_TOKEN and WANDB_API_KEY in the environment, and a `--secret` from
-    the fake Secret Manager. Every byte the run wrote and printed is searched."""
-    canaries = {name: f"CANARY_{name}_7f1d" for name in "ABCDE"}
+    """Canaries through every way in: `--hub-token=V` (a flag is given once; the other
+    spellings are the dry-run tests above), HF_TOKEN and WANDB_API_KEY in the environment,
+    and a `--secret` from the fake Secret Manager. Every byte the run wrote and printed is
+    searched."""
+    canaries = {name: f"CANARY_{name}_7f1d" for name in "ACDE"}
     with running_fake({RESOURCE: canaries["E"]}) as fake:
         env = trainer_env(
             tmp_path / "cache",
@@ -346,7 +347,7 @@ def test_a_run_writes_and_prints_no_secret_and_its_processes_get_each(tmp_path, 
                 "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1",
                 "--logging_steps", "1", "--eval_strategy", "no",
                 "--per_device_train_batch_size", "2", "--output_dir", "out",
-                f"--hub_token={canaries['A']}", "--hub-token", canaries["B"],
+                f"--hub-token={canaries['A']}",
                 "--secret", f"MY_TOKEN={RESOURCE}"]  # fmt: skip
         trainer = start_trainer(args, cwd=tmp_path, env=env)
         launcher = psutil.Process(trainer.process.pid)
@@ -363,7 +364,7 @@ def test_a_run_writes_and_prints_no_secret_and_its_processes_get_each(tmp_path, 
     assert len(seen) == 2, "the run ended before its training processes were seen"
     for process_env in seen:  # compared, never printed
         assert process_env["MY_TOKEN"] == canaries["E"]
-        assert process_env["HF_TOKEN"] == canaries["B"], "the flag wins over the variable"
+        assert process_env["HF_TOKEN"] == canaries["A"], "the flag wins over the variable"
         assert process_env["WANDB_API_KEY"] == canaries["D"]
         assert not any(c in process_env[RUN_CONFIG_VARIABLE] for c in canaries.values())
 
