@@ -89,6 +89,25 @@ Seq2SeqTrainer.prediction_step = _slow_prediction_step
 """
 
 
+SLOW_STEPS = """
+# sitecustomize: each training step takes at least 0.5 s, so that a run cannot outpace
+# what a test does to its storage meanwhile (200 steps: 100 s or more).
+import time
+
+from transformers import Trainer
+
+_step = Trainer.training_step
+
+
+def _slow_training_step(self, *args, **kwargs):
+    time.sleep(0.5)
+    return _step(self, *args, **kwargs)
+
+
+Trainer.training_step = _slow_training_step
+"""
+
+
 class Job:
     """One job's outputs in the emulator, and how to run the trainer on them."""
 
@@ -376,7 +395,9 @@ def test_a_deleted_bucket_stops_the_run_with_one_line(tmp_path, demo_assets, gcs
     """Fault 8: the bucket is deleted once checkpoint-2 is complete. The run stops at the
     next failed upload, saying the bucket is gone, instead of training on for nothing."""
     job = Job(tmp_path, demo_assets, gcs, bucket=bucket)
-    run = job.start("first", "--max_steps", "200", "--eval_strategy", "no", nproc=1)
+    run = job.start(
+        "first", "--max_steps", "200", "--eval_strategy", "no", nproc=1, hook=SLOW_STEPS
+    )  # the bucket is gone long before step 200
     try:
         wait_until(lambda: "checkpoint-2" in job.complete(), RUN_TIMEOUT, "checkpoint-2")
         delete_bucket(bucket)
