@@ -59,6 +59,21 @@ def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
     (snapshot / ("config.json" if kind == "model" else "README.md")).write_text("{}")
 
 
+def use_hub_at(monkeypatch, url: str) -> None:
+    """This process leaves offline mode and asks the Hub at `url`, in its clients too:
+    huggingface_hub read `HF_ENDPOINT` when it was imported, so without its constants a
+    model's config would still be asked of huggingface.co (unreachable here: a DNS wait
+    and retries, about 23 s a run)."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

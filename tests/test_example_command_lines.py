@@ -16,6 +16,7 @@ import shlex
 import pytest
 
 from tests.conftest import warm_hub_cache
+from tests.helpers import use_hub_at
 from tests.loopback_hub import running_hub
 from trainer.launcher import hardware
 from trainer.launcher import main as launch
@@ -184,8 +185,7 @@ def example_hub_cache(tmp_path, monkeypatch):
         warm_hub_cache(cache, kind, repo_id)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     with running_hub({}, tokens={"hf_write": "write"}) as hub:
-        monkeypatch.delenv("HF_HUB_OFFLINE")
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        use_hub_at(monkeypatch, hub.url)
         monkeypatch.setenv("HF_TOKEN", "hf_write")
         yield
 

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.conftest import free_port, warm_hub_cache
+from tests.helpers import use_hub_at
 from trainer import jobspec
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
@@ -146,8 +147,7 @@ def test_cache_location_follows_the_libraries_variables(tmp_path):
 @pytest.fixture
 def ask_the_fake_hub(hub, monkeypatch):
     """This process leaves offline mode and talks to the loopback Hub instead."""
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    use_hub_at(monkeypatch, hub.url)
     return hub
 
 

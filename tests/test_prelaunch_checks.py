@@ -27,6 +27,7 @@ from tests.helpers import (
     run_trainer,
     speech_task,
     trainer_env,
+    use_hub_at,
 )
 from tests.loopback_hub import running_hub
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_IN_TRAINING_EXIT_CODE
@@ -209,8 +210,7 @@ def hub(monkeypatch):
     """A loopback Hub knowing a write token and a read token; this process leaves offline
     mode and talks to it."""
     with running_hub({}, tokens={"hf_write": "write", "hf_read": "read"}) as server:
-        monkeypatch.delenv("HF_HUB_OFFLINE")
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        use_hub_at(monkeypatch, server.url)
         yield server
 
 
@@ -236,9 +236,8 @@ def test_push_to_hub_with_a_refused_or_read_only_token_is_refused(dry_run, hub, 
 
 def test_push_to_hub_without_a_reachable_hub_is_refused(dry_run, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_write")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    use_hub_at(monkeypatch, endpoint)
     assert_refused(
         dry_run("--push_to_hub", "true"),
         f"Cannot reach the Hugging Face Hub at {endpoint} for --push_to_hub (ConnectError",
