@@ -69,8 +69,12 @@ def offline_hub_cache(tmp_path_factory) -> Path:
         for kind, flag in (("model", "model_name_or_path"), ("dataset", "dataset_name")):
             if content.get(flag) and not looks_like_path(content[flag]):
                 warm_hub_cache(cache, kind, content[flag])
+    from huggingface_hub import constants
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
+        # this process imported huggingface_hub before: its offline switch is read then
+        patch.setattr(constants, "HF_HUB_OFFLINE", True)
         patch.setenv("HF_HUB_CACHE", str(cache))
         yield cache
 

@@ -61,12 +61,13 @@ def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
 
 def use_hub_at(monkeypatch, url: str) -> None:
     """This process leaves offline mode and asks the Hub at `url`, in its clients too:
-    huggingface_hub read `HF_ENDPOINT` when it was imported, so without its constants a
-    model's config would still be asked of huggingface.co (unreachable here: a DNS wait
-    and retries, about 23 s a run)."""
+    huggingface_hub read `HF_ENDPOINT` and `HF_HUB_OFFLINE` when it was imported, so
+    without its constants a model's config would still be asked of huggingface.co
+    (unreachable here: a DNS wait and retries, about 23 s a run)."""
     from huggingface_hub import constants
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(

@@ -21,6 +21,9 @@ from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.launcher.hub_checks import check_hub_ids, hub_cache_dir, hub_ids
 
+AGENT_REGISTRY = "/api/agent-harnesses"
+"""huggingface_hub asks this once per process, best-effort, for its user-agent string (a
+404 means "no agent"): not a question about the ids."""
 EXISTING = {"/api/models/org/model", "/api/datasets/org/speech"}
 PRIVATE = {"/api/models/org/private", "/api/datasets/org/private"}
 
@@ -40,7 +43,8 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
-        self.server.requests.append((path, self.headers.get("Authorization")))
+        if path != AGENT_REGISTRY:
+            self.server.requests.append((path, self.headers.get("Authorization")))
         repo_id = path.split("/", 3)[-1]
         if path in EXISTING:
             self._reply(200, {"id": repo_id, "sha": "0" * 40, "private": False})
@@ -73,8 +77,10 @@ def hub():
 
 
 @pytest.fixture
-def online(hub, tmp_path):
-    """An environment that may ask the (loopback) Hub, with an empty cache of its own."""
+def online(hub, tmp_path, monkeypatch):
+    """An environment that may ask the (loopback) Hub, with an empty cache of its own, and
+    this process online as that environment says."""
+    use_hub_at(monkeypatch, hub.url)
     return {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test", "HF_HUB_CACHE": str(tmp_path / "hub")}
 
 

@@ -45,8 +45,9 @@ class LauncherArguments:
     skip_hub_check: bool = field(
         default=False,
         metadata={
-            "help": "Do not ask the Hugging Face Hub whether the model and dataset ids exist "
-            "(checked before launch unless they are local paths or in the local cache)."
+            "help": "Ask the Hugging Face Hub nothing before launch: not whether the model and "
+            "dataset ids exist (checked unless they are local paths or in the local cache), "
+            "nor the model's config for the dry run's plan (read from a local copy only)."
         },
     )
     secret: list[str] = field(

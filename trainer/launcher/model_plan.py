@@ -50,7 +50,7 @@ def plan_model(config: RunConfig, flags: ParsedFlags) -> dict:
     cannot run, or a step that does not fit the GPU."""
     check_eight_bit(flags, config.hardware, deepspeed_zero_settings(flags.training.deepspeed)[0])
     try:
-        model = flags.task.weightless_model()
+        model = flags.task.weightless_model(local_only=config.launcher.skip_hub_check)
     except OSError as error:  # a Hub id not reachable from here: the Hub check says more
         if flags.model.peft == "lora":
             raise UserError(

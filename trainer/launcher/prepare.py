@@ -76,15 +76,15 @@ def check_inputs(config: RunConfig, env: Mapping[str, str]) -> dict:
     sources = flags.task.sources()  # several when streams are interleaved
     for source in sources:
         source.check_inputs()
-    # before TrainingArguments: under ZeRO-3 they make every model built after them, even
-    # on the meta device, a DeepSpeed-partitioned one
-    model = plan_model(config, flags)
-    args = check_training_arguments(flags, config.topology.world_size, config.hardware)
-    if not config.launcher.skip_hub_check:
+    if not config.launcher.skip_hub_check:  # before the plan reads the model's config
         ids = hub_ids(flags.model.model_name_or_path, None) + [
             repo for source in sources for repo in hub_ids(None, source.data_args.dataset_name)
         ]
         check_hub_ids(ids, env, flags.model.cache_dir)
+    # before TrainingArguments: under ZeRO-3 they make every model built after them, even
+    # on the meta device, a DeepSpeed-partitioned one
+    model = plan_model(config, flags)
+    args = check_training_arguments(flags, config.topology.world_size, config.hardware)
     check_hub_writes(args.push_to_hub, args.hub_token, env)
     if not dry_run and config.topology.node_rank == 0:
         claim(locations.checkpoints, identity, owner)

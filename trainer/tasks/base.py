@@ -144,12 +144,15 @@ class Task(ABC):
         (`weightless_model`); imported when called, as the task modules load without it."""
         raise NotImplementedError
 
-    def weightless_model(self) -> PreTrainedModel:
+    def weightless_model(self, local_only: bool = False) -> PreTrainedModel:
         """The model to train, as `trained_model` will make it, on the meta device: module
         names and parameter counts for the launcher's checks and memory estimate, in a
-        second and without a weight loaded (classification heads get two labels)."""
+        second and without a weight loaded (classification heads get two labels).
+        `local_only`: its config from a local path or the local cache, never the Hub."""
         path, cache_dir = self.model_args.model_name_or_path, self.model_args.cache_dir
-        model = weightless(self.model_class(), path, cache_dir, **self.weightless_config())
+        model = weightless(
+            self.model_class(), path, cache_dir, local_only, **self.weightless_config()
+        )
         return self.trained_model(model)
 
     def weightless_config(self) -> dict:

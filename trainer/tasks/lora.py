@@ -70,13 +70,17 @@ def check_targets(model: PreTrainedModel, targets: list[str]) -> None:
         )
 
 
-def weightless(model_class, path: str, cache_dir: str | None, **config_kwargs):
+def weightless(
+    model_class, path: str, cache_dir: str | None, local_only: bool = False, **config_kwargs
+):
     """`model_class` built from `path`'s config on the meta device: module names and
     parameter counts without loading (or allocating) a weight."""
     import torch
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path, cache_dir=cache_dir, **config_kwargs)
+    config = AutoConfig.from_pretrained(
+        path, cache_dir=cache_dir, local_files_only=local_only, **config_kwargs
+    )
     with torch.device("meta"):  # an Auto class builds through from_config, others directly
         build = getattr(model_class, "from_config", model_class)
         return build(config)
