@@ -89,6 +89,62 @@ Seq2SeqTrainer.prediction_step = _slow_prediction_step
 """
 
 
+ONE_RANKS_PREDICTION_FAILS = """
+# sitecustomize: rank 1's second evaluation batch raises in its prediction, as a generation
+# that meets a clip it cannot handle; rank 0's batches all succeed.
+import os
+
+from transformers.trainer_seq2seq import Seq2SeqTrainer
+
+_predict = Seq2SeqTrainer.prediction_step
+_calls = []
+
+
+def _failing_prediction_step(self, *args, **kwargs):
+    _calls.append(1)
+    if os.environ.get("RANK") == "1" and len(_calls) == 2:
+        raise ValueError("clip decoder crashed")
+    return _predict(self, *args, **kwargs)
+
+
+Seq2SeqTrainer.prediction_step = _failing_prediction_step
+"""
+
+ONE_RANKS_BATCH_UNREADABLE = """
+# sitecustomize: rank 1's evaluation loader fails to produce its second batch, as a clip
+# whose file cannot be read; rank 0's loader is whole.
+import os
+
+from transformers import Trainer
+
+_loader = Trainer.get_eval_dataloader
+
+
+class _SecondBatchFails:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for index, batch in enumerate(self.loader):
+            if index == 1 and os.environ.get("RANK") == "1":
+                raise OSError("clip-3.wav: Invalid data found when processing input")
+            yield batch
+
+
+def _failing_loader(self, *args, **kwargs):
+    return _SecondBatchFails(_loader(self, *args, **kwargs))
+
+
+Trainer.get_eval_dataloader = _failing_loader
+"""
+
+
 SLOW_STEPS = """
 # sitecustomize: each training step takes at least 0.5 s, so that a run cannot outpace
 # what a test does to its storage meanwhile (200 steps: 100 s or more).
@@ -213,6 +269,34 @@ def test_a_metric_failing_at_the_last_step_keeps_the_step_and_delivers_the_model
     assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
     assert_manifest_matches_store(job.model)
     job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
+
+
+@pytest.mark.parametrize(
+    ("hook", "cause"),
+    [
+        (ONE_RANKS_PREDICTION_FAILS, "ValueError: clip decoder crashed"),
+        (ONE_RANKS_BATCH_UNREADABLE,
+         "OSError: clip-3.wav: Invalid data found when processing input"),
+    ],
+    ids=["prediction", "loader"],
+)  # fmt: skip
+def test_one_ranks_failing_evaluation_batch_keeps_the_step_and_delivers_the_model(job, hook, cause):
+    """Fault 1, on one rank only: its batch fails inside the evaluation loop while the
+    other rank's succeed. The ranks agree on it before the batch's gathers (no rank is
+    left waiting in one), so the step is saved and the model delivered as when every rank
+    fails, and the line names the rank."""
+    code, output = job.run("first", hook=hook)
+
+    assert code == 1, output[-3000:]
+    line = the_line(output, "error:")
+    assert line == (
+        f"error: the evaluation at step {STEPS} failed on rank 1 of 2 ({cause}); the newest "
+        f"complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a restart "
+        f"resumes; the trained model is saved at {job.base}/model/ (load it with "
+        "from_pretrained)"
+    ), output[-3000:]
+    assert job.complete() == ["checkpoint-2", f"checkpoint-{STEPS}"]
+    assert_manifest_matches_store(job.model)
 
 
 def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):

@@ -2,17 +2,25 @@
 stopped is still saved, and a save that fails says why.
 
 The HF Trainer evaluates a step before it saves it (`_maybe_log_save_evaluate`): a metric
-that raises, a failing report or a SIGTERM during the evaluation would lose the step, and
-at the last step the model too (every shipped recipe evaluates there). So:
+that raises, a failing report, one rank's bad evaluation batch or a SIGTERM during the
+evaluation would lose the step, and at the last step the model too (every shipped recipe
+evaluates there). So every failure is first agreed on by all ranks, at a point where none
+of them is inside a collective, and then every rank saves the step together:
 
 - a stop agreed during an evaluation (`EvaluationStopped`, raised on every rank at the same
   batch) abandons it; every rank saves the step and training ends as for any stop;
+- a batch that fails on one rank (its data cannot be read or collated, or its prediction
+  raises) would leave the other ranks waiting in the batch's gathers. So around each
+  batch's prediction the ranks agree, in one small all-reduce before it and one after it,
+  whether any rank's batch failed; if one did, every rank abandons the evaluation
+  (`BatchFailed`, naming the rank and its error) before any gather. Two scalar all-reduces
+  per evaluation batch, next to a generation of many forward passes. (A prediction that
+  fails half-way under ZeRO-3, whose forward passes gather weights from every rank, leaves
+  the others inside that gather: nothing can line up there, and the newest earlier save is
+  what is kept.);
 - a failure after the evaluation's collectives (in the metric, a report, the logs) is
   held; every rank learns in one all-reduce whether any rank's evaluation failed, all save
-  the step together, and then the ranks that failed raise `EvaluationFailed`. A failure
-  inside the evaluation loop (before its gathers are done) cannot be agreed on: the other
-  ranks wait in a gather, so it is raised at once, and the newest earlier save is what is
-  kept;
+  the step together, and then the ranks that failed raise `EvaluationFailed`;
 - a save that fails raises `SaveFailed` naming the checkpoint and, for a full disk, the
   disk and its free space (torch's own message is "unexpected pos").
 """
@@ -24,15 +32,63 @@ from pathlib import Path
 from trainer.storage.faults import brief, disk_full, disk_line
 from trainer.tasks.trainers import mixed_in
 from trainer.training.failures import RunFailed
-from trainer.training.preemption import EvaluationStopped, agree
+from trainer.training.preemption import EvaluationStopped, agree, gather_objects
 
 
 class EvaluationFailed(RunFailed):
     """This rank's evaluation at `step` failed; the step was saved first."""
 
     def __init__(self, step: int, error: BaseException) -> None:
-        super().__init__(f"the evaluation at step {step} failed ({brief(error)})")
+        if isinstance(error, BatchFailed):
+            where, cause = error.where, error.error
+        else:
+            where, cause = "", brief(error)
+        super().__init__(f"the evaluation at step {step} failed{where} ({cause})")
         self.step = step
+
+
+class BatchFailed(Exception):
+    """Every rank agreed, around one evaluation batch, that a rank's batch failed: the
+    evaluation is abandoned on all of them at once, before the batch's gathers."""
+
+    def __init__(self, rank: int, ranks: int, error: str) -> None:
+        self.where = f" on rank {rank} of {ranks}" if ranks > 1 else ""
+        self.error = error
+        super().__init__(f"an evaluation batch failed{self.where}: {error}")
+
+
+class UnreadBatch:
+    """Stands in for an evaluation batch that could not be read (or collated) on this
+    rank, so that the failure reaches the agreement around `prediction_step`."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class FailuresAsBatches:
+    """An evaluation loader whose failure to produce a batch becomes an `UnreadBatch`
+    (and ends it); anything else is the loader's own (`dataset`, `len()`, ...)."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self):
+        batches = iter(self._loader)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as error:  # noqa: BLE001 - any reader or collator failure
+                yield UnreadBatch(error)
+                return
+            yield batch
 
 
 class SaveFailed(RunFailed):
@@ -70,6 +126,19 @@ class KeepWorkMixin:
         self._loop_done = True
         return output
 
+    def get_eval_dataloader(self, *args, **kwargs):
+        return FailuresAsBatches(super().get_eval_dataloader(*args, **kwargs))
+
+    def prediction_step(self, model, inputs, *args, **kwargs):
+        _agree_on_batch(inputs.error if isinstance(inputs, UnreadBatch) else None)
+        failure = output = None
+        try:
+            output = super().prediction_step(model, inputs, *args, **kwargs)
+        except Exception as error:
+            failure = error
+        _agree_on_batch(failure)
+        return output
+
     def _maybe_log_save_evaluate(self, *args, **kwargs) -> None:
         try:
             super()._maybe_log_save_evaluate(*args, **kwargs)
@@ -84,7 +153,7 @@ class KeepWorkMixin:
             self._save_step(trial)
             raise
         except Exception as error:
-            if not self._loop_done:
+            if not (self._loop_done or isinstance(error, BatchFailed)):
                 raise  # the other ranks are inside a gather: no save can line up
             failure = error
         (anyone_failed,) = agree([float(failure is not None)])
@@ -110,6 +179,17 @@ class KeepWorkMixin:
         except Exception as error:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             raise SaveFailed(Path(self._get_output_dir(trial=trial)) / folder, error) from error
+
+
+def _agree_on_batch(failure: BaseException | None) -> None:
+    """Every rank's word on its evaluation batch; `BatchFailed` on every rank when any
+    rank's failed (the first such rank's error, so that every node's line says it)."""
+    (anyone_failed,) = agree([float(failure is not None)])
+    if not anyone_failed:
+        return
+    errors = gather_objects(None if failure is None else brief(failure))
+    rank, error = next((rank, error) for rank, error in enumerate(errors) if error is not None)
+    raise BatchFailed(rank, len(errors), error) from failure
 
 
 def work_keeping_trainer(trainer_class):

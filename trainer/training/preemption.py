@@ -90,6 +90,18 @@ def agree(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def gather_objects(value: object) -> list:
+    """Every rank's `value` (picklable), in rank order: for the rare moment when ranks
+    must share more than numbers (which rank failed, and how)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def _in_main_thread() -> bool:
     """Only the main thread may set signal handlers. Ray Train runs the training function
     in a thread of its worker (python -m trainer.ray), and stops its workers itself: there
