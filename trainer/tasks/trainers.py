@@ -44,8 +44,18 @@ class ClassWeightedTrainer(Trainer):
 
 
 class WhisperTrainer(Seq2SeqTrainer):
-    """Seq2SeqTrainer for Whisper: log-mel features computed on the training device, and
-    the English spelling table saved with every checkpoint and the model.
+    """Seq2SeqTrainer for Whisper: a loss that does not grow with the process count,
+    log-mel features computed on the training device, and the English spelling table saved
+    with every checkpoint and the model.
+
+    The Trainer takes a model whose `forward` has `**kwargs` for one that divides its loss
+    by `num_items_in_batch` (the label tokens of every process), and so multiplies the loss
+    by the process count to undo DDP's averaging (`average_tokens_across_devices`, on by
+    default). Whisper's `forward` has `**kwargs` but takes the mean over this process's
+    tokens: its gradients and its logged loss came out N times too large on N processes
+    (Adam's steps hardly notice a constant factor; gradient clipping, the logged curves and
+    a comparison across node counts do). Telling the Trainer it takes no loss arguments
+    keeps DDP's mean of the processes' means.
 
     With `--log_mel_on device` the collator hands over padded waveforms; they are copied to
     this process's GPU and become features there, a batch at a time, before the batch is
@@ -53,6 +63,10 @@ class WhisperTrainer(Seq2SeqTrainer):
     DeepSpeed). Nothing comes back to the host, so the GPU never waits for it. Batches that
     already hold features pass through unchanged.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_accepts_loss_kwargs = False
 
     @cached_property
     def _log_mel(self) -> LogMelOnDevice:
