@@ -57,7 +57,7 @@ from trainer.training.progress import (
 )
 from trainer.training.run_end import remember_delivery
 from trainer.training.stream_training import streaming_trainer
-from trainer.training.world_size import check_world_size
+from trainer.training.world_size import resume_with_world_size
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -94,7 +94,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
     if resume_from:
-        check_world_size(Path(resume_from), args.world_size, args.deepspeed)
+        resume_from = str(resume_with_world_size(Path(resume_from), args, place))
     trainer_class = task.trainer_class
     if is_stream(train_dataset):
         start = stream_start(resume_from, args.process_index, args.world_size)
