@@ -57,7 +57,7 @@ from trainer.training.progress import (
 )
 from trainer.training.run_end import remember_delivery
 from trainer.training.stream_training import streaming_trainer
-from trainer.training.world_size import check_world_size
+from trainer.training.world_size import resume_with_world_size
 
 FINAL_MODEL_DIRNAME = "model"
 STAGING_DIRNAME = ".staging"
@@ -93,8 +93,6 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     with args.main_process_first(desc="loading datasets"):
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
-    if resume_from:
-        check_world_size(Path(resume_from), args.world_size, args.deepspeed)
     trainer_class = task.trainer_class
     if is_stream(train_dataset):
         start = stream_start(resume_from, args.process_index, args.world_size)
@@ -106,6 +104,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         )
         if place.is_global_main:
             print(epoch_line(task, args), flush=True)
+    if resume_from:  # after a stream's check, which refuses another count outright
+        resume_from = str(resume_with_world_size(Path(resume_from), args, place))
     startup.mark("data and resume point")
 
     trainer = work_keeping_trainer(trainer_class)(
