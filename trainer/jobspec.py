@@ -494,14 +494,17 @@ def custom_job_spec(
     gpu, count = resolve_accelerator(options)
     env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
     env[GPUS_PER_REPLICA_VARIABLE] = str(count)  # CLUSTER_SPEC does not say it
-    run = {
-        "args": container_args(options, training_flags),
-        "env": [{"name": name, "value": value} for name, value in env.items()],
-    }
-    code = (
-        {"containerSpec": {"imageUri": options.image, **run}}
-        if package_uri is None
-        else {
+
+    def code() -> dict:
+        """The pool's program: new objects for each pool (YAML would print shared ones as
+        anchors and aliases)."""
+        run = {
+            "args": container_args(options, training_flags),
+            "env": [{"name": name, "value": value} for name, value in env.items()],
+        }
+        if package_uri is None:
+            return {"containerSpec": {"imageUri": options.image, **run}}
+        return {
             "pythonPackageSpec": {
                 "executorImageUri": options.image,
                 "packageUris": [package_uri],
@@ -509,7 +512,6 @@ def custom_job_spec(
                 **run,
             }
         }
-    )
 
     def pool(replicas: int) -> dict:
         return {
@@ -525,7 +527,7 @@ def custom_job_spec(
             ),
             "replicaCount": replicas,
             "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
-            **code,
+            **code(),
         }
 
     scheduling = {
