@@ -48,7 +48,7 @@ from trainer.config.secrets import (
     secret_values,
 )
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
-from trainer.storage.store import open_store
+from trainer.storage.store import TransferError, open_store
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -685,11 +685,8 @@ def build_sdist(root: Path, scratch: Path) -> Path:
         raise UserError(
             "--python_package needs the `build` package: make install, or pip install build."
         ) from None
-    files = working_tree_files(root)
-    if "pyproject.toml" not in files:
-        raise UserError(f"{root} has no pyproject.toml: it is not a buildable package.")
     source = scratch / "source"
-    for name in files:
+    for name in working_tree_files(root):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / name, source / name)
     try:
@@ -715,8 +712,9 @@ def _build_failure(error: Exception) -> str:
 
 def sdist_digest(sdist: Path) -> str:
     """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip
-    headers hold build times, so the same code built twice gets the same name (and
-    --check agrees with a spec written before), and other code never does."""
+    headers hold build times, so the same code built twice (by the same setuptools) gets
+    the same name (and --check agrees with a spec written before), and other code never
+    does."""
     digest = hashlib.sha256()
     with tarfile.open(sdist) as archive:
         for member in sorted(archive.getmembers(), key=lambda member: member.name):
@@ -745,7 +743,10 @@ def stage_package(base_output_dir: str, upload: bool) -> str:
         if sdist.name in store.list_files():
             print(f"{uri} is already there")
         else:
-            store.upload(sdist.parent, [sdist.name])
+            try:
+                store.upload(sdist.parent, [sdist.name])
+            except TransferError as error:
+                raise UserError(f"{error} (nothing was written)") from None
             print(f"uploaded {uri}")
     return uri
 
