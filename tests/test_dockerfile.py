@@ -557,3 +557,14 @@ def test_pip_refuses_a_user_install_in_the_layouts_the_image_avoids(tmp_path, ch
     assert installed.returncode == 0, installed.stderr
     refused = pip_in(shared, *user_install, env=env)
     assert refused.returncode != 0 and "lack sys.path precedence" in refused.stderr
+
+
+def test_the_image_check_lays_out_python_as_the_image_does():
+    """`make image-check` builds the image's layout: a venv with system site packages, and
+    the package with --user in a user site of its own."""
+    code = CHECK_STACK.read_text()
+    assert re.search(r'-m venv --system-site-packages "\$dest/venv"', code)
+    assert 'PYTHONUSERBASE="$dest/python-user"' in code
+    package = [line for line in code.splitlines() if line.startswith("pip install") and
+               line.endswith(" .")]  # fmt: skip
+    assert package == [f"pip install {' '.join(pip_installs()[-1])}"]
