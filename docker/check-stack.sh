@@ -44,8 +44,11 @@ step() { echo "--- $* [$((SECONDS - started)) s]"; }
 step "fresh venv in $dest/venv"
 rm -rf "$dest"
 mkdir -p "$dest"
-"$python" -m venv "$dest/venv"
-export VIRTUAL_ENV="$dest/venv" PATH="$dest/venv/bin:$PATH"
+# As in the image: system site packages (so that a --user install is possible) and the
+# package itself in a user site of its own (docs/deploy.md, "Code updates without an image
+# build").
+"$python" -m venv --system-site-packages "$dest/venv"
+export VIRTUAL_ENV="$dest/venv" PATH="$dest/venv/bin:$PATH" PYTHONUSERBASE="$dest/python-user"
 # What the Docker build context holds (.dockerignore): the package is installed from here.
 mkdir "$dest/context"
 cp -r "$repo/constraints.txt" "$repo/pyproject.toml" "$repo/README.md" "$repo/trainer" \
@@ -95,7 +98,7 @@ print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependenc
     > requirements.txt
 pip install --constraint constraints.txt --requirement requirements.txt
 pip install --no-deps --no-warn-conflicts --constraint constraints.txt openai-whisper
-pip install --no-deps --no-build-isolation --constraint constraints.txt .
+pip install --user --no-deps --no-build-isolation --constraint constraints.txt .
 
 step "installed packages constraints.txt does not pin (CUDA-only: the CPU venv it is frozen from lacks them)"
 python - <<'PY'

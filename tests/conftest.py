@@ -195,6 +195,14 @@ def common_voice_dir(demo_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def checkout_sdist(tmp_path_factory) -> Path:
+    """The sdist of this checkout, as `python -m trainer.jobspec --python_package` builds it."""
+    from trainer.jobspec import build_sdist, source_checkout
+
+    return build_sdist(source_checkout(), tmp_path_factory.mktemp("sdist"))
+
+
+@pytest.fixture(scope="session")
 def gcs_emulator():
     """A running Cloud Storage emulator (with bucket `test-bucket`) for this test session."""
     from tests.gcs_emulator import running_emulator

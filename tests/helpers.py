@@ -7,6 +7,7 @@ are in tests/conftest.py). No test module imports another test module; they impo
   `python -m trainer.shards` in-process: `make_shards_in_process`;
 - storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
 - faults planted in the real program: `with_start_hook`, `FAILING_METRICS`;
+- installed copies of the package: `venv_with_dependencies`, `pip_in`, `module_origin`;
 - small things: `free_port`, `wait_until`, `serving` (a loopback server on a thread),
   `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
   driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
@@ -456,3 +457,52 @@ def parse_strictly(data: dict, message_type):
     message = message_type()
     json_format.ParseDict(data, message_type.pb(message), ignore_unknown_fields=False)
     return message
+
+
+# Installed copies of the package -----------------------------------------------------------
+
+
+def venv_with_dependencies(root: Path, system_site_packages: bool = False) -> Path:
+    """A new virtual environment at `root` that imports this one's third-party packages but
+    not `trainer` (nor sees its install record): a link to every other entry of this
+    environment's site-packages, in a folder that a .pth file puts on the new one's
+    sys.path after its own site-packages, as if its dependencies had been installed there.
+    It has no pip of its own (`pip_in` runs this one's). Returns its python."""
+    import sysconfig
+
+    flags = ["--system-site-packages"] if system_site_packages else []
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True)
+    dependencies = root / "dependencies"
+    dependencies.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        ours = entry.name.startswith(("trainer", "vertex_hf_trainer", "__editable__"))
+        if not ours and entry.suffix != ".pth":
+            (dependencies / entry.name).symlink_to(entry)
+    python = root / "bin" / "python"
+    site_packages = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(site_packages) / "dependencies.pth").write_text(f"{dependencies}\n")
+    return python
+
+
+def pip_in(python: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    """This environment's pip, run for `python`'s environment (`pip --python`), offline and
+    without its cache (which is outside the test's folder)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
+         "--no-input", "--no-cache-dir", *args, "--no-index"],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=300,
+    )  # fmt: skip
+
+
+def module_origin(python: Path, module: str, env: dict[str, str], cwd: Path) -> Path:
+    """The file `python -m MODULE` would run in that environment (nothing imported but the
+    packages on the way)."""
+    script = f"import importlib.util; print(importlib.util.find_spec({module!r}).origin)"
+    found = subprocess.run(
+        [python, "-c", script], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+    assert found.returncode == 0, found.stderr
+    return Path(found.stdout.strip())

@@ -1,11 +1,14 @@
 """docker/Dockerfile, checked without a Docker engine: lint, the dependency set it installs,
 the DeepSpeed ops it compiles (and the settings it shares with docker/check-stack.sh), its
-two stages, its entrypoint, and what the build context may contain."""
+two stages, its entrypoint, what the build context may contain, and its Python laid out
+as the Dockerfile lays it out, taking a newer copy of the package from a Python package
+job's installer."""
 
 from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -17,7 +20,7 @@ import sys
 import pytest
 import tomllib
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, module_origin, pip_in, venv_with_dependencies
 from trainer import jobspec
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
@@ -156,7 +159,9 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     requirements = next(i for i, a in enumerate(docker) if "--requirement" in a)
     whisper = next(i for i, a in enumerate(docker) if targets(a) == ["openai-whisper"])
     assert requirements < whisper, "no resolver runs after the dependency-less install"
-    assert docker[-1][:2] == ["--no-deps", "--no-build-isolation"], "the code layer adds nothing"
+    assert docker[-1][:3] == ["--user", "--no-deps", "--no-build-isolation"], (
+        "the code layer adds nothing, in the user site (see the package's tests below)"
+    )
 
     pins = constraint_pins()
     for package, *_ in project:
@@ -398,8 +403,9 @@ def test_the_entrypoint_is_the_launcher_with_no_default_arguments():
     entrypoints = [rest for keyword, rest in instructions() if keyword == "ENTRYPOINT"]
     assert entrypoints == ['["python", "-m", "trainer"]']
     assert not [rest for keyword, rest in instructions() if keyword == "CMD"], "no args: demo"
-    env = " ".join(rest for keyword, rest in instructions() if keyword == "ENV")
-    assert "PATH=/opt/venv/bin:$PATH" in env, "`python` is the venv's, where trainer lives"
+    env = final_stage_env()
+    assert env["PATH"].startswith("/opt/venv/bin:/opt/python-user/bin:"), "`python` is the venv's"
+    assert env["PYTHONUSERBASE"] == "/opt/python-user", "the user site, where trainer lives"
 
 
 def test_the_reduction_server_plugin_is_optional_and_off_by_default():
@@ -458,3 +464,107 @@ def test_the_smoke_test_script_is_valid_bash():
     script = REPO_ROOT / "docker" / "smoke-test.sh"
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def final_stage_env() -> dict[str, str]:
+    """The final stage's ENV settings (NAME=VALUE pairs)."""
+    settings = [rest for keyword, rest in stages()[-1] if keyword == "ENV"]
+    return dict(pair.split("=", 1) for rest in settings for pair in shlex.split(rest))
+
+
+def image_python(root) -> tuple:
+    """The image's Python as the Dockerfile lays it out, under `root`: a venv made with the
+    builder's own `python3 -m venv` flags, holding the dependencies (linked, see
+    `venv_with_dependencies`), and the package installed by the Dockerfile's own last
+    `pip install`, from a copy of what the final stage copies. Returns (python, the
+    environment the image's ENV gives a process, the user site's base)."""
+    builder = stages()[0]
+    command = next(
+        command
+        for keyword, rest in builder
+        if keyword == "RUN"
+        for command in shell_commands(rest)
+        if command[1:3] == ["-m", "venv"]
+    )
+    python = venv_with_dependencies(
+        root / "venv", system_site_packages="--system-site-packages" in command
+    )
+    user_base = root / final_stage_env()["PYTHONUSERBASE"].strip("/").replace("/", "-")
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    env["PYTHONUSERBASE"] = str(user_base)
+    source = root / "opt-trainer"
+    for name in ("constraints.txt", "pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name if source.exists() else _mkdir(source) / name)
+    shutil.copytree(
+        REPO_ROOT / "trainer", source / "trainer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    installed = pip_in(python, "install", *pip_installs()[-1], env=env, cwd=source)
+    assert installed.returncode == 0, installed.stderr
+    return python, env, user_base
+
+
+def _mkdir(path):
+    path.mkdir(parents=True)
+    return path
+
+
+def installed_from(python, env: dict[str, str], cwd) -> list[str]:
+    """Where each copy of the package that this Python sees was installed from (PEP 610),
+    in sys.path's order: the first is the one imported."""
+    script = (
+        "import importlib.metadata as m, json; print(json.dumps([json.loads(d.read_text("
+        "'direct_url.json'))['url'] for d in m.distributions(name='vertex-hf-trainer')]))"
+    )
+    found = subprocess.run(
+        [python, "-c", script], capture_output=True, text=True, env=env, cwd=cwd, check=True
+    )
+    return json.loads(found.stdout)
+
+
+@pytest.mark.parametrize("user", [False, True], ids=["plain", "user"])
+def test_the_image_runs_the_copy_a_package_installer_puts_in(tmp_path, checkout_sdist, user):
+    """A Python package job's installer (pip, with or without --user) puts the sdist into
+    the image: either way `python -m trainer` then runs the sdist's code. A --user install
+    replaces the image's copy; a plain one goes to the venv, before it on sys.path (pip
+    leaves it: "outside environment")."""
+    python, env, user_base = image_python(tmp_path)
+    assert module_origin(python, "trainer.__main__", env, tmp_path).is_relative_to(user_base)
+    assert installed_from(python, env, tmp_path) == [(tmp_path / "opt-trainer").as_uri()]
+
+    flags = ["--user"] if user else []
+    installed = pip_in(python, "install", *flags, "--no-build-isolation", str(checkout_sdist),
+                       env=env, cwd=tmp_path)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    where = user_base if user else tmp_path / "venv"
+    assert module_origin(python, "trainer.__main__", env, tmp_path).is_relative_to(where)
+    image_copy = [] if user else [(tmp_path / "opt-trainer").as_uri()]
+    assert installed_from(python, env, tmp_path) == [checkout_sdist.as_uri(), *image_copy]
+
+
+def test_pip_refuses_a_user_install_in_the_layouts_the_image_avoids(tmp_path, checkout_sdist):
+    """Why the image is laid out as it is: a venv without system site packages has no user
+    site, and a package in the venv's own site-packages cannot be shadowed from it."""
+    env = {**os.environ, "PYTHONUSERBASE": str(tmp_path / "user")}
+    user_install = ["install", "--user", "--no-build-isolation", str(checkout_sdist)]
+    isolated = venv_with_dependencies(tmp_path / "isolated")
+    refused = pip_in(isolated, *user_install, env=env)
+    assert refused.returncode != 0
+    assert "User site-packages are not visible in this virtualenv" in refused.stderr
+
+    shared = venv_with_dependencies(tmp_path / "shared", system_site_packages=True)
+    installed = pip_in(shared, "install", "--no-deps", "--no-build-isolation", str(checkout_sdist),
+                       env=env)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    refused = pip_in(shared, *user_install, env=env)
+    assert refused.returncode != 0 and "lack sys.path precedence" in refused.stderr
+
+
+def test_the_image_check_lays_out_python_as_the_image_does():
+    """`make image-check` builds the image's layout: a venv with system site packages, and
+    the package with --user in a user site of its own."""
+    code = CHECK_STACK.read_text()
+    assert re.search(r'-m venv --system-site-packages "\$dest/venv"', code)
+    assert 'PYTHONUSERBASE="$dest/python-user"' in code
+    package = [line for line in code.splitlines() if line.startswith("pip install") and
+               line.endswith(" .")]  # fmt: skip
+    assert package == [f"pip install {' '.join(pip_installs()[-1])}"]

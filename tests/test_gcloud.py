@@ -373,3 +373,30 @@ def test_a_job_on_a_persistent_resource_names_it(capture, tmp_path):
             "ANY_RESERVATION"
         )
     assert trial == sent
+
+
+def test_a_python_package_job_is_sent_as_written(capture, tmp_path, gcs):
+    """--python_package: every pool is a pythonPackageSpec that runs `trainer` from the
+    uploaded sdist on the image, with the image job's args and env; gcloud sends it as
+    written (strictly parsed), and so do the tuning trials."""
+    from tests.gcs_emulator import BUCKET
+
+    base = f"gs://{BUCKET}/package-sent"
+    body, sent, trial = send_generated_job(
+        capture, tmp_path, ["--python_package", "--base_output_dir", base], "package"
+    )
+    for pool in body["jobSpec"]["workerPoolSpecs"]:
+        assert "containerSpec" not in pool
+        spec = pool["pythonPackageSpec"]
+        assert spec["executorImageUri"] == jobspec.DEFAULT_IMAGE
+        assert spec["pythonModule"] == "trainer"
+        (uri,) = spec["packageUris"]
+        sdist = r"vertex_hf_trainer-0\.1\.0\.tar\.gz"
+        assert re.fullmatch(rf"{base}/packages/[0-9a-f]{{16}}/{sdist}", uri)
+        assert spec["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
+        env = {item["name"]: item["value"] for item in spec["env"]}
+        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
+    for pool in sent.worker_pool_specs:
+        assert pool.python_package_spec.python_module == "trainer"
+        assert not pool.container_spec.image_uri
+    assert trial == sent

@@ -9,14 +9,25 @@ parser), and leaves one `error:` line and exit code 2 when something is wrong.
 
 The checked-in config.yaml and hptuning.yaml are its output for the defaults below;
 `--check` says whether files on disk still match (the tests use it).
+
+With `--python_package` every pool runs the code of this checkout on the released image
+instead of the image's own copy: the checkout's sdist is built and uploaded next to the
+job's outputs, and each pool becomes a `pythonPackageSpec` with the image as executor, so
+a code change reaches Vertex AI in minutes, without an image build (docs/deploy.md, "Code
+updates without an image build").
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +48,7 @@ from trainer.config.secrets import (
     secret_values,
 )
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
+from trainer.storage.store import TransferError, open_store
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -221,6 +233,14 @@ class JobSpecArguments:
         default=None,
         metadata={"help": "Run on this Vertex AI persistent resource (already provisioned)."},
     )
+    python_package: bool = field(
+        default=False,
+        metadata={
+            "help": "Run this checkout's code on --image without rebuilding it: build its "
+            "sdist, upload it under --base_output_dir/packages/ and write every pool as a "
+            "pythonPackageSpec (executor: --image; --check builds but uploads nothing)."
+        },
+    )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
     parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
 
@@ -231,7 +251,10 @@ class OutputArguments:
 
     dest: str = field(default=".", metadata={"help": "Directory the two files are written to."})
     check: bool = field(
-        default=False, metadata={"help": "Write nothing; exit 1 if the files on disk differ."}
+        default=False,
+        metadata={
+            "help": "Write nothing (and upload nothing); exit 1 if the files on disk differ."
+        },
     )
 
 
@@ -282,6 +305,7 @@ def check_options(options: JobSpecArguments) -> None:
         if "=" not in item or not item.split("=", 1)[0]:
             raise UserError(f'--env takes NAME=VALUE, got "{item}".')
     check_image_is_pinned(options.image)
+    check_package_bucket(options)
     check_flex_start(options)
     check_placement(options)
     check_fabric(options)
@@ -458,11 +482,36 @@ def container_args(options: JobSpecArguments, training_flags: list[str]) -> list
     return args
 
 
-def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dict:
-    """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others."""
+def custom_job_spec(
+    options: JobSpecArguments, training_flags: list[str], package_uri: str | None = None
+) -> dict:
+    """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others.
+
+    Every pool runs the image with the same args and env: as its entrypoint
+    (`containerSpec`), or, given `package_uri`, as the executor of that sdist
+    (`pythonPackageSpec`, `python -m trainer` of the installed package).
+    """
     gpu, count = resolve_accelerator(options)
     env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
     env[GPUS_PER_REPLICA_VARIABLE] = str(count)  # CLUSTER_SPEC does not say it
+
+    def code() -> dict:
+        """The pool's program: new objects for each pool (YAML would print shared ones as
+        anchors and aliases)."""
+        run = {
+            "args": container_args(options, training_flags),
+            "env": [{"name": name, "value": value} for name, value in env.items()],
+        }
+        if package_uri is None:
+            return {"containerSpec": {"imageUri": options.image, **run}}
+        return {
+            "pythonPackageSpec": {
+                "executorImageUri": options.image,
+                "packageUris": [package_uri],
+                "pythonModule": PACKAGE_MODULE,
+                **run,
+            }
+        }
 
     def pool(replicas: int) -> dict:
         return {
@@ -478,11 +527,7 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
             ),
             "replicaCount": replicas,
             "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
-            "containerSpec": {
-                "imageUri": options.image,
-                "args": container_args(options, training_flags),
-                "env": [{"name": name, "value": value} for name, value in env.items()],
-            },
+            **code(),
         }
 
     scheduling = {
@@ -510,7 +555,9 @@ def custom_job_spec(options: JobSpecArguments, training_flags: list[str]) -> dic
     }
 
 
-def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> dict:
+def tuning_job(
+    options: JobSpecArguments, training_flags: list[str], flags, package_uri: str | None = None
+) -> dict:
     """A HyperparameterTuningJob without displayName (gcloud takes it as a flag).
 
     Vertex AI appends `--learning_rate=...` and `--warmup_steps=...` to every trial's
@@ -538,12 +585,15 @@ def tuning_job(options: JobSpecArguments, training_flags: list[str], flags) -> d
         },
         "maxTrialCount": options.max_trial_count,
         "parallelTrialCount": options.parallel_trial_count,
-        "trialJobSpec": custom_job_spec(options, training_flags),
+        "trialJobSpec": custom_job_spec(options, training_flags, package_uri),
     }
 
 
-def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """File name -> content, for this command line (pure apart from the flag checks).
+def render(
+    argv: list[str], env: Mapping[str, str] | None = None, upload: bool = True
+) -> dict[str, str]:
+    """File name -> content, for this command line (pure apart from the flag checks and,
+    with --python_package, the sdist built last and uploaded unless `upload` is false).
 
     The Hub ids the nodes would load are looked up as the launcher does
     (trainer.launcher.hub_checks):
@@ -558,6 +608,7 @@ def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, s
     if not options.skip_hub_check:
         ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
         check_hub_ids(ids, os.environ if env is None else env, flags.model.cache_dir)
+    package_uri = stage_package(options.base_output_dir, upload) if options.python_package else None
     command = _command(argv)
     submit = {
         "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "
@@ -566,8 +617,8 @@ def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, s
         "--config=hptuning.yaml",
     }
     specs = {
-        "config.yaml": custom_job_spec(options, training_flags),
-        "hptuning.yaml": tuning_job(options, training_flags, flags),
+        "config.yaml": custom_job_spec(options, training_flags, package_uri),
+        "hptuning.yaml": tuning_job(options, training_flags, flags, package_uri),
     }
     return {
         name: f"# {submit[name]}\n# Written by: {command}\n"
@@ -575,6 +626,129 @@ def render(argv: list[str], env: Mapping[str, str] | None = None) -> dict[str, s
         + yaml.safe_dump(spec, sort_keys=False, width=100)
         for name, spec in specs.items()
     }
+
+
+PACKAGE_MODULE = "trainer"
+"""What a `pythonPackageSpec` runs from the installed sdist: `python -m trainer`, the
+launcher, as the image's entrypoint does."""
+
+PACKAGES_DIRNAME = "packages"
+"""Where under --base_output_dir the sdists go, each in a folder named by its content."""
+
+PLACEHOLDER_BUCKET = "BUCKET"
+
+
+def check_package_bucket(options: JobSpecArguments) -> None:
+    """--python_package uploads to the job's bucket, which must be a real one: found out
+    here, before the sdist is built, not by a failed upload."""
+    bucket = options.base_output_dir.removeprefix("gs://").split("/")[0]
+    if options.python_package and bucket == PLACEHOLDER_BUCKET:
+        raise UserError(
+            "--python_package uploads the sdist next to the job's outputs, and no bucket is "
+            f"known: give --base_output_dir gs://YOUR_BUCKET/..., not {options.base_output_dir}."
+        )
+
+
+def source_checkout() -> Path:
+    """The checkout this `trainer` package is imported from: the code the job will run."""
+    return Path(__file__).resolve().parent.parent
+
+
+def working_tree_files(root: Path) -> list[str]:
+    """The files of the working tree as git sees it: tracked and untracked ones, less what
+    .gitignore excludes (what `gcloud builds submit` uploads for an image build, too).
+    Listing them keeps a virtual environment, outputs and caches out of the copy that the
+    sdist is built from."""
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        reason = (listed.stderr.strip().splitlines() or ["git failed"])[-1]
+        raise UserError(
+            f"--python_package builds the sdist of a git checkout, and {root} is not one "
+            f"({reason}); run it from a clone of the project."
+        )
+    return [name for name in listed.stdout.split("\0") if name and (root / name).is_file()]
+
+
+def build_sdist(root: Path, scratch: Path) -> Path:
+    """`python -m build --sdist` of the working tree at `root`, through the `build` package,
+    on a copy in `scratch` (setuptools writes its egg-info next to the sources; the checkout
+    stays as it was). The running environment builds it when it has the build backend
+    (pyproject's build-system.requires), as in a `make install` venv; else an isolated one."""
+    try:
+        from build import BuildBackendException, BuildException, ProjectBuilder
+        from build.env import DefaultIsolatedEnv
+        from pyproject_hooks import quiet_subprocess_runner
+    except ImportError:
+        raise UserError(
+            "--python_package needs the `build` package: make install, or pip install build."
+        ) from None
+    source = scratch / "source"
+    for name in working_tree_files(root):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, source / name)
+    try:
+        builder = ProjectBuilder(source, runner=quiet_subprocess_runner)
+        if not builder.check_dependencies("sdist"):
+            return Path(builder.build("sdist", scratch / "dist"))
+        with DefaultIsolatedEnv() as env:
+            builder = ProjectBuilder.from_isolated_env(env, source, quiet_subprocess_runner)
+            env.install(builder.build_system_requires)
+            env.install(builder.get_requires_for_build("sdist"))
+            return Path(builder.build("sdist", scratch / "dist"))
+    except (BuildException, BuildBackendException) as error:
+        raise UserError(f"{root} is not a buildable package: {_build_failure(error)}") from None
+
+
+def _build_failure(error: Exception) -> str:
+    """The line that says why: the backend's last line of output, else the error itself."""
+    output = getattr(getattr(error, "exception", None), "output", None) or b""
+    lines = [line.strip() for line in output.decode(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else str(error).strip().splitlines()[0]
+
+
+def sdist_digest(sdist: Path) -> str:
+    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip
+    headers hold build times, so the same code built twice (by the same setuptools) gets
+    the same name (and --check agrees with a spec written before), and other code never
+    does."""
+    digest = hashlib.sha256()
+    with tarfile.open(sdist) as archive:
+        for member in sorted(archive.getmembers(), key=lambda member: member.name):
+            name = member.name.split("/", 1)[-1]  # without the NAME-VERSION/ folder
+            digest.update(f"{name}\0{member.size}\0".encode())
+            if member.isfile():
+                digest.update(archive.extractfile(member).read())
+    return digest.hexdigest()
+
+
+def stage_package(base_output_dir: str, upload: bool) -> str:
+    """Build this checkout's sdist and upload it (unless not `upload`) to
+    BASE/packages/DIGEST/NAME-VERSION.tar.gz; return that URI. The folder is named by the
+    content, so a restarted job installs the code it started with, as a pinned image tag
+    gives it, and a second upload of the same code finds it there. The file keeps the name
+    setuptools gave it, which pip reads the project's name and version from."""
+    with tempfile.TemporaryDirectory(prefix="trainer-sdist-") as scratch:
+        sdist = build_sdist(source_checkout(), Path(scratch))
+        folder = f"{base_output_dir.rstrip('/')}/{PACKAGES_DIRNAME}/{sdist_digest(sdist)[:16]}"
+        uri = f"{folder}/{sdist.name}"
+        if not upload:
+            print(f"built {sdist.name}: {uri} (not uploaded)")
+            return uri
+        store = open_store(folder)
+        store.check_writable()
+        if sdist.name in store.list_files():
+            print(f"{uri} is already there")
+        else:
+            try:
+                store.upload(sdist.parent, [sdist.name])
+            except TransferError as error:
+                raise UserError(f"{error} (nothing was written)") from None
+            print(f"uploaded {uri}")
+    return uri
 
 
 def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
@@ -596,7 +770,7 @@ def main(argv: list[str] | None = None) -> None:
             print("Any other flag is passed to the training program on every node.")
             return
         output, spec_argv = _parser(OutputArguments).parse_known_args(argv)
-        files = render(spec_argv)
+        files = render(spec_argv, upload=not output.check)
     except UserError as error:
         print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
         sys.exit(2)
