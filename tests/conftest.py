@@ -197,7 +197,7 @@ def common_voice_dir(demo_assets, tmp_path_factory):
 @pytest.fixture(scope="session")
 def checkout_sdist(tmp_path_factory) -> Path:
     """The sdist of this checkout, as `python -m trainer.jobspec --python_package` builds it."""
-    from trainer.jobspec import build_sdist, source_checkout
+    from trainer.packaging import build_sdist, source_checkout
 
     return build_sdist(source_checkout(), tmp_path_factory.mktemp("sdist"))
 

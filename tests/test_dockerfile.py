@@ -568,3 +568,23 @@ def test_the_image_check_lays_out_python_as_the_image_does():
     package = [line for line in code.splitlines() if line.startswith("pip install") and
                line.endswith(" .")]  # fmt: skip
     assert package == [f"pip install {' '.join(pip_installs()[-1])}"]
+
+
+def test_the_installing_command_runs_the_sdist_on_the_image_offline(tmp_path, checkout_sdist):
+    """--python_package_command's container command, run by a shell as Vertex AI would run
+    it on the image (the sdist where the /gcs/ mount would show it; no package index):
+    pip puts the sdist in the user site over the image's copy, and the launcher of the
+    sdist gets the pool's args."""
+    python, env, user_base = image_python(tmp_path)
+    uri = f"gs://bucket/job/packages/0123456789abcdef/{checkout_sdist.name}"
+    shell, flag, script, name = jobspec.installing_command(uri)
+    assert f"/gcs/bucket/job/packages/0123456789abcdef/{checkout_sdist.name}" in script
+    script = script.replace(f"/gcs/{uri.removeprefix('gs://')}", str(checkout_sdist))
+    env |= {"PATH": f"{python.parent}:{env['PATH']}", "PIP_NO_INDEX": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"}  # fmt: skip
+    ran = subprocess.run([shell, flag, script, name, "--help"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "--nproc_per_node" in ran.stdout, "the launcher's own --help, from the args"
+    assert module_origin(python, "trainer.__main__", env, tmp_path).is_relative_to(user_base)
+    assert installed_from(python, env, tmp_path) == [checkout_sdist.as_uri()]

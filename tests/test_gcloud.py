@@ -22,7 +22,7 @@ from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuning
 from google.cloud.devtools.cloudbuild_v1.types import Build
 from google.protobuf import json_format
 
-from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly
+from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, jobspec_refusal, parse_strictly
 from trainer import jobspec
 from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 
@@ -400,3 +400,37 @@ def test_a_python_package_job_is_sent_as_written(capture, tmp_path, gcs):
         assert pool.python_package_spec.python_module == "trainer"
         assert not pool.container_spec.image_uri
     assert trial == sent
+
+
+def test_a_python_package_command_job_is_sent_as_written(capture, tmp_path, gcs):
+    """--python_package_command: every pool is a containerSpec of the image whose command
+    installs the uploaded sdist from the /gcs/ mount and then runs the launcher with the
+    image job's args and env; gcloud sends it as written (strictly parsed)."""
+    from tests.gcs_emulator import BUCKET
+
+    base = f"gs://{BUCKET}/package-command-sent"
+    argv = ["--python_package", "--python_package_command", "--base_output_dir", base]
+    body, sent, trial = send_generated_job(capture, tmp_path, argv, "package-command")
+    for pool in body["jobSpec"]["workerPoolSpecs"]:
+        assert "pythonPackageSpec" not in pool
+        spec = pool["containerSpec"]
+        assert spec["imageUri"] == jobspec.DEFAULT_IMAGE
+        shell, flag, script, name = spec["command"]
+        assert (shell, flag, name) == ("sh", "-c", "trainer")
+        mounted = rf"/gcs/{BUCKET}/package-command-sent/packages/[0-9a-f]{{16}}/"
+        assert re.fullmatch(
+            rf"python -m pip install --quiet --user --no-build-isolation {mounted}"
+            r'vertex_hf_trainer-0\.1\.0\.tar\.gz && exec python -m trainer "\$@"',
+            script,
+        ), script
+        assert spec["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
+        env = {item["name"]: item["value"] for item in spec["env"]}
+        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
+    for pool in sent.worker_pool_specs:
+        assert list(pool.container_spec.command) == spec["command"]
+    assert trial == sent
+
+
+def test_python_package_command_alone_is_refused(tmp_path, capsys):
+    error = jobspec_refusal(["--python_package_command"], tmp_path, capsys)
+    assert "--python_package_command says how to run --python_package: give both." in error

@@ -29,6 +29,7 @@ from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
 from trainer.config.deepspeed import PRESETS_DIR
 from trainer.config.hardware import Hardware
 from trainer.config.recipes import RECIPES_DIR
+from trainer.packaging import sdist_digest
 
 
 def rendered(*argv: str) -> dict[str, dict]:
@@ -428,7 +429,7 @@ def test_python_package_uploads_the_checkouts_sdist_and_runs_it_on_the_image(gcs
 
     open_store(folder).download(tmp_path / "got")
     sdist = tmp_path / "got" / name
-    assert jobspec.sdist_digest(sdist).startswith(folder.rpartition("/")[2])
+    assert sdist_digest(sdist).startswith(folder.rpartition("/")[2])
     with tarfile.open(sdist) as archive:
         names = {member.split("/", 1)[-1] for member in archive.getnames()}
     shipped = {path.relative_to(REPO_ROOT).as_posix() for path in

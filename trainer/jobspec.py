@@ -12,22 +12,18 @@ The checked-in config.yaml and hptuning.yaml are its output for the defaults bel
 
 With `--python_package` every pool runs the code of this checkout on the released image
 instead of the image's own copy: the checkout's sdist is built and uploaded next to the
-job's outputs, and each pool becomes a `pythonPackageSpec` with the image as executor, so
-a code change reaches Vertex AI in minutes, without an image build (docs/deploy.md, "Code
-updates without an image build").
+job's outputs, and each pool becomes a `pythonPackageSpec` with the image as executor (or,
+with `--python_package_command`, a `containerSpec` whose command installs it first, as the
+Vertex AI SDK does for custom images), so a code change reaches Vertex AI in minutes,
+without an image build (docs/deploy.md, "Code updates without an image build").
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +44,7 @@ from trainer.config.secrets import (
     secret_values,
 )
 from trainer.launcher.hub_checks import check_hub_ids, hub_ids
-from trainer.storage.store import TransferError, open_store
+from trainer.packaging import stage_package
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -239,6 +235,15 @@ class JobSpecArguments:
             "help": "Run this checkout's code on --image without rebuilding it: build its "
             "sdist, upload it under --base_output_dir/packages/ and write every pool as a "
             "pythonPackageSpec (executor: --image; --check builds but uploads nothing)."
+        },
+    )
+    python_package_command: bool = field(
+        default=False,
+        metadata={
+            "help": "With --python_package: write every pool as a containerSpec of --image "
+            "whose command installs the sdist from Cloud Storage FUSE (/gcs/...) and then "
+            "runs python -m trainer, as the Vertex AI SDK does for an image that is not a "
+            "prebuilt one, instead of a pythonPackageSpec (docs/deploy.md says when)."
         },
     )
     max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
@@ -504,6 +509,9 @@ def custom_job_spec(
         }
         if package_uri is None:
             return {"containerSpec": {"imageUri": options.image, **run}}
+        if options.python_package_command:
+            command = installing_command(package_uri)
+            return {"containerSpec": {"imageUri": options.image, "command": command, **run}}
         return {
             "pythonPackageSpec": {
                 "executorImageUri": options.image,
@@ -632,123 +640,34 @@ PACKAGE_MODULE = "trainer"
 """What a `pythonPackageSpec` runs from the installed sdist: `python -m trainer`, the
 launcher, as the image's entrypoint does."""
 
-PACKAGES_DIRNAME = "packages"
-"""Where under --base_output_dir the sdists go, each in a folder named by its content."""
-
 PLACEHOLDER_BUCKET = "BUCKET"
+
+
+def installing_command(package_uri: str) -> list[str]:
+    """A container command that installs the sdist at `package_uri` over the image's copy
+    (its user site, docker/Dockerfile) and then runs the launcher with the pool's args.
+
+    The file is read where Vertex AI mounts the job's buckets (Cloud Storage FUSE, /gcs/).
+    The build runs without isolation, on the image's setuptools: a node that cannot reach
+    PyPI still installs (dependencies the image has are left as they are). `exec`: the
+    launcher replaces the shell, so a Spot notice's SIGTERM reaches it, not a shell that
+    would not pass it on."""
+    local = "/gcs/" + package_uri.removeprefix("gs://")
+    install = f"python -m pip install --quiet --user --no-build-isolation {shlex.quote(local)}"
+    return ["sh", "-c", f'{install} && exec python -m {PACKAGE_MODULE} "$@"', PACKAGE_MODULE]
 
 
 def check_package_bucket(options: JobSpecArguments) -> None:
     """--python_package uploads to the job's bucket, which must be a real one: found out
     here, before the sdist is built, not by a failed upload."""
+    if options.python_package_command and not options.python_package:
+        raise UserError("--python_package_command says how to run --python_package: give both.")
     bucket = options.base_output_dir.removeprefix("gs://").split("/")[0]
     if options.python_package and bucket == PLACEHOLDER_BUCKET:
         raise UserError(
             "--python_package uploads the sdist next to the job's outputs, and no bucket is "
             f"known: give --base_output_dir gs://YOUR_BUCKET/..., not {options.base_output_dir}."
         )
-
-
-def source_checkout() -> Path:
-    """The checkout this `trainer` package is imported from: the code the job will run."""
-    return Path(__file__).resolve().parent.parent
-
-
-def working_tree_files(root: Path) -> list[str]:
-    """The files of the working tree as git sees it: tracked and untracked ones, less what
-    .gitignore excludes (what `gcloud builds submit` uploads for an image build, too).
-    Listing them keeps a virtual environment, outputs and caches out of the copy that the
-    sdist is built from."""
-    listed = subprocess.run(
-        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if listed.returncode != 0:
-        reason = (listed.stderr.strip().splitlines() or ["git failed"])[-1]
-        raise UserError(
-            f"--python_package builds the sdist of a git checkout, and {root} is not one "
-            f"({reason}); run it from a clone of the project."
-        )
-    return [name for name in listed.stdout.split("\0") if name and (root / name).is_file()]
-
-
-def build_sdist(root: Path, scratch: Path) -> Path:
-    """`python -m build --sdist` of the working tree at `root`, through the `build` package,
-    on a copy in `scratch` (setuptools writes its egg-info next to the sources; the checkout
-    stays as it was). The running environment builds it when it has the build backend
-    (pyproject's build-system.requires), as in a `make install` venv; else an isolated one."""
-    try:
-        from build import BuildBackendException, BuildException, ProjectBuilder
-        from build.env import DefaultIsolatedEnv
-        from pyproject_hooks import quiet_subprocess_runner
-    except ImportError:
-        raise UserError(
-            "--python_package needs the `build` package: make install, or pip install build."
-        ) from None
-    source = scratch / "source"
-    for name in working_tree_files(root):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / name, source / name)
-    try:
-        builder = ProjectBuilder(source, runner=quiet_subprocess_runner)
-        if not builder.check_dependencies("sdist"):
-            return Path(builder.build("sdist", scratch / "dist"))
-        with DefaultIsolatedEnv() as env:
-            builder = ProjectBuilder.from_isolated_env(env, source, quiet_subprocess_runner)
-            env.install(builder.build_system_requires)
-            env.install(builder.get_requires_for_build("sdist"))
-            return Path(builder.build("sdist", scratch / "dist"))
-    except (BuildException, BuildBackendException) as error:
-        raise UserError(f"{root} is not a buildable package: {_build_failure(error)}") from None
-
-
-def _build_failure(error: Exception) -> str:
-    """The line that says why: the backend's last line of output, else the error itself."""
-    output = getattr(getattr(error, "exception", None), "output", None) or b""
-    lines = [line.strip() for line in output.decode(errors="replace").splitlines()]
-    lines = [line for line in lines if line]
-    return lines[-1] if lines else str(error).strip().splitlines()[0]
-
-
-def sdist_digest(sdist: Path) -> str:
-    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip
-    headers hold build times, so the same code built twice (by the same setuptools) gets
-    the same name (and --check agrees with a spec written before), and other code never
-    does."""
-    digest = hashlib.sha256()
-    with tarfile.open(sdist) as archive:
-        for member in sorted(archive.getmembers(), key=lambda member: member.name):
-            name = member.name.split("/", 1)[-1]  # without the NAME-VERSION/ folder
-            digest.update(f"{name}\0{member.size}\0".encode())
-            if member.isfile():
-                digest.update(archive.extractfile(member).read())
-    return digest.hexdigest()
-
-
-def stage_package(base_output_dir: str, upload: bool) -> str:
-    """Build this checkout's sdist and upload it (unless not `upload`) to
-    BASE/packages/DIGEST/NAME-VERSION.tar.gz; return that URI. The folder is named by the
-    content, so a restarted job installs the code it started with, as a pinned image tag
-    gives it, and a second upload of the same code finds it there. The file keeps the name
-    setuptools gave it, which pip reads the project's name and version from."""
-    with tempfile.TemporaryDirectory(prefix="trainer-sdist-") as scratch:
-        sdist = build_sdist(source_checkout(), Path(scratch))
-        folder = f"{base_output_dir.rstrip('/')}/{PACKAGES_DIRNAME}/{sdist_digest(sdist)[:16]}"
-        uri = f"{folder}/{sdist.name}"
-        if not upload:
-            print(f"built {sdist.name}: {uri} (not uploaded)")
-            return uri
-        store = open_store(folder)
-        store.check_writable()
-        if sdist.name in store.list_files():
-            print(f"{uri} is already there")
-        else:
-            try:
-                store.upload(sdist.parent, [sdist.name])
-            except TransferError as error:
-                raise UserError(f"{error} (nothing was written)") from None
-            print(f"uploaded {uri}")
-    return uri
 
 
 def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
