@@ -289,9 +289,10 @@ def test_a_stream_hands_the_names_it_drops_to_a_neighbouring_example():
 
 @pytest.mark.slow
 def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets, tmp_path):
-    """The real command line, two loader workers: with room for the two bad training clips
-    the run finishes, every line after they were read counting them; with
-    --max_bad_examples 0 it stops with one line naming them, exit code 78."""
+    """The real command line, two loader workers per process: with room for the two bad
+    training clips, two processes finish, the chief's lines counting both processes'
+    skips from when they were read; with --max_bad_examples 0 the run stops with one line
+    naming them, exit code 78."""
     shards = speech_shards_with_bad_clips(demo_assets, tmp_path)
     run = ["--model_name_or_path", str(demo_assets.model_dir), "--dataset_name", str(shards),
            *DEMO_SPEECH_FLAGS, "--streaming", "true", "--dataloader_num_workers", "2",
@@ -299,17 +300,20 @@ def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets,
            "--save_strategy", "no", "--generation_max_length", "4"]  # fmt: skip
     env = trainer_env(tmp_path / "cache")
     code, output = run_trainer(
-        [*run, "--max_bad_examples", "2", "--eval_strategy", "no", "--do_eval", "true",
-         "--output_dir", "kept"],
+        [*run, "--nproc_per_node", "2", "--max_bad_examples", "2", "--eval_strategy", "no",
+         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept"],
         tmp_path, env,
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert f"warning: skipped 1 of {STREAMED_CLIPS + 1} clips in split test of" in output
     lines = output.splitlines()
     steps = [line for line in lines if line.startswith(("step ", "training done"))]
-    assert steps[-1].startswith("training done") and steps[-1].endswith(
-        f"| skipped 2 undecodable of {4 * 4 + 2 * 2} streamed"  # two epochs of 6 + 2
-    ), steps
+    found = [re.search(r"\| skipped (\d) undecodable of (\d+) streamed$", line) for line in steps]
+    counts = [int(match[1]) if match else 0 for match in found]
+    assert len(steps) == 5 and counts == sorted(counts) and counts[-1] == 2, steps
+    trained = sum(len(path.read_text().splitlines()) for path in (tmp_path / "audit").iterdir())
+    # both processes' reads: what they trained on, and each skipped clip at least once
+    assert int(found[-1][2]) >= trained + 2, (steps[-1], trained)
     assert any(re.match(rf"warning: skipped undecodable examples in the training stream "
                         rf"\(split train of {shards}\): ({BAD_SAMPLES})", line)
                for line in lines), output[-3000:]  # fmt: skip
