@@ -31,7 +31,9 @@ from trainer.data.streams import (
     SKIPPED,
     PositionCollator,
     ResumableStream,
+    StreamPositions,
     prepare_stream,
+    stream_start,
 )
 from trainer.storage.store import open_store
 
@@ -263,6 +265,21 @@ def test_stream_skips_count_each_file_once_against_a_count_or_a_share():
     exact.trained(5, ["c"])
     with pytest.raises(UserError, match=r"^3 of the 13 examples .* allows \(2\); first: a, b, c$"):
         exact.agree(lambda mine: mine)
+
+
+def test_a_resumed_stream_counts_on_from_its_checkpoint(tmp_path):
+    """The names skipped before a checkpoint are not read again after it: the checkpoint's
+    stream state keeps them, agreed and not yet agreed."""
+    skips = StreamSkips("2", "train")
+    skips.trained(5, ["a", "b"])
+    skips.agree(lambda mine: mine)
+    skips.trained(5, ["c"])
+    StreamPositions(epoch=1, consumed={0: 4}).save(tmp_path, 0, 1, skips.state())
+    start = stream_start(str(tmp_path), 0, 1)
+    resumed = StreamSkips("2", "train")
+    resumed.resume(start.skipped)
+    with pytest.raises(UserError, match=r"^3 of the 13 examples .*; first: a, b, c$"):
+        resumed.agree(lambda mine: mine)
 
 
 def _rows(rows: list[dict]):

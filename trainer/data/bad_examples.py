@@ -218,6 +218,20 @@ class StreamSkips:
     def limit(self) -> int:
         return max_bad(self.spec, self.rows or max(self.read, MIN_STREAM_BASIS))
 
+    def state(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped
+        before the checkpoint is not read again): the agreed names and reads, the same in
+        every process (saves come after the step's progress line), and this process's
+        since."""
+        return {"names": list(self.names), "read": self.read,
+                "new_names": self._new_names, "new_read": self._new_read}  # fmt: skip
+
+    def resume(self, state: dict) -> None:
+        """Go on from a checkpoint's `state` (empty: one saved before streams counted)."""
+        self.names = dict.fromkeys(state.get("names", []))
+        self.read = state.get("read", 0)
+        self._new_names, self._new_read = state.get("new_names", []), state.get("new_read", 0)
+
     def _basis(self) -> str:
         if not self.spec.strip().endswith("%"):
             return ""

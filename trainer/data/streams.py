@@ -62,6 +62,8 @@ class StreamStart:
     epoch: int = 0
     consumed: dict[int, int] = field(default_factory=dict)
     """Worker id -> examples of `epoch` already trained on."""
+    skipped: dict = field(default_factory=dict)
+    """The undecodable examples counted so far (`StreamSkips.state()`)."""
 
 
 class ResumableStream(torch.utils.data.IterableDataset):
@@ -166,10 +168,12 @@ class StreamPositions:
             if epoch == self.epoch:
                 self.consumed[worker] = max(self.consumed.get(worker, 0), index + 1)
 
-    def save(self, checkpoint: Path, rank: int, world_size: int) -> None:
+    def save(self, checkpoint: Path, rank: int, world_size: int, skipped: dict) -> None:
+        """With `skipped`, the undecodable examples counted so far (`StreamSkips.state()`)."""
         path = checkpoint / STATE_DIRNAME / f"rank-{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"world_size": world_size, "epoch": self.epoch, "consumed": self.consumed}
+        state = {"world_size": world_size, "epoch": self.epoch, "consumed": self.consumed,
+                 "skipped": skipped}  # fmt: skip
         path.write_text(json.dumps(state))
 
 
@@ -190,7 +194,7 @@ def stream_start(checkpoint: str | None, rank: int, world_size: int) -> StreamSt
             f"among {world_size} cannot resume from it exactly: use {state['world_size']}."
         )
     consumed = {int(worker): count for worker, count in state["consumed"].items()}
-    return StreamStart(state["epoch"], consumed)
+    return StreamStart(state["epoch"], consumed, state.get("skipped", {}))
 
 
 def indexed_rows(task) -> int | None:

@@ -112,6 +112,7 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         data = flags.data
         where = f"split {data.train_split_name} of {data.dataset_name}"
         skips = StreamSkips(data.max_bad_examples, where, indexed_rows(task))
+        skips.resume(start.skipped)
         trainer_class = streaming_trainer(
             trainer_class, train_dataset.start, data.stream_audit_dir, skips
         )

@@ -87,7 +87,9 @@ class StreamingTrainerMixin:
         super()._save_checkpoint(model, trial)
         folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         checkpoint = Path(self._get_output_dir(trial=trial)) / folder
-        self.stream_positions.save(checkpoint, self.args.process_index, self.args.world_size)
+        self.stream_positions.save(
+            checkpoint, self.args.process_index, self.args.world_size, self.stream_skips.state()
+        )
 
     def _audit(self, positions: list[tuple]) -> None:
         """One line per example: the optimizer step it belongs to and its id (a shard
