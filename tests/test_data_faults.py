@@ -1,6 +1,7 @@
 """Damaged training data (issue 20's data faults): a shard that disagrees with its index,
-undecodable clips, a CSV that is not UTF-8. Each is either skipped and counted, or stopped
-with one `error:` line naming the file, never trained on silently."""
+undecodable clips (map-style and streamed), a CSV that is not UTF-8. Each is either
+skipped and counted, or stopped with one `error:` line naming the file, never trained on
+silently."""
 
 from __future__ import annotations
 
@@ -8,21 +9,32 @@ import dataclasses
 import io
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DataLoader
 
-from tests.helpers import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+from tests.helpers import DEMO_SPEECH_FLAGS, few_clips, run_trainer, speech_task, trainer_env
 from tests.test_speech_task import BAD_CLIPS, tone_speech_with_bad_clips
-from tests.test_streaming import COLUMNS, make_sentiment_shards
+from tests.test_streaming import COLUMNS, make_sentiment_shards, make_shards
 from tests.tiny_assets import TONE_CLIPS, write_sentiment_csv
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import UNDECODABLE, StreamSkips
 from trainer.data.faults import DataFault
 from trainer.data.shard_index import INDEX, ShardIndex, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.data.sources import check_shard_set
+from trainer.data.streams import (
+    POSITION,
+    SKIPPED,
+    PositionCollator,
+    ResumableStream,
+    StreamPositions,
+    prepare_stream,
+    stream_start,
+)
 from trainer.storage.store import open_store
 
 
@@ -185,3 +197,153 @@ def test_a_speech_run_skips_a_garbage_an_empty_and_a_missing_clip(tmp_path, demo
         line for line in output.splitlines() if line.startswith("training done")
     )
     assert (tmp_path / "out" / "model" / "model.safetensors").exists()
+
+
+STREAMED_CLIPS = 6
+"""Good clips per split of `speech_shards_with_bad_clips`."""
+
+
+def speech_shards_with_bad_clips(demo_assets, root: Path) -> Path:
+    """WebDataset shards (one clip each) of a few tone clips per split, plus a garbage and
+    an empty clip in train (samples `train/6` and `train/7`) and a garbage one in test."""
+    source = few_clips(demo_assets, root / "speech", per_split=STREAMED_CLIPS)
+    for split, names in (("train", ("garbage.wav", "empty.wav")), ("test", ("garbage.wav",))):
+        (source / split / "garbage.wav").write_bytes(b"RIFF, but no audio " * 40)
+        (source / split / "empty.wav").write_bytes(b"")
+        with (source / split / "metadata.csv").open("a") as handle:
+            handle.writelines(f"{name},red cats\n" for name in names)
+    make_shards(source, root / "shards", "--task", "speech-recognition", "--text_column_name",
+                "transcription", "--format", "webdataset", "--shard_size_mb", "0.01")  # fmt: skip
+    return root / "shards"
+
+
+BAD_SAMPLES = rf"train/{STREAMED_CLIPS}\.wav|train/{STREAMED_CLIPS + 1}\.wav"
+
+
+def test_loader_workers_skip_undecodable_streamed_clips_and_carry_their_names(
+    demo_assets, tmp_path
+):
+    """Two loader worker processes decode the streamed clips; the bad ones reach the
+    training process only as names in the batches, and the limit counts them."""
+    shards = speech_shards_with_bad_clips(demo_assets, tmp_path)
+    task, _, processor = speech_task(
+        demo_assets.model_dir, shards, "--text_column_name", "transcription", "--streaming",
+        "--max_steps", "1", "--max_bad_examples", "1",
+    )  # fmt: skip
+    stream, evaluation = task.load_datasets(processor)
+    assert len(evaluation) == STREAMED_CLIPS, "the evaluation split's garbage clip is skipped"
+    loader = DataLoader(
+        prepare_stream(stream, seed=1, buffer_size=4, start=None), batch_size=3, num_workers=2,
+        collate_fn=PositionCollator(task.data_collator(processor)),
+    )  # fmt: skip
+    skips = StreamSkips("1", "split train of D")
+    batches = list(loader)
+    for batch in batches:
+        skips.trained(len(batch[POSITION]), batch[SKIPPED])
+    assert sum(len(batch["labels"]) for batch in batches) == STREAMED_CLIPS
+    assert {worker for batch in batches for worker, *_ in batch[POSITION]} == {0, 1}
+    with pytest.raises(UserError, match=rf"^2 of the {STREAMED_CLIPS + 2} examples read from the "
+                       r"training stream \(split train of D\) cannot be decoded, more than "
+                       rf"--max_bad_examples 1 allows \(1\); first: ({BAD_SAMPLES}), "
+                       rf"({BAD_SAMPLES})$"):  # fmt: skip
+        skips.agree(lambda mine: mine)
+
+
+def test_stream_skips_count_each_file_once_against_a_count_or_a_share():
+    skips = StreamSkips("1%", "train")
+    skips.trained(0, ["a.wav"])
+    assert skips.agree(lambda mine: mine), "the first names are news"
+    assert skips.limit() == 10, "1% of at least 1000: one bad first example stops nothing"
+    skips.trained(498, [])
+    other_rank = [(["a.wav", "b.wav"], 1500)]  # a.wav again: read there in a later epoch
+    assert not skips.agree(lambda mine: mine + other_rank)
+    assert (list(skips.names), skips.read, skips.limit()) == (["a.wav", "b.wav"], 1999, 19)
+    assert StreamSkips("1%", "train", rows=300).limit() == 3, "the index's count, when known"
+    exact = StreamSkips("2", "train")
+    exact.trained(5, ["a", "b"])
+    exact.agree(lambda mine: mine)
+    exact.trained(5, ["c"])
+    with pytest.raises(UserError, match=r"^3 of the 13 examples .* allows \(2\); first: a, b, c$"):
+        exact.agree(lambda mine: mine)
+
+
+def test_a_resumed_stream_counts_on_from_its_checkpoint(tmp_path):
+    """The names skipped before a checkpoint are not read again after it: the checkpoint's
+    stream state keeps them, agreed and not yet agreed."""
+    skips = StreamSkips("2", "train")
+    skips.trained(5, ["a", "b"])
+    skips.agree(lambda mine: mine)
+    skips.trained(5, ["c"])
+    StreamPositions(epoch=1, consumed={0: 4}).save(tmp_path, 0, 1, skips.state())
+    start = stream_start(str(tmp_path), 0, 1)
+    resumed = StreamSkips("2", "train")
+    resumed.resume(start.skipped)
+    with pytest.raises(UserError, match=r"^3 of the 13 examples .*; first: a, b, c$"):
+        resumed.agree(lambda mine: mine)
+
+
+def _rows(rows: list[dict]):
+    yield from rows
+
+
+def test_a_stream_hands_the_names_it_drops_to_a_neighbouring_example():
+    """Names go with the next example, and those after the last one with the last one; a
+    part where nothing decodes is a DataFault naming it."""
+    from datasets import IterableDataset
+
+    def stream(*names):
+        rows = [{"n": n, UNDECODABLE: name} for n, name in enumerate(names)]
+        return IterableDataset.from_generator(_rows, gen_kwargs={"rows": rows})
+
+    examples = list(ResumableStream(stream("a", None, "b", None, "c")))
+    assert [(example["n"], example[SKIPPED]) for example in examples] == [(1, ["a", "b"]),
+                                                                          (3, ["c"])]  # fmt: skip
+    assert [example[POSITION][2] for example in examples] == [1, 3]
+    with pytest.raises(DataFault, match=r"^none of the 2 examples loader worker 0 read from "
+                       r"the training stream in epoch 0 decodes \(first: a, b\)$"):  # fmt: skip
+        list(ResumableStream(stream("a", "b")))
+
+
+@pytest.mark.slow
+def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets, tmp_path):
+    """The real command line, two loader workers per process: with room for the two bad
+    training clips, two processes finish, the chief's lines counting both processes'
+    skips from when they were read; with --max_bad_examples 0 the run stops with one line
+    naming them, exit code 78."""
+    shards = speech_shards_with_bad_clips(demo_assets, tmp_path)
+    run = ["--model_name_or_path", str(demo_assets.model_dir), "--dataset_name", str(shards),
+           *DEMO_SPEECH_FLAGS, "--streaming", "true", "--dataloader_num_workers", "2",
+           "--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
+           "--save_strategy", "no", "--generation_max_length", "4"]  # fmt: skip
+    env = trainer_env(tmp_path / "cache")
+    code, output = run_trainer(
+        [*run, "--nproc_per_node", "2", "--max_bad_examples", "2", "--eval_strategy", "no",
+         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept"],
+        tmp_path, env,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert f"warning: skipped 1 of {STREAMED_CLIPS + 1} clips in split test of" in output
+    lines = output.splitlines()
+    steps = [line for line in lines if line.startswith(("step ", "training done"))]
+    found = [re.search(r"\| skipped (\d) undecodable of (\d+) streamed$", line) for line in steps]
+    counts = [int(match[1]) if match else 0 for match in found]
+    assert len(steps) == 5 and counts == sorted(counts) and counts[-1] == 2, steps
+    trained = sum(len(path.read_text().splitlines()) for path in (tmp_path / "audit").iterdir())
+    # both processes' reads: what they trained on, and each skipped clip at least once
+    assert int(found[-1][2]) >= trained + 2, (steps[-1], trained)
+    assert any(re.match(rf"warning: skipped undecodable examples in the training stream "
+                        rf"\(split train of {shards}\): ({BAD_SAMPLES})", line)
+               for line in lines), output[-3000:]  # fmt: skip
+
+    code, output = run_trainer(
+        [*run, "--max_bad_examples", "0", "--eval_strategy", "no", "--output_dir", "stopped"],
+        tmp_path, env,
+    )  # fmt: skip
+    assert code == 78, output[-3000:]
+    (line,) = error_lines(output)
+    assert re.match(
+        rf"error: [12] of the \d+ examples read from the training stream .* "
+        rf"--max_bad_examples 0 allows \(0\); first: ({BAD_SAMPLES})",
+        line,
+    ), line
+    assert "final model and processor saved" not in output

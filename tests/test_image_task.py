@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+from pathlib import Path
 
 import datasets
 import pytest
@@ -47,6 +48,25 @@ def test_undecodable_images_are_skipped_and_counted(image_assets, capsys):
     assert f"skipped 2 of {TRAIN_IMAGES + 2} images in split train" in out
     assert re.search(r"first: \S+/red/(not-an-image|truncated)\.png", out)
     assert all(example["image"].size == (40, 40) for example in train)
+
+
+def test_a_streamed_split_skips_undecodable_images_as_they_are_read(image_assets, tmp_path):
+    """From shards, augmented: the stream decodes every image whole as it is read, and the
+    two bad files reach the training process as names only."""
+    from tests.test_streaming import make_shards
+    from trainer.data.streams import SKIPPED, prepare_stream
+
+    make_shards(image_assets[1], tmp_path / "shards", "--task", "image-classification",
+                "--shard_size_mb", "0.05")  # fmt: skip
+    task = image_task(image_assets[0], tmp_path / "shards", "--streaming", "--max_steps", "1",
+                      "--augment", "true", *ALLOW_FIXTURE_BAD)  # fmt: skip
+    _, processor = task.build_model_and_processor()
+    train, _ = task.load_datasets(processor)
+    examples = list(prepare_stream(train, seed=1, buffer_size=4, start=None))
+    assert len(examples) == TRAIN_IMAGES
+    skipped = sorted(Path(name).name for example in examples for name in example[SKIPPED])
+    assert skipped == ["not-an-image.png", "truncated.png"]
+    assert all(isinstance(example["image"], Image.Image) for example in examples)
 
 
 def test_more_undecodable_images_than_allowed_stop_the_run_naming_them(image_assets):

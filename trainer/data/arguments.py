@@ -46,7 +46,11 @@ class DataArguments:
             "help": "Undecodable clips or images (garbage, empty, missing files) are skipped "
             "and counted, up to this many per split: a count (10), or a share of the split "
             "as a number with a percent sign (the default: one percent); past it, or when "
-            "none decodes, the run stops before training, naming the first bad files."
+            "none decodes, the run stops before training, naming the first bad files. A "
+            "streamed training split is checked as it is read, at every progress line: "
+            "distinct files skipped by all processes, a share being of the shard index's "
+            "example count, or without an index of the examples read so far (at least "
+            "1000)."
         },
     )
     streaming: bool = field(

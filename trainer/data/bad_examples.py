@@ -4,10 +4,17 @@ line naming the first bad files.
 
 Real corpora carry a few such files (Common Voice ships some clips no decoder reads), and
 one among thousands should not stop a job; a set that is broken at scale (a wrong format,
-a half-finished copy) should, before any training. The check is one pass over the
-undecoded split before training (`screen`), whose result `datasets` caches per machine;
-every process computes the same count for the whole split, and the progress lines and the
-closing summary show it (`skipped_per_epoch`).
+a half-finished copy) should, before any training. For a map-style split the check is one
+pass over the undecoded split before training (`screen`), whose result `datasets` caches
+per machine; every process computes the same count for the whole split, and the progress
+lines and the closing summary show it (`skipped_per_epoch`).
+
+A stream cannot be checked before it is read. Its media are decoded as they are read, in
+the loader's workers (`mark_undecodable`); an example that does not decode is kept, empty
+and named, until trainer/data/streams.py drops it and carries its name to the training
+process inside the next batch (a worker is another process: nothing else reaches the
+Trainer). There `StreamSkips` counts the names, and every process agrees on the count at
+each progress line, where the limit is applied.
 """
 
 from __future__ import annotations
@@ -15,16 +22,25 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
+from trainer.data.shard_index import KEY_COLUMN
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
 
 DEFAULT_MAX_BAD_EXAMPLES = "1%"
 """A handful of broken clips in a real corpus is far below 1%; a broken copy is far above."""
 NAMES_SHOWN = 3
+UNDECODABLE = "__undecodable__"
+"""Stream column: the name of an example whose media did not decode (None for the others)."""
+MIN_STREAM_BASIS = 1000
+"""A percentage limit on a stream without a shard index counts the examples read so far as
+at least this many: a stream's length is unknown until it ends, and 1% of its first few
+examples would allow none."""
 
 _skipped: dict[str, int] = {}
 """Training split description -> examples skipped in it, in this process."""
@@ -118,5 +134,111 @@ def _measured(measure: Callable[[dict], Any], value: dict) -> Any:
         return None
 
 
-def _name(value: dict, index: int) -> str:
+def _name(value: dict, index: int | str) -> str:
     return (value or {}).get("path") or f"example {index}"
+
+
+def mark_undecodable(
+    stream: IterableDataset, column: str, measure: Callable[[Any], Any]
+) -> IterableDataset:
+    """`stream` with `column` decoded as its feature says (`datasets` would decode it the
+    same way, but raise inside the stream on a bad file). An example whose value does not
+    decode, or that `measure` (given the decoded value) rejects by raising or returning
+    None, keeps None there and its file's name in `UNDECODABLE`.
+
+    The decoding is a `map` declaring the decoded features, because `datasets` 5 decodes
+    a stream's media only where nothing before has typed its examples: after a `filter` or
+    `map` on undecoded media, casting the column back to decoding does nothing. (The
+    stream's sources leave media undecoded: trainer/data/sources.py `undecoded`.)"""
+    from datasets import Features, Value
+
+    feature = replace(stream.features[column], decode=True)
+    decoded = Features({**stream.features, column: feature, UNDECODABLE: Value("string")})
+    return stream.decode(False).map(
+        partial(_decoded_or_named, column, feature, measure), features=decoded
+    )
+
+
+def _decoded_or_named(column: str, feature, measure: Callable[[Any], Any], example: dict) -> dict:
+    value = example[column]
+    try:
+        decoded = feature.decode_example(value)
+        if measure(decoded) is None:
+            raise ValueError("no measure")
+    except Exception:  # noqa: BLE001 - decoders report broken files with many exception types
+        return {column: None, UNDECODABLE: _name(value, example.get(KEY_COLUMN, "?"))}
+    return {column: decoded, UNDECODABLE: None}
+
+
+@dataclass
+class StreamSkips:
+    """Undecodable examples a training stream skipped, as the training process learns of
+    them (each batch carries the names its worker dropped), and every process's, merged
+    at each progress line (`agree`, called by every rank at the same step).
+
+    Names, not counts, are merged: a shuffled stream gives an example to another process
+    in the next epoch, so a file is counted once however often it is read. The examples
+    read (trained on or skipped) are summed."""
+
+    spec: str
+    """`--max_bad_examples`."""
+    where: str
+    """The training split, for the error line."""
+    rows: int | None = None
+    """Examples per epoch when the shard index says (the basis of a percentage)."""
+    names: dict[str, None] = field(default_factory=dict)
+    """Every process's skipped files as of the last agreement, the same in each process."""
+    read: int = 0
+    """Examples every process has read, as of the last agreement."""
+    _new_names: list[str] = field(default_factory=list)
+    _new_read: int = 0
+
+    def trained(self, examples: int, skipped: list[str]) -> None:
+        """A batch of `examples`, whose worker dropped `skipped` before them."""
+        self._new_names += skipped
+        self._new_read += examples + len(skipped)
+
+    def agree(self, gather: Callable[[list], list]) -> bool:
+        """Merge every process's news (`gather`: a list from each process, concatenated
+        in rank order); whether the merge brought the first skipped names. Raises
+        UserError, in every process alike, once more files were skipped than allowed."""
+        first = not self.names
+        for names, read in gather([(self._new_names, self._new_read)]):
+            self.names.update(dict.fromkeys(names))
+            self.read += read
+        self._new_names, self._new_read = [], 0
+        if len(self.names) > self.limit():
+            raise UserError(
+                f"{len(self.names)} of the {self.read} examples read from the training stream "
+                f"({self.where}) cannot be decoded, more than --max_bad_examples {self.spec} "
+                f"allows ({self.limit()}{self._basis()}); first: {self.first_names()}"
+            )
+        return first and bool(self.names)
+
+    def limit(self) -> int:
+        return max_bad(self.spec, self.rows or max(self.read, MIN_STREAM_BASIS))
+
+    def state(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped
+        before the checkpoint is not read again): the agreed names and reads, the same in
+        every process (saves come after the step's progress line), and this process's
+        since."""
+        return {"names": list(self.names), "read": self.read,
+                "new_names": self._new_names, "new_read": self._new_read}  # fmt: skip
+
+    def resume(self, state: dict) -> None:
+        """Go on from a checkpoint's `state` (empty: one saved before streams counted)."""
+        self.names = dict.fromkeys(state.get("names", []))
+        self.read = state.get("read", 0)
+        self._new_names, self._new_read = state.get("new_names", []), state.get("new_read", 0)
+
+    def _basis(self) -> str:
+        if not self.spec.strip().endswith("%"):
+            return ""
+        if self.rows:
+            return f" of the shard index's {self.rows}"
+        return f" of {max(self.read, MIN_STREAM_BASIS)}: those read, at least {MIN_STREAM_BASIS}"
+
+    def first_names(self) -> str:
+        names = list(self.names)
+        return ", ".join(names[:NAMES_SHOWN]) + (", ..." if len(names) > NAMES_SHOWN else "")

@@ -1,5 +1,6 @@
 """`DataFault`: training data found damaged while it is read (a shard whose bytes or
-example count disagree with its index, too many undecodable examples).
+example count disagree with its index, a loader worker's part of a stream in which no
+example decodes).
 
 It is raised inside a training process, often in a DataLoader worker, and is rank-specific
 (each process reads its own shards), so it is not a `UserError` (whose line only local

@@ -235,13 +235,14 @@ def load_split(
     name = data_args.dataset_name
     index = shard_index_of(name)
     if index is not None:
-        return shard_split(name, index, spec, streaming), None
+        split = shard_split(name, index, spec, streaming)
+        return (undecoded(split) if streaming else split), None
     if not looks_like_path(name):
         config = data_args.dataset_config_name
         if streaming or data_args.streaming:
             parts = [
-                load_or_explain(name, lambda split=split: load_dataset(
-                    name, config, split=split, cache_dir=cache_dir, streaming=True))
+                undecoded(load_or_explain(name, lambda split=split: load_dataset(
+                    name, config, split=split, cache_dir=cache_dir, streaming=True)))
                 for split in split_names(spec)
             ]  # fmt: skip
             stream = concatenate_datasets(parts)
@@ -265,6 +266,14 @@ def load_split(
     return load_layout(name, layout, spec, streaming), directory
 
 
+def undecoded(stream: IterableDataset) -> IterableDataset:
+    """A stream with its media left undecoded, for the task to decode where a bad file is
+    skipped and counted (trainer/data/bad_examples.py `mark_undecodable`): otherwise the
+    first `map` over it (renaming a column) decodes them and raises inside the stream on a
+    bad file, and so do the threads that decode a Hub folder's media."""
+    return stream if stream.features is None else stream.decode(False)
+
+
 def load_layout(
     name: str, layout: LocalLayout, spec: str, streaming: bool
 ) -> Dataset | IterableDataset:
@@ -282,7 +291,7 @@ def load_layout(
                 **layout.load_kwargs))
             for split in split_names(spec)
         ]  # fmt: skip
-        return concatenate_datasets(parts)
+        return undecoded(concatenate_datasets(parts))
     return load_or_explain(
         name,
         lambda: load_dataset(layout.builder, data_files=data_files, split=spec,

@@ -11,6 +11,11 @@ with `set_epoch`), then `split_dataset_by_node` with the global rank and world s
 (whole shards per process when they divide evenly, else every world-size-th example), and
 `datasets` divides a process's shards among its DataLoader workers.
 
+Undecodable examples (trainer/data/bad_examples.py): a task marks them as the stream is
+read, and `ResumableStream` drops them in the loader worker, carrying their names in the
+next example it yields (the last one of its part, for those after it) to the training
+process, which counts them (`StreamSkips`).
+
 Resuming: the shuffle is deterministic, so a position is (epoch, examples consumed) per
 DataLoader worker of each process. The training loop records the positions of the batches
 it actually trained on (the loader runs ahead of it), each checkpoint stores them per
@@ -33,7 +38,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import UNDECODABLE
 from trainer.data.checks import split_names
+from trainer.data.faults import DataFault
 from trainer.data.shard_index import KEY_COLUMN
 from trainer.data.sources import shard_index_of
 
@@ -42,6 +49,9 @@ if TYPE_CHECKING:
 
 POSITION = "stream_position"
 """Batch key of the positions of a batch's examples, removed before the model sees it."""
+SKIPPED = "stream_skipped"
+"""Example and batch key of the undecodable examples dropped before them (their names),
+removed before the model sees it."""
 STATE_DIRNAME = "stream-state"
 
 
@@ -52,6 +62,8 @@ class StreamStart:
     epoch: int = 0
     consumed: dict[int, int] = field(default_factory=dict)
     """Worker id -> examples of `epoch` already trained on."""
+    skipped: dict = field(default_factory=dict)
+    """The undecodable examples counted so far (`StreamSkips.state()`)."""
 
 
 class ResumableStream(torch.utils.data.IterableDataset):
@@ -76,9 +88,24 @@ class ResumableStream(torch.utils.data.IterableDataset):
         self.stream.set_epoch(self.epoch)
         skip = self.start.consumed.get(worker, 0) if self.epoch == self.start.epoch else 0
         examples = islice(iter(self.stream), skip, None)
+        held, skipped = None, []  # one example held back: it carries the names after it
         for index, example in enumerate(examples, start=skip):
+            name = example.pop(UNDECODABLE, None)
+            if name is not None:
+                (held[SKIPPED] if held is not None else skipped).append(name)
+                continue
             example[POSITION] = (worker, self.epoch, index, example.get(KEY_COLUMN))
-            yield example
+            example[SKIPPED], skipped = skipped, []
+            if held is not None:
+                yield held
+            held = example
+        if held is not None:
+            yield held
+        elif skipped:
+            raise DataFault(
+                f"none of the {len(skipped)} examples loader worker {worker} read from the "
+                f"training stream in epoch {self.epoch} decodes (first: {', '.join(skipped[:3])})"
+            )
 
 
 def prepare_stream(
@@ -117,8 +144,9 @@ class PositionCollator:
 
     def __call__(self, examples: list[dict]) -> dict:
         positions = [example.pop(POSITION) for example in examples]
+        skipped = [name for example in examples for name in example.pop(SKIPPED)]
         batch = self.collate(examples)
-        batch[POSITION] = positions
+        batch[POSITION], batch[SKIPPED] = positions, skipped
         return batch
 
 
@@ -140,10 +168,12 @@ class StreamPositions:
             if epoch == self.epoch:
                 self.consumed[worker] = max(self.consumed.get(worker, 0), index + 1)
 
-    def save(self, checkpoint: Path, rank: int, world_size: int) -> None:
+    def save(self, checkpoint: Path, rank: int, world_size: int, skipped: dict) -> None:
+        """With `skipped`, the undecodable examples counted so far (`StreamSkips.state()`)."""
         path = checkpoint / STATE_DIRNAME / f"rank-{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"world_size": world_size, "epoch": self.epoch, "consumed": self.consumed}
+        state = {"world_size": world_size, "epoch": self.epoch, "consumed": self.consumed,
+                 "skipped": skipped}  # fmt: skip
         path.write_text(json.dumps(state))
 
 
@@ -164,17 +194,25 @@ def stream_start(checkpoint: str | None, rank: int, world_size: int) -> StreamSt
             f"among {world_size} cannot resume from it exactly: use {state['world_size']}."
         )
     consumed = {int(worker): count for worker, count in state["consumed"].items()}
-    return StreamStart(state["epoch"], consumed)
+    return StreamStart(state["epoch"], consumed, state.get("skipped", {}))
+
+
+def indexed_rows(task) -> int | None:
+    """Examples per epoch of the training stream, when every source is an indexed shard set."""
+    indexes = [shard_index_of(source.data_args.dataset_name) for source in task.sources()]
+    if any(index is None for index in indexes):
+        return None
+    names = split_names(task.data_args.train_split_name)
+    return sum(index.rows(name) for index in indexes for name in names)
 
 
 def epoch_line(task, args) -> str:
     """What `--max_steps` means in epochs, from the shard indexes (streams have no length)."""
     spec = task.data_args.train_split_name
     per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
-    indexes = [shard_index_of(source.data_args.dataset_name) for source in task.sources()]
-    if any(index is None for index in indexes):
+    rows = indexed_rows(task)
+    if rows is None:
         return f"streaming {spec}: {per_step} examples per optimizer step, {args.max_steps} steps"
-    rows = sum(index.rows(name) for index in indexes for name in split_names(spec))
     return (
         f"streaming {spec}: {rows} examples per epoch (shard index; filters may drop some), "
         f"{per_step} per optimizer step: --max_steps {args.max_steps} is "

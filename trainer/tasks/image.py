@@ -15,6 +15,8 @@ Images that cannot be decoded (not an image, truncated, unknown format) are skip
 counted, with one line naming the first of them: one bad file in a scraped set of
 thousands should not stop a job, and a split where nothing decodes is an error. The check
 is a pass over the split before training; `datasets` caches its result on each machine.
+A streamed training split is checked as it is read: each image is decoded whole in the
+loader, once, and a bad one is skipped and counted there (trainer/data/bad_examples.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
-from trainer.data.bad_examples import screen
+from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
 from trainer.tasks.classification import (
@@ -124,10 +126,13 @@ class ImageClassificationTask(ClassificationTask):
         return drop_undecodable(dataset, where, self.data_args, training)
 
     def for_training(self, dataset: Dataset) -> Dataset:
+        if is_stream(dataset):
+            dataset = mark_undecodable(dataset, IMAGE, _loaded)
+            if self.options.augment:
+                return dataset.map(augment_images, batched=True)  # as it is read, like decoding
+            return dataset
         if not self.options.augment:
             return dataset
-        if is_stream(dataset):
-            return dataset.map(augment_images, batched=True)  # as it is read, like decoding
         return dataset.with_transform(augment_images)
 
     def input_encoder(self, processor) -> Callable[[list], Any]:
@@ -165,10 +170,20 @@ def _decodes(image: dict) -> bool:
     return True
 
 
+def _loaded(image: PILImage) -> PILImage:
+    """`image` read whole now (Pillow opens lazily), so that a truncated file fails here."""
+    image.load()
+    return image
+
+
 def augment_images(batch: dict) -> dict:
-    """Applied on the fly to training examples only (`with_transform`); the processor then
-    resizes the crop to the model's input size."""
-    batch[IMAGE] = [_random_flip(_random_resized_crop(image)) for image in batch[IMAGE]]
+    """Applied on the fly to training examples only (`with_transform`, or a stream's `map`);
+    the processor then resizes the crop to the model's input size. A stream's undecodable
+    image (None) stays None, to be counted."""
+    batch[IMAGE] = [
+        None if image is None else _random_flip(_random_resized_crop(image))
+        for image in batch[IMAGE]
+    ]
     return batch
 
 

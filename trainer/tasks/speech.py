@@ -29,7 +29,7 @@ import numpy as np
 from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
-from trainer.data.bad_examples import screen
+from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.checks import check_columns
 from trainer.data.sources import (
     EVALUATION_HINT,
@@ -462,14 +462,19 @@ def filter_by_duration(
     up to `--max_bad_examples`).
 
     A stream is filtered as it is read, in the loader's workers, on the decoder that
-    decoding makes anyway (it reads the header only; samples are read by the collator).
-    The map-style path measures undecoded files instead, in a pass with its own processes.
-    (datasets 5 does not decode a stream's audio again after a filter on undecoded audio.)
+    decoding makes anyway (it reads the header only; samples are read by the collator);
+    a clip whose decoder cannot be made or read is kept, marked, for the stream to skip
+    and count (`mark_undecodable`). The map-style path measures undecoded files instead,
+    in a pass with its own processes.
     """
     from datasets import Audio
 
     if is_stream(dataset):
-        decoded = dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE))
+        decoded = mark_undecodable(
+            dataset.cast_column("audio", Audio(sampling_rate=SAMPLING_RATE)),
+            "audio",
+            _decoder_seconds,
+        )
         # a module-level function, not a lambda: loader workers may be spawned (pickled)
         return decoded.filter(partial(_decoder_in_range, low, high), input_columns=["audio"])
     encoded = dataset.cast_column("audio", Audio(decode=False))
@@ -488,7 +493,8 @@ def _duration_seconds(audio: dict) -> float:
 
 
 def _decoder_in_range(low: float, high: float, decoder) -> bool:
-    return low <= _decoder_seconds(decoder) <= high
+    """In range, or undecodable (None): that one goes on to be counted."""
+    return decoder is None or low <= _decoder_seconds(decoder) <= high
 
 
 def _decoder_seconds(decoder) -> float:

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from transformers import TrainerCallback
 
-from trainer.data.bad_examples import skipped_per_epoch
+from trainer.data.bad_examples import StreamSkips, skipped_per_epoch
 
 
 def _duration(seconds: float) -> str:
@@ -114,11 +114,22 @@ class TimedLogSchedule:
         return self.next_step
 
 
+def gather_lists(values: list) -> list:
+    """Every rank's `values`, concatenated in rank order (`values` alone in one process)."""
+    from accelerate.utils import gather_object
+
+    return gather_object(values)
+
+
 class ProgressLogCallback(TrainerCallback):
     """Prints training progress, evaluation results and the final summary as single lines.
 
     `timed` (the user gave no logging interval) adds lines on a `TimedLogSchedule`; `clock`
-    and `agree` (how ranks agree on a step time) are parameters so tests drive them.
+    and `agree` (how ranks agree on a step time) are parameters so tests drive them. With
+    `stream_skips` (a streamed training split), every rank merges its undecodable
+    examples with the others' at each progress line and at the summary (`gather`), where
+    `--max_bad_examples` is applied: all ranks log at the same steps, so the exchange
+    costs one small collective per line, none per step.
     """
 
     def __init__(
@@ -127,12 +138,16 @@ class ProgressLogCallback(TrainerCallback):
         timed: bool = False,
         clock: Callable[[], float] = time.monotonic,
         agree: Callable[[float], float] = slowest_rank,
+        stream_skips: StreamSkips | None = None,
+        gather: Callable[[list], list] = gather_lists,
     ) -> None:
         self._data_wait = data_wait
         self._timed = timed
         self._clock = clock
         self._agree = agree
         self._schedule: TimedLogSchedule | None = None
+        self._stream_skips = stream_skips
+        self._gather = gather
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = self._clock()
@@ -155,6 +170,10 @@ class ProgressLogCallback(TrainerCallback):
         self._planned_at, self._planned_step = now, state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        training_line = bool(logs) and ("train_runtime" in logs or "loss" in logs)
+        skips = self._stream_skips if training_line else None
+        if skips is not None and skips.agree(self._gather) and state.is_world_process_zero:
+            print(self._first_skips_line(), flush=True)
         if not state.is_world_process_zero or not logs:
             return
         if any(key.startswith("eval_") for key in logs):
@@ -189,7 +208,7 @@ class ProgressLogCallback(TrainerCallback):
             f"elapsed {_duration(elapsed)}",
             f"eta {_duration(eta)}",
         ]
-        return " | ".join(parts + _skipped_part())
+        return " | ".join(parts + self._skipped_part())
 
     @staticmethod
     def _eval_line(state, logs: dict) -> str:
@@ -200,8 +219,7 @@ class ProgressLogCallback(TrainerCallback):
         ]
         return " | ".join([f"eval at step {state.global_step}", *metrics])
 
-    @staticmethod
-    def _summary_line(logs: dict) -> str:
+    def _summary_line(self, logs: dict) -> str:
         """With CUDA, also this rank's peak of allocated GPU memory: how close the run came
         to running out, e.g. before raising the batch size."""
         import torch
@@ -213,14 +231,27 @@ class ProgressLogCallback(TrainerCallback):
         )
         if torch.cuda.is_available():
             line += f" | peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
-        return " | ".join([line, *_skipped_part()])
+        return " | ".join([line, *self._skipped_part()])
 
+    def _skipped_part(self) -> list[str]:
+        """Undecodable training examples skipped (trainer/data/bad_examples.py), when there
+        are any: of a map-style split, the count of the whole split each epoch, the same in
+        every process; of a stream, the files every process skipped so far, of the examples
+        they read."""
+        skips = self._stream_skips
+        if skips is not None:
+            count = len(skips.names)
+            return [f"skipped {count} undecodable of {skips.read} streamed"] if count else []
+        skipped = skipped_per_epoch()
+        return [f"skipped {skipped} undecodable per epoch"] if skipped else []
 
-def _skipped_part() -> list[str]:
-    """Undecodable training examples skipped each epoch (trainer/data/bad_examples.py), when
-    there are any: the count of the whole training split, the same in every process."""
-    skipped = skipped_per_epoch()
-    return [f"skipped {skipped} undecodable per epoch"] if skipped else []
+    def _first_skips_line(self) -> str:
+        skips = self._stream_skips
+        return (
+            f"warning: skipped undecodable examples in the training stream ({skips.where}): "
+            f"{skips.first_names()}; --max_bad_examples {skips.spec} allows {skips.limit()} "
+            "(the count is on every progress line)"
+        )
 
 
 def _headline_number(value: object) -> str:

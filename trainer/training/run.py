@@ -20,7 +20,14 @@ from trainer.config.cluster import reports_to_tuning
 from trainer.config.flags import ParsedFlags
 from trainer.config.resolve import RunConfig
 from trainer.config.training_arguments import build_training_arguments
-from trainer.data.streams import epoch_line, is_stream, prepare_stream, stream_start
+from trainer.data.bad_examples import StreamSkips
+from trainer.data.streams import (
+    epoch_line,
+    indexed_rows,
+    is_stream,
+    prepare_stream,
+    stream_start,
+)
 from trainer.storage.checkpoints import (
     MANIFEST,
     CheckpointUnreadable,
@@ -94,13 +101,18 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         train_dataset, eval_dataset = task.load_datasets(processor)
     resume_from = checkpoint_to_resume(flags, locations, args, place)
     trainer_class = task.trainer_class
+    skips = None
     if is_stream(train_dataset):
         start = stream_start(resume_from, args.process_index, args.world_size)
         train_dataset = prepare_stream(
             train_dataset, args.seed, flags.data.shuffle_buffer_size, start
         )
+        data = flags.data
+        where = f"split {data.train_split_name} of {data.dataset_name}"
+        skips = StreamSkips(data.max_bad_examples, where, indexed_rows(task))
+        skips.resume(start.skipped)
         trainer_class = streaming_trainer(
-            trainer_class, train_dataset.start, flags.data.stream_audit_dir
+            trainer_class, train_dataset.start, data.stream_audit_dir, skips
         )
         if place.is_global_main:
             print(epoch_line(task, args), flush=True)
@@ -121,7 +133,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
     FirstBatchReport().attach(trainer)
-    trainer.add_callback(ProgressLogCallback(data_wait, timed=progress_by_time(config.given)))
+    timed = progress_by_time(config.given)
+    trainer.add_callback(ProgressLogCallback(data_wait, timed=timed, stream_skips=skips))
     trainer.add_callback(startup)
     uploader = checkpoint_uploader(locations, args, place, flags.outputs.peer_upload_timeout)
     trainer.add_callback(CheckpointSyncCallback(uploader))

@@ -1,5 +1,7 @@
 """The Trainer's side of a stream: every process reads only its own part, the position of
-what it trained on goes into each checkpoint, and (on request) an audit of the examples.
+what it trained on goes into each checkpoint, the undecodable examples its loader workers
+dropped are counted (their names come in the batches), and (on request) an audit of the
+examples.
 
 Left alone, accelerate would not let each process read its own part: for an
 IterableDataset it either has the main process read every batch and send slices to the
@@ -14,16 +16,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.data.streams import POSITION, PositionCollator, StreamPositions, StreamStart
+from trainer.data.bad_examples import StreamSkips
+from trainer.data.streams import (
+    POSITION,
+    SKIPPED,
+    PositionCollator,
+    StreamPositions,
+    StreamStart,
+)
 from trainer.tasks.trainers import mixed_in
 
 
 class StreamingTrainerMixin:
     """Mixed in before a task's Trainer class when the training set is a stream."""
 
-    def __init__(self, *args, stream_start: StreamStart, audit_dir: str | None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        stream_start: StreamStart,
+        audit_dir: str | None,
+        skips: StreamSkips,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.stream_positions = StreamPositions.starting_at(stream_start)
+        self.stream_skips = skips
         self.audit_dir = Path(audit_dir) if audit_dir else None
 
     def get_train_dataloader(self):
@@ -59,6 +76,7 @@ class StreamingTrainerMixin:
     def training_step(self, model, inputs, *args, **kwargs):
         positions = inputs.pop(POSITION)
         self.stream_positions.trained(positions)
+        self.stream_skips.trained(len(positions), inputs.pop(SKIPPED))
         if self.audit_dir is not None:
             self._audit(positions)
         return super().training_step(model, inputs, *args, **kwargs)
@@ -69,7 +87,9 @@ class StreamingTrainerMixin:
         super()._save_checkpoint(model, trial)
         folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         checkpoint = Path(self._get_output_dir(trial=trial)) / folder
-        self.stream_positions.save(checkpoint, self.args.process_index, self.args.world_size)
+        self.stream_positions.save(
+            checkpoint, self.args.process_index, self.args.world_size, self.stream_skips.state()
+        )
 
     def _audit(self, positions: list[tuple]) -> None:
         """One line per example: the optimizer step it belongs to and its id (a shard
@@ -84,8 +104,14 @@ class StreamingTrainerMixin:
             handle.writelines(lines)
 
 
-def streaming_trainer(trainer_class, stream_start: StreamStart, audit_dir: str | None):
+def streaming_trainer(
+    trainer_class, stream_start: StreamStart, audit_dir: str | None, skips: StreamSkips
+):
     """`trainer_class` (a Trainer subclass, or a partial of one) reading a stream."""
     return mixed_in(
-        StreamingTrainerMixin, trainer_class, stream_start=stream_start, audit_dir=audit_dir
+        StreamingTrainerMixin,
+        trainer_class,
+        stream_start=stream_start,
+        audit_dir=audit_dir,
+        skips=skips,
     )
