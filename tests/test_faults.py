@@ -252,52 +252,37 @@ def small_disk(folder: Path, megabytes: int):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
-def test_a_metric_failing_at_the_last_step_keeps_the_step_and_delivers_the_model(job):
-    """Fault 1: the evaluation at the last step raises on every rank. The step is still
-    saved and uploaded, the model delivered with its manifest, and the one line says so;
-    a restart resumes from that step."""
-    code, output = job.run("first", hook=FAILING_METRICS)
-
-    assert code == 1, output[-3000:]
-    line = the_line(output, "error:")
-    assert line == (
-        f"error: the evaluation at step {STEPS} failed (ValueError: metric backend exploded); "
-        f"the newest complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a "
-        f"restart resumes; the trained model is saved at {job.base}/model/ (load it with "
-        "from_pretrained)"
-    ), output[-3000:]
-    assert job.complete() == ["checkpoint-2", f"checkpoint-{STEPS}"]
-    assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
-    assert_manifest_matches_store(job.model)
-    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
-
-
 @pytest.mark.parametrize(
-    ("hook", "cause"),
+    ("hook", "where", "cause"),
     [
-        (ONE_RANKS_PREDICTION_FAILS, "ValueError: clip decoder crashed"),
-        (ONE_RANKS_BATCH_UNREADABLE,
+        (FAILING_METRICS, "", "ValueError: metric backend exploded"),
+        (ONE_RANKS_PREDICTION_FAILS, " on rank 1 of 2", "ValueError: clip decoder crashed"),
+        (ONE_RANKS_BATCH_UNREADABLE, " on rank 1 of 2",
          "OSError: clip-3.wav: Invalid data found when processing input"),
     ],
-    ids=["prediction", "loader"],
+    ids=["metric", "one-ranks-prediction", "one-ranks-loader"],
 )  # fmt: skip
-def test_one_ranks_failing_evaluation_batch_keeps_the_step_and_delivers_the_model(job, hook, cause):
-    """Fault 1, on one rank only: its batch fails inside the evaluation loop while the
-    other rank's succeed. The ranks agree on it before the batch's gathers (no rank is
-    left waiting in one), so the step is saved and the model delivered as when every rank
-    fails, and the line names the rank."""
+def test_a_failing_last_step_evaluation_keeps_the_step_and_delivers_the_model(
+    job, hook, where, cause
+):
+    """Fault 1: the evaluation at the last step fails: its metric on every rank, or one
+    rank's batch inside the evaluation loop while the other rank's succeed (the ranks
+    agree on that before the batch's gathers, so no rank is left waiting in one). The step
+    is still saved and uploaded, the model delivered with its manifest, and the one line
+    says so, naming the rank where one failed alone; a restart resumes from that step."""
     code, output = job.run("first", hook=hook)
 
     assert code == 1, output[-3000:]
     line = the_line(output, "error:")
     assert line == (
-        f"error: the evaluation at step {STEPS} failed on rank 1 of 2 ({cause}); the newest "
-        f"complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a restart "
-        f"resumes; the trained model is saved at {job.base}/model/ (load it with "
-        "from_pretrained)"
+        f"error: the evaluation at step {STEPS} failed{where} ({cause}); the newest complete "
+        f"checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a restart resumes; "
+        f"the trained model is saved at {job.base}/model/ (load it with from_pretrained)"
     ), output[-3000:]
     assert job.complete() == ["checkpoint-2", f"checkpoint-{STEPS}"]
+    assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
     assert_manifest_matches_store(job.model)
+    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
 
 
 def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
