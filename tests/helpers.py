@@ -76,6 +76,18 @@ def use_hub_at(monkeypatch, url: str) -> None:
     )
 
 
+@contextlib.contextmanager
+def small_disk(folder: Path, megabytes: int):
+    """`folder` on a tmpfs of `megabytes`: a disk that fills up."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}M", "tmpfs", str(folder)],
+                   check=True)  # fmt: skip
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

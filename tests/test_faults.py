@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-import subprocess
 import threading
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from tests.helpers import (
     FAILING_METRICS,
     assert_manifest_matches_store,
     finish_all,
+    small_disk,
     start_nodes,
     start_trainer,
     trainer_env,
@@ -238,18 +237,6 @@ def proxied_job(tmp_path, demo_assets, gcs):
         yield Job(tmp_path, demo_assets, proxy.url), proxy
     finally:
         proxy.close()
-
-
-@contextmanager
-def small_disk(folder: Path, megabytes: int):
-    """`folder` on a tmpfs of `megabytes`: a disk that fills up."""
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}M", "tmpfs", str(folder)],
-                   check=True)  # fmt: skip
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from tests.helpers import (
     assert_manifest_matches_store,
     finish_all,
     run_trainer,
+    small_disk,
     start_nodes,
     trainer_env,
     vertex_outputs,
@@ -24,6 +25,7 @@ from tests.helpers import (
 from trainer.common.errors import UserError
 from trainer.storage.checkpoints import complete_checkpoints
 from trainer.storage.store import open_store
+from trainer.training.failures import RunFailed
 from trainer.training.world_size import (
     ZERO_SHARD,
     convert_to_universal,
@@ -79,6 +81,25 @@ def test_a_universal_checkpoint_loads_into_any_count_when_the_config_asks(tmp_pa
     config.write_text(json.dumps({"checkpoint": {"load_universal": True}}))
     assert needs_conversion(checkpoint, 4, str(config)) is None
     assert needs_conversion(checkpoint, 4, ZERO2) == 2
+
+
+def test_a_full_disk_while_converting_names_the_disk_and_gives_its_space_back(tmp_path):
+    """The conversion copies the Trainer's files where hard links cannot go (another
+    disk): a disk too small for them is one line naming it, and the partial copy is gone."""
+    checkpoint = zero_checkpoint(tmp_path / "saved", 2)
+    (checkpoint / "model.safetensors").write_bytes(b"w" * 3 * 2**20)
+    before = contents(checkpoint)
+    with small_disk(tmp_path / "out", 2) as out:
+        with pytest.raises(RunFailed) as failed:
+            convert_to_universal(checkpoint, out / ".universal" / "checkpoint-4", 2, 1)
+        message = str(failed.value)
+        assert message.startswith(f"no space left on the disk mounted at {out} ("), message
+        assert message.endswith(
+            "while converting checkpoint-4 to DeepSpeed's universal checkpoint to "
+            f"{out / '.universal'}"
+        ), message
+        assert not (out / ".universal").exists(), "the partial copy was left on the disk"
+    assert contents(checkpoint) == before, "the original was changed"
 
 
 def test_an_unconvertible_checkpoint_is_one_line_naming_the_count_it_needs(tmp_path):

@@ -42,7 +42,9 @@ from argparse import Namespace
 from pathlib import Path
 
 from trainer.common.errors import UserError
+from trainer.storage.faults import disk_full, disk_line
 from trainer.training.distributed import ProcessPlace
+from trainer.training.failures import RunFailed
 
 ZERO_SHARD = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 UNIVERSAL_DIRNAME = ".universal"
@@ -109,9 +111,20 @@ def resume_with_world_size(checkpoint: Path, args, place: ProcessPlace) -> Path:
 
 def convert_to_universal(checkpoint: Path, converted: Path, saved: int, world_size: int) -> None:
     """`checkpoint`'s universal copy at `converted`, unless a complete one is there; the
-    original is only read."""
+    original is only read. A full disk is one line naming it (`RunFailed`)."""
     if (converted / LATEST_UNIVERSAL).is_file():
         return
+    try:
+        _convert(checkpoint, converted, saved, world_size)
+    except OSError as error:
+        if disk_full(error):
+            shutil.rmtree(converted.parent, ignore_errors=True)  # the space back, for training
+            writing = f"converting {checkpoint.name} to DeepSpeed's universal checkpoint"
+            raise RunFailed(disk_line(converted.parent, writing)) from error
+        raise  # an unreadable file: what a restart may not meet again
+
+
+def _convert(checkpoint: Path, converted: Path, saved: int, world_size: int) -> None:
     shutil.rmtree(converted.parent, ignore_errors=True)  # an older or partial conversion
     tag = step_folder(checkpoint)
     shutil.copytree(
@@ -137,7 +150,7 @@ def convert_to_universal(checkpoint: Path, converted: Path, saved: int, world_si
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             ds_to_universal(options)
     except OSError:
-        raise  # a full disk or unreadable file: what a restart may not meet again
+        raise  # the caller's to say
     except Exception as error:
         raise UserError(
             f"{checkpoint.name} holds DeepSpeed ZeRO optimizer state split over {saved} "
