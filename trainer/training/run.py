@@ -161,6 +161,10 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         raise kept.failed(failed) from root_cause(failed)
     except RunFailed as failed:
         raise kept.failed(failed) from root_cause(failed)
+    except UserError as error:  # found by training itself: a stream past --max_bad_examples
+        line = kept.line()
+        stop.uninstall()
+        raise UserError(f"{error}; {line}") from error
     except Exception as error:
         # A peer's failure: uploads waiting for a dead node's marker are not waited for.
         if not is_peer_failure(error):
