@@ -221,13 +221,19 @@ class TrainerProcess:
     log: Path
 
     def finish(self, timeout: float = 600) -> tuple[int, str]:
-        """Wait for it (killing it on timeout); return its exit code and all it printed."""
+        """Wait for it; return its exit code and all it printed. Past `timeout` the whole
+        node is killed (a hung training process would otherwise outlive the test and slow
+        every later one) and the test fails with the end of what it printed, which says
+        where it hung."""
         try:
             self.process.wait(timeout=timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
+        except subprocess.TimeoutExpired:
+            self.kill_node()
+            self.process.wait()
+            raise AssertionError(
+                f"python -m trainer ran past {timeout} s and was killed; it printed last:\n"
+                + self.log.read_text()[-4000:]
+            ) from None
         return self.process.returncode, self.log.read_text()
 
     def terminate(self) -> None:
@@ -334,12 +340,19 @@ def start_node(
 
 
 def finish_all(nodes, timeout=600) -> list[str]:
-    """Wait for every node; each must exit 0. Their outputs, in rank order."""
+    """Wait for every node; each must exit 0. Their outputs, in rank order. When one
+    fails or hangs, the others are killed: they would wait for it."""
     outputs = []
-    for rank, node in enumerate(nodes):
-        code, output = node.finish(timeout)
-        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
-        outputs.append(output)
+    try:
+        for rank, node in enumerate(nodes):
+            code, output = node.finish(timeout)
+            assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
+            outputs.append(output)
+    finally:
+        for node in nodes:
+            if node.process.poll() is None:
+                node.kill_node()
+                node.process.wait()
     return outputs
 
 

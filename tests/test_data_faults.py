@@ -304,6 +304,47 @@ def test_a_stream_hands_the_names_it_drops_to_a_neighbouring_example():
         list(ResumableStream(stream("a", "b")))
 
 
+DECODER_IMPORTED = """
+import pickle, sys
+from datasets import Audio, Features, IterableDataset
+from trainer.data.bad_examples import DecodedOrNamed, mark_undecodable
+from trainer.tasks.speech import _decoder_seconds
+
+if sys.argv[1] == "made":
+    rows = [{"audio": {"path": "a.wav", "bytes": b""}}]
+    features = Features({"audio": Audio(decode=False)})
+    stream = IterableDataset.from_generator(lambda: iter(rows), features=features)
+    assert "torchcodec" not in sys.modules
+    mark_undecodable(stream, "audio", _decoder_seconds)
+else:
+    pickle.loads(bytes.fromhex(sys.argv[2]))
+print(sorted(name for name in ("torchcodec.decoders", "PIL.Image") if name in sys.modules))
+"""
+
+
+def test_a_streams_decoder_is_imported_before_its_threads_read_it(tmp_path):
+    """`datasets` reads a stream's sources in threads that race on importing the decoder
+    (bad_examples.DecodedOrNamed says how it fails); the module is imported where the
+    stream's decoding is made, and where its pickle is loaded (a spawned loader worker),
+    each in a fresh process that had not imported it."""
+    import pickle
+    import subprocess
+    import sys
+
+    from datasets import Audio
+
+    from trainer.data.bad_examples import DecodedOrNamed
+    from trainer.tasks.speech import _decoder_seconds
+
+    pickled = pickle.dumps(DecodedOrNamed("audio", Audio(), _decoder_seconds)).hex()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path)}
+    for how in (["made"], ["unpickled", pickled]):
+        done = subprocess.run([sys.executable, "-c", DECODER_IMPORTED, *how], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "torchcodec.decoders" in done.stdout.splitlines()[-1], (how[0], done.stdout)
+
+
 @pytest.mark.slow
 def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets, tmp_path):
     """The real command line, two loader workers per process: with room for the two bad

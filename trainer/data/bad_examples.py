@@ -19,11 +19,11 @@ each progress line, where the limit is applied.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
@@ -154,20 +154,53 @@ def mark_undecodable(
 
     feature = replace(stream.features[column], decode=True)
     decoded = Features({**stream.features, column: feature, UNDECODABLE: Value("string")})
-    return stream.decode(False).map(
-        partial(_decoded_or_named, column, feature, measure), features=decoded
-    )
+    return stream.decode(False).map(DecodedOrNamed(column, feature, measure), features=decoded)
 
 
-def _decoded_or_named(column: str, feature, measure: Callable[[Any], Any], example: dict) -> dict:
-    value = example[column]
-    try:
-        decoded = feature.decode_example(value)
-        if measure(decoded) is None:
-            raise ValueError("no measure")
-    except Exception:  # noqa: BLE001 - decoders report broken files with many exception types
-        return {column: None, UNDECODABLE: _name(value, example.get(KEY_COLUMN, "?"))}
-    return {column: decoded, UNDECODABLE: None}
+DECODER_MODULES = {"Audio": "torchcodec.decoders", "Video": "torchcodec.decoders",
+                   "Image": "PIL.Image"}  # fmt: skip
+"""The module each `datasets` media feature decodes with."""
+
+
+@dataclass
+class DecodedOrNamed:
+    """The stream's `map` function of `mark_undecodable`; it imports its feature's decoder
+    wherever it is made or unpickled, before the stream is read.
+
+    Why: `datasets` 5 reads a stream's sources in a thread each, and for every example
+    checks twice in one function whether the decoder's module (torchcodec, PIL) is
+    imported, binding its class after the first check only. The first decode in one
+    thread, between another thread's two checks, raises `UnboundLocalError: cannot access
+    local variable 'VideoDecoder'` in a loader worker (one run in four of two processes
+    with two workers each, on two busy cores). Imported beforehand, in the training process
+    (whose loader workers are forked from it) or in a spawned worker as this is unpickled
+    there, both checks agree."""
+
+    column: str
+    feature: Any
+    measure: Callable[[Any], Any]
+
+    def __post_init__(self) -> None:
+        self._import_decoder()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._import_decoder()
+
+    def _import_decoder(self) -> None:
+        module = DECODER_MODULES.get(type(self.feature).__name__)
+        if module is not None:
+            importlib.import_module(module)
+
+    def __call__(self, example: dict) -> dict:
+        value = example[self.column]
+        try:
+            decoded = self.feature.decode_example(value)
+            if self.measure(decoded) is None:
+                raise ValueError("no measure")
+        except Exception:  # noqa: BLE001 - decoders report broken files with many exception types
+            return {self.column: None, UNDECODABLE: _name(value, example.get(KEY_COLUMN, "?"))}
+        return {self.column: decoded, UNDECODABLE: None}
 
 
 @dataclass
