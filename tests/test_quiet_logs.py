@@ -72,8 +72,14 @@ def test_listed_warnings_are_hidden_and_others_still_show():
         logger = hf_logging.get_logger("transformers.generation.utils")
         logger.warning("The attention mask is not set with a batched input, and cannot be ...")
         logger.warning("a real problem")
+        from deepspeed.utils import logger as deepspeed_logger  # its own handler, no parent's
+
+        deepspeed_logger.addHandler(handler)
+        deepspeed_logger.warning("MPU is not provided, setting tp size to 1 in checkpoint loading.")
+        deepspeed_logger.warning("a real DeepSpeed problem")
     finally:
         logging.getLogger("transformers").removeHandler(handler)
+        logging.getLogger("DeepSpeed").removeHandler(handler)
     assert [str(w.message) for w in caught] == ["something new is deprecated"]
-    assert printed.getvalue() == "a real problem\n"
+    assert printed.getvalue() == "a real problem\na real DeepSpeed problem\n"
     assert all(noise.reason for noise in quiet.ALLOWED)

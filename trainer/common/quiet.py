@@ -55,12 +55,20 @@ ALLOWED = [
         FutureWarning,
     ),
     KnownNoise(
+        r"MPU is not provided, setting tp size to 1 in checkpoint loading",
+        "DeepSpeed 0.19 logs it on every rank at every resume of a ZeRO checkpoint; this "
+        "project uses no tensor parallelism, so a tensor-parallel size of 1 is right",
+    ),
+    KnownNoise(
         r"`is_gradient_checkpointing` is deprecated",
         "PEFT 0.21 reads transformers 5's renamed attribute by its old name when it adds "
         "LoRA adapters (--peft lora); the value it gets is right",
         FutureWarning,
     ),
 ]
+
+DEEPSPEED_LOGGER = "DeepSpeed"
+"""The logger deepspeed.utils.logging creates (propagating nowhere)."""
 
 PROGRESS_BAR_VARIABLES = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # huggingface_hub and transformers' bars
@@ -93,14 +101,17 @@ class _KnownNoiseFilter(logging.Filter):
 def _filter_library_logs() -> None:
     """transformers logs through its own handler on the `transformers` logger: a filter
     on the loggers that emit would miss records of child loggers, so it sits on the
-    handlers (transformers' own and the root's)."""
+    handlers (transformers' own and the root's). DeepSpeed logs on one logger, "DeepSpeed",
+    whose handler is made when DeepSpeed is imported (later, in a training process): the
+    filter sits on that logger itself."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.get_logger()  # makes sure transformers' handler exists
     noise_filter = _KnownNoiseFilter()
-    for handler in [*logging.getLogger("transformers").handlers, *logging.getLogger().handlers]:
-        if not any(isinstance(f, _KnownNoiseFilter) for f in handler.filters):
-            handler.addFilter(noise_filter)
+    for target in [*logging.getLogger("transformers").handlers, *logging.getLogger().handlers,
+                    logging.getLogger(DEEPSPEED_LOGGER)]:  # fmt: skip
+        if not any(isinstance(f, _KnownNoiseFilter) for f in target.filters):
+            target.addFilter(noise_filter)
 
 
 def _disable_loaded_progress_bars() -> None:
