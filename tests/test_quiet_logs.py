@@ -79,7 +79,7 @@ def test_listed_warnings_are_hidden_and_others_still_show():
         deepspeed_logger.warning("a real DeepSpeed problem")
     finally:
         logging.getLogger("transformers").removeHandler(handler)
-        logging.getLogger("DeepSpeed").removeHandler(handler)
+        logging.getLogger(quiet.DEEPSPEED_LOGGER).removeHandler(handler)
     assert [str(w.message) for w in caught] == ["something new is deprecated"]
     assert printed.getvalue() == "a real problem\na real DeepSpeed problem\n"
     assert all(noise.reason for noise in quiet.ALLOWED)
