@@ -61,7 +61,8 @@ def test_a_failing_rank_is_reported_once(tmp_path, spoken_assets):
     assert code == 1, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: rank 1 of 2 (node 0, local rank 1) failed: ValueError: a corrupt clip on rank one"
+        "error: rank 1 of 2 (node 0, local rank 1) failed: ValueError: a corrupt clip on rank "
+        "one; there is no complete checkpoint in out"
     ], output[-4000:]
     assert output.count("Traceback (most recent call last)") == 1, output[-4000:]
     assert "ChildFailedError" not in output and "closing signal" not in output, output[-4000:]
@@ -129,6 +130,31 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")
 
 
+def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypatch):
+    """Training notes on the exception where the newest complete checkpoint is (a dead
+    node or a crash on one rank, like every other failure, says where a restart resumes);
+    the line ends with it, secrets masked."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
+    kept = (
+        "the newest complete checkpoint is gs://b/checkpoints/checkpoint-8, where a restart resumes"
+    )
+    echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    echo.add_note(kept)
+    line = report_failure(echo, sleep=lambda seconds: None)
+    assert line.endswith(f"the cause is in that node's log; {kept}"), line
+    assert capsys.readouterr().err == f"error: {line}\n"
+
+    crash = ValueError("a NaN on this rank")
+    crash.add_note("there is no complete checkpoint in gs://b/hf_secretvalue123/checkpoints")
+    line = report_failure(crash)
+    assert line == ("rank 0 of 2 (node 0, local rank 0) failed: ValueError: a NaN on this rank; "
+                    "there is no complete checkpoint in gs://b/***/checkpoints"), line  # fmt: skip
+    assert "hf_secretvalue123" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_other_node_says_where_the_cause_is(tmp_path, spoken_assets):
     """Node 1's process fails; node 0's process only sees its collective break: node 1's
@@ -146,10 +172,13 @@ def test_the_other_node_says_where_the_cause_is(tmp_path, spoken_assets):
     assert code1 == 1 and code0 == 1, (log0[-2000:], log1[-2000:])
     errors1 = [line for line in log1.splitlines() if line.startswith("error:")]
     assert errors1 == [
-        "error: rank 1 of 2 (node 1, local rank 0) failed: ValueError: a corrupt clip on rank one"
+        "error: rank 1 of 2 (node 1, local rank 0) failed: ValueError: a corrupt clip on rank "
+        "one; there is no complete checkpoint in out"
     ], log1[-3000:]
     errors0 = [line for line in log0.splitlines() if line.startswith("error:")]
     assert len(errors0) == 1 and errors0[0].startswith(
         "error: rank 0 of 2 (node 0, local rank 0) stopped: a process on another node failed"
     ), log0[-3000:]
+    assert errors0[0].endswith("the cause is in that node's log; there is no complete "
+                               "checkpoint in out"), errors0  # fmt: skip
     assert "Traceback" not in log0 and "ChildFailedError" not in log0 + log1

@@ -43,7 +43,8 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 
 def report_failure(error: Exception, sleep=time.sleep) -> str:
     """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for). Returns
+    the exception (the line torchrun's error box would otherwise stand in for), ended by
+    the exception's notes (training adds where the newest complete checkpoint is). Returns
     the line without `error: `.
 
     When one process fails, the collectives of the others break too ("connection closed by
@@ -58,17 +59,18 @@ def report_failure(error: Exception, sleep=time.sleep) -> str:
         f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
     )
     cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())[:500]}"
+    kept = "".join(f"; {without_secrets(note)}" for note in getattr(error, "__notes__", ()))
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
         line = (
             f"{place} stopped: a process on another node failed or its machine went away "
-            f"({cause}); the cause is in that node's log"
+            f"({cause}); the cause is in that node's log{kept}"
         )
         if env.get("LOCAL_RANK", "0") == "0":
             print(f"error: {line}", file=sys.stderr, flush=True)
         return line
     print_traceback(error)
-    line = f"{place} failed: {cause}"
+    line = f"{place} failed: {cause}{kept}"
     print(f"error: {line}", file=sys.stderr, flush=True)
     return line
 

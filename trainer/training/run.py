@@ -169,6 +169,9 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
         # A peer's failure: uploads waiting for a dead node's marker are not waited for.
         if not is_peer_failure(error):
             kept.wait()
+        # report_failure ends the process's one line with it: a dead node or a crash on
+        # one rank says, like every other failure, where a restart resumes.
+        error.add_note(kept.checkpoint_line())
         stop.uninstall()  # a pending SIGTERM (torchrun stopping an echo) ends it now
         raise
     if saver.stopped_at_step is not None:
