@@ -6,11 +6,13 @@ are in tests/conftest.py). No test module imports another test module; they impo
 - building a task as the launcher does: `checked_task`, `speech_task`, `image_task`;
   `python -m trainer.shards` in-process: `make_shards_in_process`;
 - storage: `assert_manifest_matches_store`, `vertex_outputs`, `final_weights`;
-- faults planted in the real program: `with_start_hook`, `FAILING_METRICS`;
+- faults planted in the real program: `with_start_hook`, `FAILING_METRICS`, `SLOW_STEPS`,
+  `node_stalls_after`;
 - installed copies of the package: `venv_with_dependencies`, `pip_in`, `module_origin`;
-- small things: `free_port`, `wait_until`, `serving` (a loopback server on a thread),
-  `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA
-  driver files (`proc`, `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
+- waiting: `wait_until`, `wait_while_running` (fails at once when a run ends), `complete_from`;
+- small things: `free_port`, `serving` (a loopback server on a thread),
+  `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA driver files (`proc`,
+  `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
 """
 
 from __future__ import annotations
@@ -131,6 +133,39 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def wait_while_running(runs: list[TrainerProcess], condition, timeout: float, what: str) -> None:
+    """Wait until `condition()` holds while every run (`python -m trainer` node) still runs.
+
+    When one exits first, or `timeout` passes, every run is killed and the test fails at
+    once with the end of each one's output: a bare timeout says nothing of where a run
+    stood, and a run that already ended would be waited on for the whole timeout."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        ended = [rank for rank, run in enumerate(runs) if run.process.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            for run in runs:
+                run.kill_node()
+                run.process.wait()
+            why = f"run {ended} exited" if ended else f"{timeout} s passed"
+            raise AssertionError(
+                f"waiting for {what}: {why} first. What each run printed last:\n"
+                + "\n".join(f"--- run {rank} (exit {run.process.returncode}):\n"
+                            f"{run.log.read_text()[-3000:]}" for rank, run in enumerate(runs))
+            )  # fmt: skip
+        time.sleep(0.2)
+
+
+def complete_from(checkpoints, step: int) -> bool:
+    """Whether `checkpoints` (a store) holds a complete checkpoint of `step` or later.
+
+    What a test waits for before it kills or stops a run: a particular checkpoint is
+    complete only until rotation (--save_total_limit) deletes it, which on a fast run can
+    be sooner than the next poll."""
+    from trainer.storage.checkpoints import complete_checkpoints
+
+    return any(int(name.split("-")[1]) >= step for name in complete_checkpoints(checkpoints))
+
+
 # Tasks built from flags, in-process --------------------------------------------------------
 
 
@@ -249,6 +284,8 @@ class TrainerProcess:
         """
         import psutil
 
+        if self.process.poll() is not None:
+            return  # ended (and reaped: its pid may be another process's by now)
         launcher = psutil.Process(self.process.pid)
         for process in [launcher, *launcher.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -370,6 +407,50 @@ def _failing_metrics(self, processor):
 
 
 speech.SpeechRecognitionTask.compute_metrics = _failing_metrics
+"""
+
+
+SLOW_STEPS = """
+# sitecustomize: each training step takes at least 0.5 s, so that a run cannot outpace
+# what a test does meanwhile (to its storage, or a kill that must land between a
+# checkpoint and the last step): 200 steps take 100 s or more.
+import time
+
+from transformers import Trainer
+
+_step = Trainer.training_step
+
+
+def _slow_training_step(self, *args, **kwargs):
+    time.sleep(0.5)
+    return _step(self, *args, **kwargs)
+
+
+Trainer.training_step = _slow_training_step
+"""
+
+
+def node_stalls_after(node: int, step: int) -> str:
+    """sitecustomize code with which node `node`'s training processes stop making progress
+    once `step` is done (they sleep in the next step, as on a machine about to fail), while
+    its uploads go on: a test can wait for that step's checkpoint and kill the node before
+    the run could outpace it. The other nodes wait for it in the step's collectives."""
+    return f"""
+import os
+
+if os.environ.get("GROUP_RANK") == "{node}":  # torchrun's node rank, in training processes
+    import time
+
+    from transformers import Trainer
+
+    _step = Trainer.training_step
+
+    def _stalled_training_step(self, *args, **kwargs):
+        while self.state.global_step >= {step}:
+            time.sleep(1)
+        return _step(self, *args, **kwargs)
+
+    Trainer.training_step = _stalled_training_step
 """
 
 

@@ -21,7 +21,9 @@ from tests.gcs_emulator import BUCKET, FlakyProxy
 from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
+    SLOW_STEPS,
     assert_manifest_matches_store,
+    complete_from,
     finish_all,
     small_disk,
     start_nodes,
@@ -29,6 +31,7 @@ from tests.helpers import (
     trainer_env,
     vertex_outputs,
     wait_until,
+    wait_while_running,
     with_start_hook,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
@@ -145,25 +148,6 @@ Trainer.get_eval_dataloader = _failing_loader
 """
 
 
-SLOW_STEPS = """
-# sitecustomize: each training step takes at least 0.5 s, so that a run cannot outpace
-# what a test does to its storage meanwhile (200 steps: 100 s or more).
-import time
-
-from transformers import Trainer
-
-_step = Trainer.training_step
-
-
-def _slow_training_step(self, *args, **kwargs):
-    time.sleep(0.5)
-    return _step(self, *args, **kwargs)
-
-
-Trainer.training_step = _slow_training_step
-"""
-
-
 class Job:
     """One job's outputs in the emulator, and how to run the trainer on them."""
 
@@ -218,7 +202,7 @@ def the_line(output: str, prefix: str) -> str:
 
 def stop_once_logged(run, text: str, what: str) -> tuple[int, str]:
     """SIGTERM the run once its log shows `text`; its exit code and output."""
-    wait_until(lambda: text in run.log.read_text(), RUN_TIMEOUT, what)
+    wait_while_running([run], lambda: text in run.log.read_text(), RUN_TIMEOUT, what)
     run.terminate()
     return run.finish(RUN_TIMEOUT)
 
@@ -293,7 +277,8 @@ def test_sigterm_while_the_model_uploads_ends_with_the_model_and_the_checkpoint(
     job, proxy = proxied_job
     run = job.start("first", "--eval_strategy", "no")
     # Once training runs: the launcher's write probe goes to the model's location too.
-    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
+                       "training")  # fmt: skip
     model_requests = proxy.fault("POST|PUT", r"/model/", delay=1.0)
     wait_until(lambda: model_requests.hits > 0 or run.process.poll() is not None,
                RUN_TIMEOUT, "the model's upload")  # fmt: skip
@@ -381,7 +366,8 @@ def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
     job, proxy = proxied_job
     run = job.start("first", "--eval_strategy", "no")
     # Once training runs: the launcher's own write probe must pass first.
-    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
+                       "training")  # fmt: skip
     proxy.fault("POST|PUT", r"/model/", refuse=True)
     proxy.fault("POST|PUT", r"/checkpoints/", delay=0.3)
     code, output = run.finish(RUN_TIMEOUT)
@@ -460,7 +446,8 @@ def test_a_deleted_bucket_stops_the_run_with_one_line(tmp_path, demo_assets, gcs
             "first", "--max_steps", "200", "--eval_strategy", "no", nproc=1, hook=SLOW_STEPS
         )  # the bucket is gone long before step 200
         try:
-            wait_until(lambda: "checkpoint-2" in job.complete(), RUN_TIMEOUT, "checkpoint-2")
+            wait_while_running([run], lambda: complete_from(job.checkpoints, 2), RUN_TIMEOUT,
+                               "a complete checkpoint of step 2 or later")  # fmt: skip
             deleted = threading.Event()
             proxy.fault(".*", bucket, hold=deleted)
             delete_bucket(bucket)
@@ -491,7 +478,8 @@ def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is
     job, proxy = proxied_job
     run = job.start("first", "--max_steps", "200", "--save_steps", "1", "--eval_strategy",
                     "no", "--save_total_limit", "2", nproc=1)  # fmt: skip
-    wait_until(lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT, "training")
+    wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
+                       "training")  # fmt: skip
     proxy.fault("POST|PUT", r"/checkpoints/", delay=1.0)
     code, output = stop_once_logged(run, "warning: checkpoint uploads",
                                     "uploads to fall a save behind")  # fmt: skip

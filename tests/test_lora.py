@@ -18,16 +18,18 @@ from transformers import AutoModelForSequenceClassification, WhisperForCondition
 
 from tests.helpers import (
     DEMO_SPEECH_FLAGS,
+    SLOW_STEPS,
     TEXT_COLUMNS,
     assert_planned,
     assert_refused,
     checked_task,
+    complete_from,
     make_shards_in_process,
     run_trainer,
     start_trainer,
     trainer_env,
     use_delivered_model,
-    wait_until,
+    wait_while_running,
     with_start_hook,
 )
 from trainer.common.errors import UserError
@@ -37,6 +39,7 @@ from trainer.config.hardware import Hardware
 from trainer.config.memory_estimate import GIB, footprint_of, usable_gpu_bytes
 from trainer.config.recipes import expand_config_file
 from trainer.launcher.model_plan import PARTS
+from trainer.storage.store import open_store
 from trainer.tasks.lora import parameter_counts
 from trainer.tasks.whisper_sizes import whisper_config
 
@@ -158,20 +161,6 @@ def test_speech_lora_zero2_delivers_a_merged_model_and_the_adapter_alone(tmp_pat
     assert "model.safetensors" not in files and "adapter" not in files
 
 
-SLOW_STEPS = """
-import time
-from transformers import Trainer
-
-step = Trainer.training_step
-
-def slow_step(self, *args, **kwargs):
-    time.sleep(0.5)  # the kill must land between a checkpoint and the last step
-    return step(self, *args, **kwargs)
-
-Trainer.training_step = slow_step
-"""
-
-
 @pytest.mark.slow
 def test_a_lora_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_weights(
     text_assets, tmp_path
@@ -188,8 +177,11 @@ def test_a_lora_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_weigh
     assert code == 0, output[-3000:]
 
     job = start_trainer(args, interrupted, with_start_hook(env, tmp_path / "hooks", SLOW_STEPS))
-    state = interrupted / "out" / "checkpoint-4" / "trainer_state.json"
-    wait_until(state.exists, 300, "checkpoint-4")
+    # Complete (its manifest written), not merely saved: a checkpoint without a manifest is
+    # rightly not resumed from, and the kill can land between the two.
+    checkpoints = open_store(str(interrupted / "out"))
+    wait_while_running([job], lambda: complete_from(checkpoints, 4), 300,
+                       "a complete checkpoint of step 4 or later")  # fmt: skip
     job.kill_node()
     _, log = job.finish()
     assert "final model" not in log, f"the kill came after the run ended:\n{log}"
@@ -281,7 +273,7 @@ def test_a_lora_run_with_gradient_checkpointing_saves_on_sigterm_and_resumes_the
     )  # fmt: skip
     env = with_start_hook(trainer_env(tmp_path / "cache"), tmp_path / "hooks", SLOW_STEPS)
     job = start_trainer(args, tmp_path, env)
-    wait_until(lambda: "step 3/12" in job.log.read_text(), 300, "step 3")
+    wait_while_running([job], lambda: "step 3/12" in job.log.read_text(), 300, "step 3")
     job.terminate()
     code, log = job.finish()
     assert code == 75, log[-3000:]

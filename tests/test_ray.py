@@ -12,13 +12,12 @@ import time
 
 import pytest
 
-from tests.helpers import DEMO_SPEECH_FLAGS, free_port, trainer_env, wait_until
+from tests.helpers import DEMO_SPEECH_FLAGS, complete_from, free_port, trainer_env, wait_until
 from tests.ray_cluster import RAY, start_ray_cluster
 from tests.test_demo_learns import RESULT_LINE
 from trainer.common.errors import UserError
 from trainer.ray.cluster import plan_workers
 from trainer.ray.flags import RayArguments
-from trainer.storage.checkpoints import complete_checkpoints
 from trainer.storage.store import open_store
 
 TINY_TRAINING = [
@@ -148,7 +147,9 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
         cwd=killed, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        wait_until(lambda: "checkpoint-10" in complete_checkpoints(store), 600, "checkpoint-10")
+        wait_until(lambda: complete_from(store, 10) or driver.poll() is not None, 600,
+                   "a complete checkpoint of step 10 or later")  # fmt: skip
+        assert driver.poll() is None, (killed / "driver.log").read_text()[-4000:]
         pid = train_worker_pid(cluster, world_rank=1)
         os.kill(pid, 9)
         driver.wait(timeout=900)

@@ -26,6 +26,7 @@ from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     assert_manifest_matches_store,
+    complete_from,
     final_weights,
     finish_all,
     free_port,
@@ -35,7 +36,7 @@ from tests.helpers import (
     start_trainer,
     trainer_env,
     vertex_outputs,
-    wait_until,
+    wait_while_running,
     with_start_hook,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
@@ -126,8 +127,8 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
 
     # 1. The job runs; node 1's machine fails once checkpoint-10 is complete.
     nodes = start_nodes(tmp_path / "job", *inputs, RUN, port=port, **env)
-    wait_until(lambda: "checkpoint-10" in complete_checkpoints(checkpoints), 400,
-               "checkpoint-10 in the store")  # fmt: skip
+    wait_while_running(nodes, lambda: complete_from(checkpoints, 10), 400,
+                       "a complete checkpoint of step 10 or later")  # fmt: skip
     nodes[1].kill_node()
     killed_at = time.monotonic()
     nodes[1].process.wait()
@@ -263,8 +264,8 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
     # is the test after this one.
     stop_run = [*RUN, "--stop_grace_seconds", "25"]
     nodes = start_nodes(tmp_path / "job", *inputs, stop_run, **env)
-    wait_until(lambda: "checkpoint-10" in complete_checkpoints(checkpoints), 400,
-               "checkpoint-10 in the store")  # fmt: skip
+    wait_while_running(nodes, lambda: complete_from(checkpoints, 10), 400,
+                       "a complete checkpoint of step 10 or later")  # fmt: skip
     nodes[1].terminate()
     signalled_at = time.monotonic()
     completed_at: dict[str, float] = {}  # when each checkpoint's manifest appeared
@@ -325,7 +326,8 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
             cwd=tmp_path,
             env=trainer_env(demo_cache, STORAGE_EMULATOR_HOST=proxy.url, **vertex_outputs(base)),
         )  # fmt: skip
-        wait_until(lambda: complete_checkpoints(checkpoints), 400, "a complete checkpoint")
+        wait_while_running([run], lambda: complete_checkpoints(checkpoints), 400,
+                           "a complete checkpoint")  # fmt: skip
         proxy.delay_seconds = 5.0  # every request now outlasts the 2 s grace
         run.terminate()
         code, output = run.finish(timeout=STOP_EXIT_BOUND)

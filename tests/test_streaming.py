@@ -26,12 +26,14 @@ from tests.helpers import (
     finish_all,
     image_task,
     make_shards_in_process,
+    node_stalls_after,
     run_trainer,
     speech_task,
     start_nodes,
     trainer_env,
     vertex_outputs,
-    wait_until,
+    wait_while_running,
+    with_start_hook,
 )
 from tests.tiny_assets import write_sentiment_csv
 from trainer.common.errors import UserError
@@ -362,16 +364,25 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
           f"written to the nodes' disks outside outputs: {on_disk} bytes")  # fmt: skip
     assert on_disk < 2 * largest, f"{on_disk} bytes of data written for a {corpus}-byte corpus"
 
-    # 2. The same job; the worker node is killed once checkpoint-8 is complete.
+    # 2. The same job; the worker node stalls after step 8 (a whole run takes seconds: a
+    #    poll could miss checkpoint-8 between its upload and its rotation, or the kill
+    #    come after the last step) and is killed once checkpoint-8 is complete.
     base = f"{job}/interrupted"
     (tmp_path / "scratch-b" / "tmp").mkdir(parents=True)
     checkpoints = open_store(f"{base}/checkpoints")
-    nodes = run("b", base)
-    wait_until(lambda: "checkpoint-8" in complete_checkpoints(checkpoints), 400,
-               "checkpoint-8 in the store")  # fmt: skip
+    stall = with_start_hook({"PYTHONPATH": str(REPO_ROOT)}, tmp_path / "hooks",
+                            node_stalls_after(1, 8))  # fmt: skip
+    nodes = run("b", base, **stall)
+    wait_while_running(nodes, lambda: "checkpoint-8" in complete_checkpoints(checkpoints), 400,
+                       "checkpoint-8 in the store")  # fmt: skip
     nodes[1].kill_node()
     code, chief_log = nodes[0].finish(timeout=300)
     assert code != 0, "the chief must fail when its peer dies"
+    errors = [line for line in chief_log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"the newest complete checkpoint is {base}/checkpoints/checkpoint-8, where a restart "
+        "resumes"
+    ), chief_log[-3000:]
     newest = complete_checkpoints(checkpoints)[-1]
     resumed_step = int(newest.split("-")[1])
     assert resumed_step < MAX_STEPS, "the kill came after the run finished"
