@@ -4,18 +4,30 @@ its traceback once; not a traceback per rank plus torchrun's ChildFailedError bo
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from tests.helpers import (
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
+    SLOW_STEPS,
+    TEXT_COLUMNS,
+    complete_from,
     run_trainer,
     start_nodes,
+    start_trainer,
     trainer_env,
+    wait_while_running,
+    with_start_hook,
 )
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.config.hardware import Hardware
+from trainer.config.resolve import resolve_run
 from trainer.launcher import accelerate_launch
+from trainer.storage.checkpoints import complete_checkpoints, write_manifest
+from trainer.storage.store import open_store
 from trainer.training.failures import is_peer_failure, report_failure
 
 RANK_ONE_FAILS = """
@@ -95,6 +107,30 @@ def test_a_killed_process_gets_one_line_naming_rank_node_and_signal(capsys):
     assert capsys.readouterr().err == (
         "error: training process rank 3 (node 1, local rank 1) was killed by SIGKILL "
         "(out of memory? the kernel's OOM killer sends SIGKILL)\n"
+    )
+
+
+def test_a_killed_process_s_line_says_where_the_newest_complete_checkpoint_is(
+    tmp_path, capsys, monkeypatch
+):
+    """A process killed by a signal (the OOM killer) cannot say what is kept: its node's
+    launcher does, from the configuration handed over to the run and the store itself
+    (checkpoint-4 has no manifest: not complete)."""
+    checkpoints = open_store(str(tmp_path / "checkpoints"))
+    for name in ("checkpoint-2", "checkpoint-4"):
+        checkpoints.child(name).write_text("trainer_state.json", "{}")
+    write_manifest(checkpoints.child("checkpoint-2"), {"files": []})
+    hardware = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
+    argv = ["--model_name_or_path", "org/model", "--dataset_name", "org/data",
+            "--checkpoint_dir", str(tmp_path / "checkpoints")]  # fmt: skip
+    config = resolve_run(argv, {}, hardware)
+    monkeypatch.setenv(RUN_CONFIG_VARIABLE, config.to_json())
+
+    assert accelerate_launch.report(ChildFailed(Failure(-9)), node_rank=1) == 1
+    assert capsys.readouterr().err == (
+        "error: training process rank 3 (node 1, local rank 1) was killed by SIGKILL "
+        "(out of memory? the kernel's OOM killer sends SIGKILL); the newest complete "
+        f"checkpoint is {tmp_path / 'checkpoints' / 'checkpoint-2'}, where a restart resumes\n"
     )
 
 
@@ -182,3 +218,46 @@ def test_the_other_node_says_where_the_cause_is(tmp_path, spoken_assets):
     assert errors0[0].endswith("the cause is in that node's log; there is no complete "
                                "checkpoint in out"), errors0  # fmt: skip
     assert "Traceback" not in log0 and "ChildFailedError" not in log0 + log1
+
+
+@pytest.mark.slow
+def test_a_training_process_killed_by_the_oom_killer_leaves_a_line_naming_the_checkpoint(
+    tmp_path, text_assets
+):
+    """SIGKILL to one training process (as the kernel's OOM killer sends it) once a
+    checkpoint is complete: the node's one line names the process and the checkpoint a
+    restart resumes from."""
+    import psutil
+
+    model_dir, dataset_dir = text_assets
+    checkpoints = open_store(str(tmp_path / "checkpoints"))
+    run = start_trainer(
+        ["--task", "text-classification", "--model_name_or_path", str(model_dir),
+         "--dataset_name", str(dataset_dir), *TEXT_COLUMNS, "--max_seq_length", "16",
+         "--nproc_per_node", "2", "--max_steps", "200", "--save_steps", "2",
+         "--eval_strategy", "no", "--output_dir", "out",
+         "--checkpoint_dir", str(tmp_path / "checkpoints")],
+        cwd=tmp_path,
+        env=with_start_hook(trainer_env(tmp_path / "cache"), tmp_path / "hooks", SLOW_STEPS),
+    )  # fmt: skip
+    wait_while_running([run], lambda: complete_from(checkpoints, 2), 300,
+                       "a complete checkpoint")  # fmt: skip
+    launcher = psutil.Process(run.process.pid)
+    training = [p for p in launcher.children(recursive=True)
+                if "trainer.training.main" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(training) == 2, [p.cmdline() for p in launcher.children(recursive=True)]
+    training[1].kill()
+    code, output = run.finish(timeout=300)
+
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output[-3000:]
+    line = re.fullmatch(
+        r"error: training process rank (\d) \(node 0, local rank \d\) was killed by SIGKILL "
+        r"\(out of memory\? the kernel's OOM killer sends SIGKILL\); the newest complete "
+        rf"checkpoint is {re.escape(str(tmp_path / 'checkpoints'))}/(checkpoint-\d+), where a "
+        r"restart resumes",
+        errors[0],
+    )  # fmt: skip
+    assert line, errors[0]
+    assert line[2] in complete_checkpoints(checkpoints), "the line names a complete checkpoint"

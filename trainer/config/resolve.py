@@ -61,6 +61,7 @@ from trainer.config.secrets import (
 )
 from trainer.config.task_inference import infer_task
 from trainer.data.arguments import DataArguments
+from trainer.storage.locations import OutputArguments, OutputLocations, resolve_output_locations
 from trainer.tasks import DEFAULT_TASK, load_task
 from trainer.tasks.arguments import ModelArguments
 
@@ -91,6 +92,12 @@ class RunConfig:
     def parsed(self) -> ParsedFlags:
         """The flag objects, built anew from the values (parsing nothing again)."""
         return flags_from_values(self.flags)
+
+    def output_locations(self, env: Mapping[str, str]) -> OutputLocations:
+        """Where checkpoints, the model and logs go, from the values alone: what a process
+        that reports a failure needs, without building the task."""
+        outputs = OutputArguments(**self.flags["outputs"])
+        return resolve_output_locations(outputs, env, self.flags["training"]["output_dir"])
 
     @property
     def deepspeed_config(self) -> str | None:

@@ -15,11 +15,13 @@ A node whose rendezvous never completes gives up after --rdzv_timeout
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
 
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.launcher.start_deadline import (
     MARGIN_SECONDS,
@@ -27,6 +29,7 @@ from trainer.launcher.start_deadline import (
     give_up,
     training_process_started,
 )
+from trainer.storage.checkpoints import newest_complete_line
 
 REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE)
 """trainer.training.main printed the line itself (1: failure, 78: bad input found in training,
@@ -89,8 +92,21 @@ def report_exit(exitcode: int, signal_name: str | None, where: str) -> int:
             how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
     else:
         how = f"exited with code {exitcode}"
-    print(f"error: training process {where} {how}", file=sys.stderr, flush=True)
+    print(f"error: training process {where} {how}{what_is_kept()}", file=sys.stderr, flush=True)
     return 1
+
+
+def what_is_kept() -> str:
+    """ "; " and where the newest complete checkpoint is, for the run whose configuration
+    the launcher handed over in the environment ("" without one): a process killed by a
+    signal cannot say it itself, and this line is then the run's last word."""
+    config_json = os.environ.get(RUN_CONFIG_VARIABLE)
+    if not config_json:
+        return ""
+    from trainer.config.resolve import RunConfig
+
+    checkpoints = RunConfig.from_json(config_json).output_locations(os.environ).checkpoints
+    return f"; {newest_complete_line(checkpoints)}"
 
 
 def quiet_agent_failure_logs() -> None:

@@ -42,6 +42,7 @@ from trainer.storage.store import (
     Store,
     StoredFilesDiffer,
     TransferError,
+    open_store,
     relative_files,
 )
 
@@ -77,6 +78,24 @@ def checkpoint_names(store: Store) -> list[str]:
 def complete_checkpoints(store: Store) -> list[str]:
     """Names of checkpoints with a manifest, oldest first."""
     return [n for n in checkpoint_names(store) if store.child(n).read_text(MANIFEST) is not None]
+
+
+def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None = None) -> str:
+    """Where the newest complete checkpoint in `checkpoints` is, read from the store, or that
+    there is none: the end of every line a run that stops early prints. `why` (" (...)")
+    says what was still behind; `why_none`, when given, replaces it if there is none."""
+    try:
+        complete = complete_checkpoints(open_store(checkpoints))
+    except Exception as error:  # noqa: BLE001 - the line says the store is unreadable
+        return f"the checkpoints in {checkpoints} cannot be listed ({brief(error)})"
+    if complete:
+        return (
+            f"the newest complete checkpoint is {checkpoints.rstrip('/')}/{complete[-1]}, "
+            f"where a restart resumes{why}"
+        )
+    if why_none is not None:
+        why = why_none
+    return f"there is no complete checkpoint in {checkpoints}{why}"
 
 
 class CheckpointUnreadable(Exception):

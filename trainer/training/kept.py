@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 
-from trainer.storage.checkpoints import CheckpointUploader, complete_checkpoints
+from trainer.storage.checkpoints import CheckpointUploader, newest_complete_line
 from trainer.storage.faults import brief
-from trainer.storage.store import open_store
 from trainer.training.failures import RunFailed
 
 
@@ -39,10 +38,6 @@ class WhatIsKept:
 
     def checkpoint_line(self) -> str:
         """Where the newest complete checkpoint is, or that there is none and why."""
-        try:
-            complete = complete_checkpoints(open_store(self.checkpoints))
-        except Exception as error:  # noqa: BLE001 - the line says the store is unreadable
-            return f"the checkpoints in {self.checkpoints} cannot be listed ({brief(error)})"
         uploader = self.uploader
         behind = []
         if uploader is not None and uploader.uploading is not None:
@@ -51,14 +46,10 @@ class WhatIsKept:
             behind += [f"{name}'s upload failed ({uploader.errors[name]})"
                        for name in uploader.failures if name in uploader.errors]  # fmt: skip
         why = f" ({'; '.join(behind)})" if behind else ""
-        if complete:
-            return (
-                f"the newest complete checkpoint is {self.checkpoints.rstrip('/')}/"
-                f"{complete[-1]}, where a restart resumes{why}"
-            )
+        why_none = None
         if uploader is not None and not uploader.submitted:
-            why = why or " (no checkpoint was saved before this)"
-        return f"there is no complete checkpoint in {self.checkpoints}{why}"
+            why_none = why or " (no checkpoint was saved before this)"
+        return newest_complete_line(self.checkpoints, why, why_none)
 
     def line(self) -> str:
         """The checkpoint and the model, after this node's uploads had their chance."""

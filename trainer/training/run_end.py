@@ -23,7 +23,6 @@ from google.auth.exceptions import GoogleAuthError
 
 from trainer.common.errors import UserError
 from trainer.storage.faults import causes
-from trainer.storage.locations import resolve_output_locations
 from trainer.storage.run_records import RunIdentity, record_failure, record_model
 from trainer.storage.store import TransferError
 from trainer.training.failures import RunFailed, is_peer_failure
@@ -55,10 +54,7 @@ def remember_failure(
     identity = RunIdentity.from_env(os.environ)
     if config is None or not identity.restartable or not would_repeat(error):
         return
-    flags = config.parsed()
-    checkpoints = resolve_output_locations(
-        flags.outputs, os.environ, flags.training.output_dir
-    ).checkpoints
+    checkpoints = config.output_locations(os.environ).checkpoints
     try:
         record_failure(checkpoints, identity, int(os.environ.get("RANK", "0")), line, exit_code)
     except Exception as failure:  # noqa: BLE001 - the run's own line is already out
