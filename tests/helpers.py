@@ -161,9 +161,9 @@ def complete_from(checkpoints, step: int) -> bool:
     What a test waits for before it kills or stops a run: a particular checkpoint is
     complete only until rotation (--save_total_limit) deletes it, which on a fast run can
     be sooner than the next poll."""
-    from trainer.storage.checkpoints import complete_checkpoints
+    from trainer.storage.checkpoints import checkpoint_step, complete_checkpoints
 
-    return any(int(name.split("-")[1]) >= step for name in complete_checkpoints(checkpoints))
+    return any(checkpoint_step(name) >= step for name in complete_checkpoints(checkpoints))
 
 
 # Tasks built from flags, in-process --------------------------------------------------------

@@ -97,9 +97,10 @@ def report_exit(exitcode: int, signal_name: str | None, where: str) -> int:
 
 
 def what_is_kept() -> str:
-    """ "; " and where the newest complete checkpoint is, for the run whose configuration
-    the launcher handed over in the environment ("" without one): a process killed by a
-    signal cannot say it itself, and this line is then the run's last word."""
+    """The end of a killed process's line: where the newest complete checkpoint is, for
+    the run whose configuration the launcher handed over in the environment (nothing
+    without one). A process killed by a signal cannot say it itself, and this line is
+    then the run's last word."""
     config_json = os.environ.get(RUN_CONFIG_VARIABLE)
     if not config_json:
         return ""
