@@ -4,7 +4,7 @@ memory, checkpoint size, and the launcher's memory estimate next to the measured
 Each configuration runs in a fresh process (so that its peak RSS is its own): a randomly
 initialised Whisper of a released size (`--model tiny|small|...`, from its published
 dimensions, no download), with `--peft lora` adapters as the product makes them
-(trainer/tasks/lora.py, Whisper's default targets) or every weight trained, AdamW as the
+(trainer/tasks/lora_adapters.py, Whisper's default targets) or every weight trained, AdamW as the
 Trainer builds it, fp32 on CPU, one batch of 30 s log-mel features and
 `generation_max_length` (225) label tokens: the sizes the estimate assumes.
 
@@ -12,7 +12,7 @@ Trainer builds it, fp32 on CPU, one batch of 30 s log-mel features and
   optimizer step).
 - peak memory: the process's peak RSS (ru_maxrss) minus its RSS before the model was built:
   weights, gradients, optimizer state and activations, as the estimate counts them.
-- estimate: `TrainingFootprint.step_bytes` (trainer/config/memory_estimate.py) for the same
+- estimate: `TrainingFootprint.step_bytes` (trainer/tasks/step_memory.py) for the same
   model, batch and checkpointing, as `python -m trainer --dry-run` reports it.
 - checkpoint: what a Trainer checkpoint holds of the model and optimizer: the weights the
   model saves (the adapter alone under LoRA) plus the optimizer state (`optimizer.pt`).
@@ -40,9 +40,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from trainer.config.memory_estimate import TrainingFootprint  # noqa: E402
-from trainer.tasks.arguments import ModelArguments  # noqa: E402
-from trainer.tasks.lora import parameter_counts, with_lora  # noqa: E402
+from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
+from trainer.settings.model_flags import ModelArguments  # noqa: E402
+from trainer.tasks.lora_adapters import parameter_counts, with_lora  # noqa: E402
 from trainer.tasks.speech import SpeechRecognitionTask  # noqa: E402
 from trainer.tasks.whisper_sizes import whisper_config  # noqa: E402
 

@@ -51,7 +51,7 @@ from datasets import Audio, load_dataset
 from torch.utils.data import DataLoader
 from transformers import WhisperFeatureExtractor, WhisperProcessor
 
-from trainer.launcher.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
+from trainer.node.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
 from trainer.tasks.speech import SpeechCollator, filter_by_duration
 
 # 8 x 6 x 6 x 5 = 1,440 distinct sentences of 10-14 words (3-5 s of speech), as in Common Voice.

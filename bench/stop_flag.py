@@ -44,12 +44,12 @@ def rank_main(rank: int, port: int, options: argparse.Namespace, results) -> Non
     from torch.nn.parallel import DistributedDataParallel
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from trainer.launcher.demo_assets import TINY_DIMENSIONS
+    from trainer.node.demo_assets import TINY_DIMENSIONS
     from trainer.training.preemption import agree
 
     torch.set_num_threads(1)
-    PartialState(backend="gloo")  # as trainer/training/main.py sets up CPU ranks
-    chunk_seconds = 6  # the demo model's window (trainer/launcher/demo_assets.py)
+    PartialState(backend="gloo")  # as trainer/training/rank.py sets up CPU ranks
+    chunk_seconds = 6  # the demo model's window (trainer/node/demo_assets.py)
     config = WhisperConfig(vocab_size=51865, num_mel_bins=80, **TINY_DIMENSIONS,
                            max_source_positions=chunk_seconds * 50)  # fmt: skip
     torch.manual_seed(0)

@@ -53,7 +53,7 @@ PATHS = ("local copy", "stream, GCS", "stream, GCS tars", "stream, local shards"
 
 
 def task_for(dataset: str, streaming: bool):
-    from trainer.config.flags import parse_flags
+    from trainer.command_line.parser import parse_flags
 
     extra = ["--streaming", "--max_steps", "1"] if streaming else []
     return parse_flags(["--dataset_name", dataset, "--text_column_name", "sentence", *extra]).task
@@ -113,7 +113,7 @@ def main() -> None:
     silence_known_noise()
     with tempfile.TemporaryDirectory(prefix="bench-streaming-") as tmp, running_emulator() as url:
         os.environ["STORAGE_EMULATOR_HOST"] = url
-        from trainer.config.flags import parse_flags
+        from trainer.command_line.parser import parse_flags
         from trainer.shards import write_shards
         from trainer.storage.store import open_store
 

@@ -50,7 +50,7 @@ import numpy as np
 import psutil
 import torch
 
-from trainer.launcher.demo_assets import (
+from trainer.node.demo_assets import (
     ENDOFTEXT,
     begin_suppress_tokens,
     build_whisper_tokenizer,
@@ -230,7 +230,7 @@ def model_flops_per_sample(model_dir: Path, data_dir: Path) -> float:
     self-attention and cross-attention. Label tokens: the mean over the synthetic set, as the
     product's tokenizer counts them (without the start token the model prepends).
     """
-    from trainer.config.flags import parse_flags
+    from trainer.command_line.parser import parse_flags
 
     argv = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
             "--language", "en", "--eval_split_name", ""]  # fmt: skip

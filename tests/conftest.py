@@ -21,11 +21,12 @@ from tests.helpers import (  # noqa: F401
     trainer_env,
     warm_hub_cache,
 )
-from trainer.config import recipes as config_file
-from trainer.config.demo import MODEL_DIRNAME, DemoAssets
+from trainer.command_line import recipes as config_file
+from trainer.config.demo import MODEL_DIRNAME
 from trainer.data.sources import looks_like_path
 from trainer.launcher import main as launch
-from trainer.launcher.demo_assets import build_tiny_whisper, prepare_demo_assets
+from trainer.node.demo_assets import build_tiny_whisper, prepare_demo_assets
+from trainer.settings.run_config import DemoAssets
 
 CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
 """Entries of the repository root that a test run may create: everything else a test

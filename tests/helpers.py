@@ -35,6 +35,7 @@ from pathlib import Path
 
 from trainer.common.cache import cache_dir, torch_extensions_dir
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
+from trainer.settings.run_config import Hardware
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,16 +170,32 @@ def complete_from(checkpoints, step: int) -> bool:
 # Tasks built from flags, in-process --------------------------------------------------------
 
 
-def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
-    """The task object as the launcher builds it from flags, its input checks passed."""
-    from trainer.config.flags import parse_flags
+CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
 
-    flags = parse_flags(
-        ["--task", task, "--model_name_or_path", str(model_dir),
-         "--dataset_name", str(dataset_dir), *extra]
-    )  # fmt: skip
-    flags.task.check_inputs()
-    return flags.task
+
+def resolved(argv: list[str], hardware: Hardware = CPU, env: dict | None = None):
+    """The run's configuration as a launcher on `hardware` resolves it (nothing checked)."""
+    from trainer.config.resolve import resolve_run
+
+    return resolve_run([str(arg) for arg in argv], dict(os.environ) if env is None else env,
+                       hardware)  # fmt: skip
+
+
+def task_of(argv: list[str], hardware: Hardware = CPU):
+    """The task a training process builds from the run's resolved configuration."""
+    from trainer.tasks import build_task
+
+    return build_task(resolved(argv, hardware))
+
+
+def checked_task(task: str, model_dir: Path, dataset_dir: Path, *extra: str):
+    """The task object as the training processes build it from the resolved flags, its
+    input checks passed (as the launcher runs them)."""
+    built = task_of(["--task", task, "--model_name_or_path", model_dir,
+                     "--dataset_name", dataset_dir, *extra])  # fmt: skip
+    built.check_model()
+    built.check_inputs()
+    return built
 
 
 def speech_task(model_dir, dataset_dir, *extra):

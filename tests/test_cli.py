@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from tests.conftest import trainer_env
-from trainer.config.flags import parse_flags
-from trainer.config.recipes import expand_config_file
+from trainer.command_line.parser import parse_flags
+from trainer.command_line.recipes import expand_config_file
 
 
 def run_cli(args, cwd, env):
@@ -58,9 +58,9 @@ def test_yaml_flags_come_first_so_the_command_line_wins(tmp_path):
     )
     argv = expand_config_file([str(recipe), "--learning_rate", "3e-5"])
     flags = parse_flags(argv)
-    assert flags.training.learning_rate == 3e-5
-    assert flags.task.options.language == "serbian"
-    assert flags.task.options.do_lower_case is True
+    assert flags.training["learning_rate"] == 3e-5
+    assert flags.task_options.language == "serbian"
+    assert flags.task_options.do_lower_case is True
     assert flags.data.train_split_name == "train+validation"
 
 
@@ -69,8 +69,8 @@ def test_shipped_seed_recipe_parses():
     assert flags.model.model_name_or_path == "openai/whisper-small"
     assert flags.data.dataset_name.startswith("gs://"), "the Hub no longer serves Common Voice"
     assert flags.data.dataset_config_name is None
-    assert flags.training.metric_for_best_model == "wer"
-    assert flags.training.load_best_model_at_end is True
+    assert flags.training["metric_for_best_model"] == "wer"
+    assert flags.training["load_best_model_at_end"] is True
 
 
 def test_dry_run_prints_the_plan_for_a_vertex_worker(tmp_path, demo_assets, demo_cache):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trainer.common.errors import UserError
-from trainer.config.cluster import resolve_topology
+from trainer.config.topology import resolve_topology
 
 
 def cluster_spec(task_type, index=0, workers=2, extra_pools=None, **extra):

@@ -15,7 +15,7 @@ from trainer.launcher.cuda_driver import (
     parse_driver_version,
     torch_cuda_version,
 )
-from trainer.launcher.hardware import COMPAT_DIR, GpuEvidence, check_gpus_usable
+from trainer.node.machine import COMPAT_DIR, GpuEvidence, check_gpus_usable
 
 TORCH_CU128 = ['nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"', "sympy"]
 

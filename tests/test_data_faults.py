@@ -22,7 +22,7 @@ from tests.test_streaming import COLUMNS, make_sentiment_shards, make_shards
 from tests.tiny_assets import TONE_CLIPS, write_sentiment_csv
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import UNDECODABLE, StreamSkips
-from trainer.data.faults import DataFault
+from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import INDEX, ShardIndex, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.data.sources import check_shard_set

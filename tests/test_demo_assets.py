@@ -21,8 +21,8 @@ from transformers import WhisperForConditionalGeneration, WhisperProcessor, Whis
 from tests.helpers import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
 from trainer.common.errors import UserError
 from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
-from trainer.launcher import demo_assets as demo_assets_module
-from trainer.launcher.demo_assets import (
+from trainer.node import demo_assets as demo_assets_module
+from trainer.node.demo_assets import (
     DEMO_SENTENCES,
     HELD_OUT_SENTENCES,
     TEST_CLIPS,

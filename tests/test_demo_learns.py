@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.helpers import run_trainer, trainer_env
-from trainer.launcher.demo_assets import TEST_CLIPS
+from trainer.node.demo_assets import TEST_CLIPS
 
 pytestmark = pytest.mark.slow
 

@@ -22,6 +22,7 @@ import tomllib
 
 from tests.helpers import REPO_ROOT, module_origin, pip_in, venv_with_dependencies
 from trainer import jobspec
+from trainer.preflight import vertex_machines
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 DS_BUILD_ENV = REPO_ROOT / "docker" / "ds-build.env"
@@ -214,8 +215,10 @@ def arg_defaults() -> dict[str, str]:
 def test_deepspeed_ops_are_compiled_for_every_gpu_the_job_specs_offer():
     settings = ds_build_settings()
     arch_list = set(settings["TORCH_CUDA_ARCH_LIST"].split(";"))
-    for gpu, _ in jobspec.GPU_MACHINES.values():
+    for gpu, _ in vertex_machines.GPU_MACHINES.values():
         assert COMPUTE_CAPABILITY[gpu] in arch_list, f"{gpu} missing from TORCH_CUDA_ARCH_LIST"
+        capability = vertex_machines.ACCELERATORS[gpu][1]
+        assert ".".join(map(str, capability)) == COMPUTE_CAPABILITY[gpu], "jobspec's checks use it"
     assert "7.0" not in arch_list, "CUDA 13 cannot target Volta"
     assert settings["DS_ACCELERATOR"] == "cuda" and settings["DS_BUILD_OPS"] == "0"
     assert {settings["DS_BUILD_FUSED_ADAM"], settings["DS_BUILD_CPU_ADAM"]} == {"1"}

@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import warm_hub_cache
 from tests.helpers import use_hub_at
 from tests.loopback_hub import running_hub
-from trainer.launcher import hardware
 from trainer.launcher import main as launch
+from trainer.node import machine as hardware
 
 SEQ2SEQ_README = "transformers examples/pytorch/speech-recognition/README.md"
 EVENT_README = "huggingface/community-events whisper-fine-tuning-event/README.md"
@@ -215,7 +215,7 @@ def test_example_command_line(command, error, example_hub_cache, two_ampere_gpus
     if error is None:
         assert code == 0 and not errors, err
         planned = json.loads(out)["command"]
-        assert planned[planned.index("--module") + 1] == "trainer.training.main"
+        assert planned[planned.index("--module") + 1] == "trainer.training.rank"
     else:
         assert code == 2 and len(errors) == 1 and error in errors[0], err
         assert err.strip() == errors[0], "one line, nothing else"
@@ -270,10 +270,10 @@ def test_an_image_dataset_alone_gets_the_example_scripts_default_model(
     ],
 )  # fmt: skip
 def test_seed_recipes_hold_the_examples_hyperparameters(recipe, expected):
-    from trainer.config.flags import parse_flags
-    from trainer.config.recipes import expand_config_file, locate_config_file
+    from trainer.command_line.parser import parse_flags
+    from trainer.command_line.recipes import expand_config_file, locate_config_file
 
-    training = vars(parse_flags(expand_config_file([recipe])).training)
+    training = parse_flags(expand_config_file([recipe])).training
     assert {name: training[name] for name in expected} == expected
     assert "README" in locate_config_file(recipe).read_text() or "blog" in (
         locate_config_file(recipe).read_text()

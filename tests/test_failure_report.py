@@ -23,9 +23,9 @@ from tests.helpers import (
 )
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE
 from trainer.common.handoff import RUN_CONFIG_VARIABLE
-from trainer.config.hardware import Hardware
 from trainer.config.resolve import resolve_run
 from trainer.launcher import accelerate_launch
+from trainer.settings.run_config import Hardware
 from trainer.storage.checkpoints import complete_checkpoints, write_manifest
 from trainer.storage.store import open_store
 from trainer.training.failures import is_peer_failure, report_failure
@@ -244,7 +244,7 @@ def test_a_training_process_killed_by_the_oom_killer_leaves_a_line_naming_the_ch
                        "a complete checkpoint")  # fmt: skip
     launcher = psutil.Process(run.process.pid)
     training = [p for p in launcher.children(recursive=True)
-                if "trainer.training.main" in " ".join(p.cmdline())]  # fmt: skip
+                if "trainer.training.rank" in " ".join(p.cmdline())]  # fmt: skip
     assert len(training) == 2, [p.cmdline() for p in launcher.children(recursive=True)]
     training[1].kill()
     code, output = run.finish(timeout=300)

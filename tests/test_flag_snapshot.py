@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config.flags import TRAINING_DEFAULTS, TaskArguments
-from trainer.config.launcher_flags import LauncherArguments
-from trainer.data.arguments import DataArguments
-from trainer.storage.locations import OutputArguments
+from trainer.command_line.parser import TRAINING_DEFAULTS, TaskArguments
+from trainer.settings.data_flags import DataArguments
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.model_flags import ModelArguments
+from trainer.settings.output_flags import OutputArguments
 from trainer.tasks import load_task, task_names
-from trainer.tasks.arguments import ModelArguments
 
 SNAPSHOT = Path(__file__).with_name("flag_snapshot.json")
 UPDATE_VARIABLE = "UPDATE_FLAG_SNAPSHOT"

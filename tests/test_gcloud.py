@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, jobspec_refusal, parse_strictly
 from trainer import jobspec
-from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
+from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 
 CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"
 REGION = "europe-west4"

@@ -13,10 +13,10 @@ from collections import Counter
 import pytest
 
 from tests.conftest import REPO_ROOT, trainer_env
-from trainer.config.flags import FlagParser, build_parser
-from trainer.config.help import CURATED_TRAINING_FLAGS
-from trainer.config.launcher_flags import LauncherArguments
+from trainer.command_line.help import CURATED_TRAINING_FLAGS
+from trainer.command_line.parser import FlagParser, build_parser
 from trainer.launcher.main import main
+from trainer.settings.launcher_flags import LauncherArguments
 from trainer.tasks import DEFAULT_TASK, load_task, task_names
 
 ENTRY = re.compile(r"^  (--[A-Za-z0-9][\w-]*)", re.MULTILINE)
@@ -104,14 +104,24 @@ def test_a_recipe_selects_its_task(capsys):
 
 def test_defaults_are_the_ones_the_project_applies(capsys):
     text = " ".join(help_output(capsys, "vit-beans.yaml", "--help").split())
-    assert "--output_dir STR The output directory" in text
-    assert "(default: outputs, set by this project" in text  # TRAINING_DEFAULTS
+    assert "--output_dir STR (default: outputs, set by this project" in text  # TRAINING_DEFAULTS
     assert "(default: accuracy, set by this project" in text  # the task's default metric
     assert "(default: 5e-05; vit-beans.yaml sets 2e-05)" in text  # what the recipe says
-    assert "--lr_scheduler_type CHOICE" in text and "Choices: linear, cosine," in text
+    assert "--lr_scheduler_type CHOICE (default: linear)" in text
     assert "--eval_strategy {no,steps,epoch}" in text
+    everything = " ".join(help_output(capsys, "vit-beans.yaml", "--help-all").split())
+    assert "--output_dir STR The output directory" in everything  # the Trainer's own help
+    assert "Choices: linear, cosine," in everything
     speech = " ".join(help_output(capsys, "--help").split())
     assert "(default: wer, set by this project" in speech
+
+
+@pytest.mark.parametrize("task_name", task_names())
+def test_help_fits_in_250_lines_of_a_terminal(capsys, monkeypatch, task_name):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = help_output(capsys, "--task", task_name, "--help")
+    assert len(text.splitlines()) <= 250
+    assert max(len(line) for line in text.splitlines()) <= 80
 
 
 @pytest.mark.parametrize("argv", [(), ("vit-beans.yaml",), ("--task", "text-classification")])

@@ -19,7 +19,7 @@ from tests.helpers import use_hub_at
 from trainer import jobspec
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
-from trainer.launcher.hub_checks import check_hub_ids, hub_cache_dir, hub_ids
+from trainer.preflight.hub_checks import check_hub_ids, hub_cache_dir, hub_ids
 
 AGENT_REGISTRY = "/api/agent-harnesses"
 """huggingface_hub asks this once per process, best-effort, for its user-agent string (a

@@ -267,11 +267,10 @@ def read_from_hub(model_dir: str) -> dict:
     rank 1 of 2 with 2 loader workers, and across a mid-epoch resume."""
     from torch.utils.data import DataLoader
 
-    from trainer.config.flags import parse_flags
+    from trainer.command_line.parser import parse_flags
     from trainer.data.streams import POSITION, StreamPositions, StreamStart, prepare_stream
 
-    flags = parse_flags([*FLAGS, "--model_name_or_path", model_dir])
-    task = flags.task
+    task = parse_flags([*FLAGS, "--model_name_or_path", model_dir]).build_task()
     task.check_inputs()
     _, tokenizer = task.build_model_and_processor()
     train, evaluation = task.load_datasets(tokenizer)
@@ -316,10 +315,10 @@ def read_from_hub(model_dir: str) -> dict:
 def read_speech_from_hub(model_dir: str) -> dict:
     """Build the speech task from flags, load its training stream and evaluation split from
     the Hub, read the stream as each of 2 ranks and collate 3 of the first one's clips."""
-    from trainer.config.flags import parse_flags
+    from trainer.command_line.parser import parse_flags
     from trainer.data.streams import POSITION, prepare_stream
 
-    task = parse_flags([*SPEECH_FLAGS, "--model_name_or_path", model_dir]).task
+    task = parse_flags([*SPEECH_FLAGS, "--model_name_or_path", model_dir]).build_task()
     task.check_inputs()
     _, processor = task.build_model_and_processor()
     train, evaluation = task.load_datasets(processor)

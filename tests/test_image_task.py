@@ -20,9 +20,9 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from tests.helpers import image_task, start_nodes, use_delivered_model
 from tests.tiny_assets import COLOURS, IMAGE_SPLITS
+from trainer.command_line.parser import parse_flags
+from trainer.command_line.recipes import RECIPES_DIR, config_file_flags
 from trainer.common.errors import UserError
-from trainer.config.flags import parse_flags
-from trainer.config.recipes import RECIPES_DIR, config_file_flags
 
 CLASSES = sorted(COLOURS)
 TRAIN_IMAGES = IMAGE_SPLITS["train"] * len(COLOURS)
@@ -205,8 +205,8 @@ def test_augmentation_changes_training_images_only(image_assets):
 def test_seed_recipe_is_valid_flags():
     flags = parse_flags(config_file_flags(RECIPES_DIR / "vit-beans.yaml"))
     assert flags.model.model_name_or_path == "google/vit-base-patch16-224-in21k"
-    assert flags.task.options.label_column_name == "labels" and flags.task.options.augment
-    assert flags.training.metric_for_best_model == "accuracy"
+    assert flags.task_options.label_column_name == "labels" and flags.task_options.augment
+    assert flags.training["metric_for_best_model"] == "accuracy"
 
 
 @pytest.mark.slow

@@ -25,11 +25,12 @@ from tests.helpers import (
     trainer_env,
 )
 from trainer import jobspec
-from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
+from trainer.command_line.recipes import RECIPES_DIR
 from trainer.config.deepspeed import PRESETS_DIR
-from trainer.config.hardware import Hardware
-from trainer.config.recipes import RECIPES_DIR
+from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 from trainer.packaging import sdist_digest
+from trainer.preflight import vertex_machines
+from trainer.settings.run_config import Hardware
 
 
 def rendered(*argv: str) -> dict[str, dict]:
@@ -105,7 +106,7 @@ def test_a_machine_gets_the_gpus_its_vcpus_can_feed_unless_asked(machine, gpus):
         return {pool["machineSpec"]["acceleratorCount"] for pool in job["workerPoolSpecs"]}
 
     assert pools() == {gpus}
-    offered = jobspec.GPU_MACHINES[machine][1]
+    offered = vertex_machines.GPU_MACHINES[machine][1]
     assert pools("--accelerator_count", str(offered[-1])) == {offered[-1]}  # an explicit ask
 
 
@@ -130,13 +131,13 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
     job = parse_strictly(specs["config.yaml"], CustomJobSpec)
     assert parse_strictly(specs["hptuning.yaml"], HyperparameterTuningJob).trial_job_spec == job
     options, training_flags = jobspec.parse_arguments(argv)
-    gpu, count = jobspec.GPU_MACHINES[options.machine_type]
+    gpu, count = vertex_machines.GPU_MACHINES[options.machine_type]
     pools = job.worker_pool_specs
     assert [pool.replica_count for pool in pools] == [1] + [options.nodes - 1] * (options.nodes > 1)
     for pool in pools:
         assert pool.machine_spec.machine_type == options.machine_type
         assert pool.machine_spec.accelerator_type.name == gpu
-        expected_count = options.accelerator_count or jobspec.default_gpu_count(
+        expected_count = options.accelerator_count or vertex_machines.default_gpu_count(
             options.machine_type, count
         )
         assert pool.machine_spec.accelerator_count == expected_count
@@ -213,6 +214,72 @@ def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
     assert message in jobspec_refusal(argv, tmp_path, capsys)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--machine_type", "n1-standard-8", "--bf16", "true"],
+         "--bf16 needs an Ampere or newer GPU; this is Tesla T4"),
+        (["--machine_type", "n1-standard-8", "--tf32", "true"], "--tf32 true needs an Ampere"),
+        (["--metric_for_best_model", "f1"],
+         "--metric_for_best_model f1 is not a metric of --task speech-recognition"),
+        (["--report_to", "wandb"], "--report_to wandb: not installed in this image"),
+        (["--deepspeed", "zero3", "--peft", "lora", "--load_in_8bit", "true"],
+         "DeepSpeed cannot partition 8-bit weights"),
+        (["--nodes", "2", "--machine_type", "g2-standard-12", "--accelerator_count", "1",
+          "--nproc_per_node", "2"], "--nproc_per_node 2 asks for more processes than the 1 GPU"),
+    ],
+)  # fmt: skip
+def test_a_job_its_nodes_would_refuse_is_refused_before_it_is_written(
+    argv, message, tmp_path, capsys
+):
+    """The run resolved and checked as the chief's launcher will, on the spec's machines:
+    what the nodes would refuse after Vertex AI provisioned them is one line here."""
+    assert message in jobspec_refusal(argv, tmp_path, capsys)
+
+
+def test_a_step_that_cannot_fit_the_machines_gpu_is_refused(tmp_path, capsys):
+    """whisper-large-v3 fine-tuned in full on one L4 (24 GB) does not fit even with
+    gradient checkpointing; with the recipe's LoRA it does (its config read from a model
+    cache, as the launcher reads it)."""
+    from tests.helpers import warm_hub_cache
+    from trainer.tasks.whisper_sizes import whisper_config
+
+    cache = tmp_path / "models"
+    warm_hub_cache(cache, "model", "openai/whisper-large-v3")
+    snapshot = next((cache / "models--openai--whisper-large-v3" / "snapshots").iterdir())
+    (snapshot / "config.json").write_text(whisper_config("large-v3").to_json_string())
+    (tmp_path / "out").mkdir()
+    machine = ["--recipe", "whisper-large-v3-lora.yaml", "--machine_type", "g2-standard-12",
+               "--nodes", "1", "--cache_dir", str(cache)]  # fmt: skip
+    error = jobspec_refusal([*machine, "--peft", "none"], tmp_path / "out", capsys)
+    assert "a training step needs about" in error and "GiB NVIDIA L4" in error
+    assert "train with --peft lora, --deepspeed zero3" in error
+    assert rendered(*machine)["config.yaml"]["workerPoolSpecs"], "LoRA fits: the job is written"
+
+
+def test_a_deepspeed_json_in_the_bucket_is_checked_against_every_gpu_of_the_job(
+    tmp_path, capsys, gcs
+):
+    """A JSON whose fixed train_batch_size suits 4 nodes but not 2 (8 A100s each, one
+    example each): the nodes read it through the bucket's mount, the generator through
+    Cloud Storage, and DeepSpeed's own comparison refuses the job of 2 nodes here."""
+    from tests.gcs_emulator import BUCKET
+    from trainer.storage.store import open_store
+
+    folder = f"{BUCKET}/{os.urandom(4).hex()}"
+    config = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}  # fmt: skip
+    open_store(f"gs://{folder}").write_text("ds.json", json.dumps(config))
+    job = ["--deepspeed", f"/gcs/{folder}/ds.json", "--per_device_train_batch_size", "1",
+           "--base_output_dir", f"gs://{folder}/run"]  # fmt: skip
+    error = jobspec_refusal([*job, "--nodes", "2"], tmp_path, capsys)
+    assert "ds train_batch_size=32 vs hf train_batch_size (calculated)=16" in error
+    spec = rendered(*job, "--nodes", "4")["config.yaml"]
+    assert f"/gcs/{folder}/ds.json" in spec["workerPoolSpecs"][0]["containerSpec"]["args"]
+    missing = jobspec_refusal(["--deepspeed", f"/gcs/{folder}/none.json"], tmp_path, capsys)
+    assert f"/gcs/{folder}/none.json does not exist: upload it first" in missing
+
+
 PUBLISHED_JOB = json.dumps({"python_module": "", "package_uris": [], "job_args": []})
 
 
@@ -258,7 +325,7 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
 def recipe_data_in_bucket(gcs, common_voice_dir) -> str:
     """The seed recipe's gs:// dataset, put there as docs/storage.md says (in the emulator):
     every node's launcher fetches it and checks its layout, splits and columns."""
-    from trainer.config.recipes import RECIPES_DIR
+    from trainer.command_line.recipes import RECIPES_DIR
     from trainer.storage.store import _client, open_store
 
     uri = yaml.safe_load((RECIPES_DIR / "whisper-small.yaml").read_text())["dataset_name"]
@@ -283,7 +350,7 @@ def test_every_node_of_the_checked_in_job_plans_the_same_cluster(
     job = yaml.safe_load(CONFIG.read_text())
     gpus = job["workerPoolSpecs"][0]["machineSpec"]["acceleratorCount"]
     a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: a100s)
     nodes = [(pool, index) for pool, spec in enumerate(job["workerPoolSpecs"])
              for index in range(spec["replicaCount"])]  # fmt: skip
     plans = []
@@ -331,7 +398,7 @@ def test_a_tuning_trial_gets_its_parameters_after_the_recipe(
     job = tuning["trialJobSpec"]
     gpus = job["workerPoolSpecs"][1]["machineSpec"]["acceleratorCount"]
     a100s = Hardware(gpus, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: a100s)
     params = [f"--{p['parameterId']}=3e-05" if "doubleValueSpec" in p else
               f"--{p['parameterId']}=250" for p in tuning["studySpec"]["parameters"]]  # fmt: skip
     args = job["workerPoolSpecs"][1]["containerSpec"]["args"]

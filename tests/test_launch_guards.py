@@ -13,18 +13,19 @@ import pytest
 
 from tests.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
-from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE as GPUS
-from trainer.config.cluster import reports_to_tuning, requested_accelerators
-from trainer.config.hardware import Hardware
 from trainer.config.hardware_defaults import (
     MIB,
     SHM_NCCL_RESERVE,
     SHM_PER_LOADER_WORKER,
     loader_workers_for_shm,
 )
+from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE as GPUS
+from trainer.config.topology import requested_accelerators
 from trainer.launcher import cuda_driver, prepare
 from trainer.launcher import main as launch
-from trainer.launcher.hardware import GpuEvidence, check_gpus_usable, expected_gpus
+from trainer.node.machine import GpuEvidence, check_gpus_usable, expected_gpus
+from trainer.settings.run_config import Hardware
+from trainer.training.callbacks import reports_to_tuning
 
 DRIVER_535 = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024"
@@ -225,7 +226,7 @@ def test_gpu_job_on_a_node_where_torch_sees_none_stops_before_launch(
 
 def test_seen_gpus_pass_the_check(monkeypatch, demo_assets, demo_cache):
     a100s = Hardware(8, "NVIDIA A100-SXM4-40GB", (8, 0), 96)
-    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: a100s)
+    monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: a100s)
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(demo_cache))
     env = {"CLUSTER_SPEC": vertex_spec("workerpool0", PROTO_JOB)}
     plan = prepare.prepare_launch([*demo_flags(demo_assets), "--dry-run"], env)
@@ -315,7 +316,7 @@ def test_loader_workers_fit_shared_memory(shm, workers, procs, allowed):
 def test_small_shm_lowers_the_recipes_workers_with_a_warning(
     no_launch, monkeypatch, capsys, demo_assets
 ):
-    monkeypatch.setattr("trainer.launcher.hardware.shared_memory_bytes", lambda: 64 * MIB)
+    monkeypatch.setattr("trainer.node.machine.shared_memory_bytes", lambda: 64 * MIB)
     code, out, err = run_launcher(
         [*demo_flags(demo_assets), "--dataloader_num_workers", "4", "--dry-run"], capsys
     )
@@ -329,7 +330,7 @@ def test_small_shm_lowers_the_recipes_workers_with_a_warning(
 
 
 def test_enough_shm_keeps_the_workers(no_launch, monkeypatch, capsys, demo_assets):
-    monkeypatch.setattr("trainer.launcher.hardware.shared_memory_bytes", lambda: 16 * GIB)
+    monkeypatch.setattr("trainer.node.machine.shared_memory_bytes", lambda: 16 * GIB)
     code, out, err = run_launcher(
         [*demo_flags(demo_assets), "--dataloader_num_workers", "4", "--dry-run"], capsys
     )

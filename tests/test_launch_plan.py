@@ -9,11 +9,10 @@ import pytest
 
 from trainer.common.errors import UserError
 from trainer.common.handoff import RUN_CONFIG_VARIABLE
-from trainer.config.cluster import Topology
 from trainer.config.deepspeed import resolve_deepspeed_config
-from trainer.config.hardware import Hardware
 from trainer.config.resolve import RunConfig, resolve_mixed_precision, resolve_run
 from trainer.launcher.plan import build_launch_plan
+from trainer.settings.run_config import Hardware, Topology
 
 A100 = Hardware(
     gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0), cpu_count=96
@@ -62,11 +61,11 @@ def test_multinode_gpu_plan_uses_standard_deepspeed_launcher():
     zero2 = flag_value(argv, "--deepspeed_config_file")
     assert zero2.endswith("presets/zero2.json")
     # the training processes get the resolved configuration, with the same DeepSpeed config
-    assert argv[-2:] == ["--module", "trainer.training.main"]
+    assert argv[-2:] == ["--module", "trainer.training.rank"]
     handed = RunConfig.from_json(plan.env[RUN_CONFIG_VARIABLE])
     assert handed == plan.config
-    assert handed.flags["training"]["learning_rate"] == 1e-5
-    assert handed.flags["training"]["deepspeed"] == zero2 == str(resolve_deepspeed_config("zero2"))
+    assert handed.training.values["learning_rate"] == 1e-5
+    assert handed.training.deepspeed == zero2 == str(resolve_deepspeed_config("zero2"))
     # Vertex's node-level variables never reach torch.distributed
     assert set(plan.unset_env) == {"RANK", "WORLD_SIZE", "MASTER_ADDR"}
     assert "DS_ACCELERATOR" not in plan.env

@@ -25,6 +25,7 @@ from tests.helpers import (
     checked_task,
     complete_from,
     make_shards_in_process,
+    resolved,
     run_trainer,
     start_trainer,
     trainer_env,
@@ -34,13 +35,12 @@ from tests.helpers import (
 )
 from trainer.common.errors import UserError
 from trainer.config.deepspeed import PRESETS_DIR
-from trainer.config.flags import parse_flags
-from trainer.config.hardware import Hardware
-from trainer.config.memory_estimate import GIB, footprint_of, usable_gpu_bytes
-from trainer.config.recipes import expand_config_file
-from trainer.launcher.model_plan import PARTS
+from trainer.preflight.model_plan import PARTS
+from trainer.settings.run_config import Hardware
 from trainer.storage.store import open_store
-from trainer.tasks.lora import parameter_counts
+from trainer.tasks import build_task
+from trainer.tasks.lora_adapters import parameter_counts
+from trainer.tasks.step_memory import GIB, footprint_of, usable_gpu_bytes
 from trainer.tasks.whisper_sizes import whisper_config
 
 SENTIMENTS = ["negative", "neutral", "positive"]
@@ -236,7 +236,7 @@ def test_8bit_on_a_node_without_a_gpu_is_refused_before_bitsandbytes_loads(dry_r
 
 def test_a_plan_that_cannot_fit_the_gpu_is_refused_with_what_would(dry_run, monkeypatch):
     small = Hardware(1, "NVIDIA L4", (8, 9), 8, gpu_memory_bytes=3 * GIB)
-    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: small)
+    monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: small)
     assert_planned(dry_run("--per_device_train_batch_size", "8"))
     refused = dry_run("--per_device_train_batch_size", "100000")
     assert_refused(refused, "GiB usable of this node's 3 GiB NVIDIA L4: train with --peft lora")
@@ -249,13 +249,14 @@ def test_a_plan_that_cannot_fit_the_gpu_is_refused_with_what_would(dry_run, monk
 def test_whisper_large_v3_on_one_l4_fits_with_lora(peft, deepspeed, world_size, fits):
     """The recipe's plan on the real large-v3 dimensions (weightless): a full fine-tune on
     one 24 GB L4 does not fit even with checkpointing; LoRA does, as does ZeRO-3 over 8."""
-    argv = ["whisper-large-v3-lora.yaml", "--peft", peft, "--bf16", "true"]
-    flags = parse_flags(expand_config_file(argv))
-    flags.training.deepspeed = str(PRESETS_DIR / f"{deepspeed}.json")
+    argv = ["whisper-large-v3-lora.yaml", "--peft", peft, "--deepspeed", deepspeed]
+    config = resolved(argv, Hardware(1, "NVIDIA L4", (8, 9), 8, gpu_memory_bytes=24 * GIB))
+    assert config.training.deepspeed == str(PRESETS_DIR / f"{deepspeed}.json")
+    task = build_task(config)
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(whisper_config("large-v3"))
-    footprint = footprint_of(flags, flags.task.trained_model(model), world_size)
-    assert flags.training.gradient_checkpointing
+    footprint = footprint_of(config, task, task.trained_model(model), world_size)
+    assert config.training.gradient_checkpointing and config.training.bf16
     assert (footprint.step_bytes(checkpointing=True) < usable_gpu_bytes(24 * GIB)) == fits
 
 

@@ -1,4 +1,4 @@
-"""The launcher's memory estimate (trainer/config/memory_estimate.py) against the peak
+"""The launcher's memory estimate (trainer/tasks/step_memory.py) against the peak
 memory a real training step takes, measured on CPU in a fresh process (bench/lora.py): a
 Whisper of a released size, random weights, fp32, with and without LoRA.
 

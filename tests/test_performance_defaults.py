@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from trainer.config.deepspeed import resolve_deepspeed_config
-from trainer.config.hardware import Hardware
 from trainer.config.hardware_defaults import fast_defaults, flag_names
-from trainer.config.memory_estimate import TrainingFootprint, gradient_checkpointing_needed
 from trainer.config.resolve import resolve_run
 from trainer.launcher.plan import build_launch_plan
 from trainer.launcher.prepare import prepare_launch
+from trainer.settings.run_config import Hardware
+from trainer.tasks.step_memory import TrainingFootprint, gradient_checkpointing_needed
 
 A100 = Hardware(gpu_count=8, gpu_name="NVIDIA A100-SXM4-40GB", compute_capability=(8, 0),
                 cpu_count=96)  # fmt: skip
@@ -50,7 +50,7 @@ def test_defaults_follow_the_hardware_and_its_precision(hardware, precision, exp
     config = resolve_run(argv, {}, hardware)
     plan = build_launch_plan(config, {}, Path("/cache"), python="python")
     assert plan.argv[plan.argv.index("--mixed_precision") + 1] == precision
-    training = config.flags["training"]
+    training = config.training.values
     assert training["optim"] == "adamw_torch_fused" and training["learning_rate"] == 1e-5
     assert training["tf32"] is (True if precision == "bf16" else None)
     assert training["bf16"] is (precision == "bf16") and training["fp16"] is (precision == "fp16")
@@ -83,7 +83,7 @@ def test_flag_names_reads_both_spellings():
 
 
 def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
-    monkeypatch.setattr("trainer.launcher.hardware.detect_hardware", lambda: A100)
+    monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: A100)
     argv = ["--dry-run", "--skip_hub_check", "--model_name_or_path", "openai/whisper-small",
             "--dataset_name", "mozilla-foundation/common_voice_11_0",
             "--tf32", "false"]  # fmt: skip
@@ -101,20 +101,17 @@ A100_40GB, H100_80GB, T4_16GB = 39.4 * GIB, 79.1 * GIB, 14.6 * GIB  # what CUDA 
 
 def whisper_footprint(size: str, precision: str, batch: int = 16, world: int = 1, stage=2):
     """The speech task's estimate for a released Whisper size, built on the meta device."""
-    from argparse import Namespace
-
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from trainer.tasks.speech import SpeechArguments, SpeechRecognitionTask
+    from trainer.settings.task_flags import SpeechArguments
+    from trainer.tasks.speech import SpeechRecognitionTask
     from trainer.tasks.whisper_sizes import whisper_config
 
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(whisper_config(size))
-    task = SpeechRecognitionTask(None, None, SpeechArguments())
-    full, checkpointed = task.activation_values_per_sample(
-        model, Namespace(generation_max_length=225)
-    )
+    task = SpeechRecognitionTask(None, None, SpeechArguments(), {"generation_max_length": 225})
+    full, checkpointed = task.activation_values_per_sample(model)
     parameters = model.num_parameters()
     return TrainingFootprint(
         parameters=parameters, trainable_parameters=parameters, activation_values=full,
@@ -206,7 +203,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
 
 
 def test_zero_settings_are_read_from_the_deepspeed_config():
-    from trainer.config.memory_estimate import deepspeed_zero_settings
+    from trainer.tasks.step_memory import deepspeed_zero_settings
 
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero2"))) == (2, False)
     assert deepspeed_zero_settings(str(resolve_deepspeed_config("zero3"))) == (3, False)

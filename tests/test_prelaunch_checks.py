@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from importlib.util import find_spec
 
 import numpy as np
@@ -24,6 +25,7 @@ from tests.helpers import (
     assert_planned,
     assert_refused,
     free_port,
+    resolved,
     run_trainer,
     speech_task,
     trainer_env,
@@ -31,10 +33,9 @@ from tests.helpers import (
 )
 from tests.loopback_hub import running_hub
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_IN_TRAINING_EXIT_CODE
-from trainer.config.flags import parse_flags
-from trainer.config.training_arguments import training_arguments_before_launch
 from trainer.tasks import load_task, task_names
 from trainer.tasks.classification import ClassificationTask, classification_metrics
+from trainer.tasks.training_arguments import training_arguments_before_launch
 
 ZERO3_FIXED = {
     "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000,
@@ -184,10 +185,11 @@ def test_the_launchers_training_arguments_start_no_process_group(monkeypatch, te
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     model_dir, dataset_dir = text_assets
-    flags = parse_flags(["--task", "text-classification", "--model_name_or_path",
-                         str(model_dir), "--dataset_name", str(dataset_dir), *TEXT_COLUMNS,
-                         "--use_cpu", "true"])  # fmt: skip
-    args = training_arguments_before_launch(flags, world_size=4)
+    argv = ["--task", "text-classification", "--model_name_or_path", model_dir,
+            "--dataset_name", dataset_dir, *TEXT_COLUMNS, "--use_cpu", "true"]  # fmt: skip
+    config = resolved(argv)
+    two_by_two = replace(config.topology, num_nodes=2, nproc_per_node=2)
+    args = training_arguments_before_launch(replace(config, topology=two_by_two))
     assert args.world_size == 4
     assert not torch.distributed.is_initialized()
 

@@ -158,7 +158,7 @@ def test_the_schedule_plans_by_time_within_5_percent_of_the_run():
 
 
 def test_train_uses_time_unless_a_logging_interval_is_given():
-    from trainer.training.run import progress_by_time
+    from trainer.training.progress import progress_by_time
 
     assert progress_by_time(("--max_steps",))
     assert not progress_by_time(("--logging_steps", "--max_steps"))

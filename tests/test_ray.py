@@ -16,8 +16,8 @@ from tests.helpers import DEMO_SPEECH_FLAGS, complete_from, free_port, trainer_e
 from tests.ray_cluster import RAY, start_ray_cluster
 from tests.test_demo_learns import RESULT_LINE
 from trainer.common.errors import UserError
-from trainer.ray.cluster import plan_workers
-from trainer.ray.flags import RayArguments
+from trainer.ray.ray_cluster import plan_workers
+from trainer.ray.ray_flags import RayArguments
 from trainer.storage.store import open_store
 
 TINY_TRAINING = [

@@ -28,7 +28,7 @@ from tests.helpers import (
     with_start_hook,
 )
 from trainer.common.errors import UserError
-from trainer.data.faults import DataFault
+from trainer.data.damaged_data import DataFault
 from trainer.launcher import main as launch
 from trainer.storage.checkpoints import complete_checkpoints, publish_model, write_manifest
 from trainer.storage.run_records import (

@@ -29,13 +29,10 @@ from tests.helpers import (
 )
 from tests.secret_manager_fake import running_fake
 from trainer import jobspec
+from trainer.command_line.parser import FlagParser, build_parser
 from trainer.common.errors import UserError
 from trainer.common.handoff import RUN_CONFIG_VARIABLE
-from trainer.config.flags import FlagParser, build_parser
-from trainer.config.hardware import Hardware
-from trainer.config.launcher_flags import LauncherArguments
-from trainer.config.resolve import resolve_run
-from trainer.config.secrets import (
+from trainer.common.secrets import (
     SECRET_FLAG_VARIABLES,
     looks_secret,
     mask,
@@ -43,9 +40,12 @@ from trainer.config.secrets import (
     scrub_training_arguments,
     secret_values,
 )
+from trainer.config.resolve import resolve_run
 from trainer.launcher import main as launch
 from trainer.launcher.plan import build_launch_plan
-from trainer.launcher.secret_manager import EMULATOR_VARIABLE
+from trainer.node.secret_manager import EMULATOR_VARIABLE
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.run_config import Hardware
 from trainer.tasks import load_task, task_names
 from trainer.training.failures import report_failure
 
@@ -173,7 +173,7 @@ def test_every_secret_looking_flag_is_masked_and_never_handed_over_in_either_for
             argv = ["--task", task, "--model_name_or_path", "org/model",
                     "--dataset_name", "org/data", *given, "--seed", "7"]  # fmt: skip
             config = resolve_run(argv, {}, CPU)
-            assert config.flags["training"][dest] == CANARY, "the flag was read"
+            assert config.training.values[dest] == CANARY, "the flag was read"
             plan = build_launch_plan(config, {}, Path("/cache"), python="python")
             shown = json.dumps(plan.describe())
             assert CANARY not in shown, f"{task} {given[0]}: value in the dry run"
@@ -320,7 +320,7 @@ def training_environments(launcher: psutil.Process) -> list[dict[str, str]]:
     found = []
     for process in launcher.children(recursive=True):
         try:
-            if "trainer.training.main" in process.cmdline():
+            if "trainer.training.rank" in process.cmdline():
                 found.append(process.environ())
         except psutil.NoSuchProcess:
             continue

@@ -12,9 +12,10 @@ from transformers import EvalPrediction
 
 from tests.helpers import checked_task, few_clips, speech_task
 from tests.tiny_assets import TONE_CLIPS, write_tone_speech
+from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
-from trainer.config.flags import parse_flags
-from trainer.data.bad_examples import max_bad, skipped_per_epoch
+from trainer.data.bad_examples import skipped_per_epoch
+from trainer.settings.data_flags import max_bad
 
 
 def test_common_voice_directory_loads_mp3_at_16khz(demo_assets, common_voice_dir):
@@ -139,8 +140,6 @@ def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tm
     )  # fmt: skip
     flags = (demo_assets.model_dir, data, "--text_column_name", "transcription")
     task, model, processor = speech_task(*flags, "--train_sampling_strategy", "group_by_length")
-    training = parse_flags(["--train_sampling_strategy", "group_by_length"]).training
-    task.adjust_training_arguments(training)
     train, evaluation = task.load_datasets(processor)
     for split in (train, evaluation):
         expected = [len(processor.tokenizer(text).input_ids) for text in split["text"]]

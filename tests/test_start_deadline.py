@@ -51,7 +51,7 @@ def test_only_a_child_running_the_training_program_counts():
     other = subprocess.Popen([*sleeper, "ninja"])
     try:
         assert not training_process_started()
-        training = subprocess.Popen([*sleeper, "-m", "trainer.training.main"])
+        training = subprocess.Popen([*sleeper, "-m", "trainer.training.rank"])
         try:
             assert training_process_started()
         finally:

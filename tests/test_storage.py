@@ -275,7 +275,7 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
 def test_gs_dataset_is_fetched_once_per_machine_and_loads_as_a_local_one(
     gcs, demo_assets, tmp_path, monkeypatch
 ):
-    from trainer.config.flags import parse_flags
+    from trainer.command_line.parser import parse_flags
 
     monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
     uri = f"{fresh_prefix()}/speech-demo"
@@ -292,11 +292,12 @@ def test_gs_dataset_is_fetched_once_per_machine_and_loads_as_a_local_one(
             "en",
         ]
     )
-    flags.task.check_inputs()  # what the launcher runs: fetches, then checks layout and columns
+    task = flags.build_task()
+    task.check_inputs()  # what the launcher runs: fetches, then checks layout and columns
     copy = next((tmp_path / "cache" / "datasets").rglob("metadata.csv"))
     fetched_at = copy.stat().st_mtime_ns
-    _, processor = flags.task.build_model_and_processor()
-    train, evaluation = flags.task.load_datasets(processor)
+    _, processor = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(processor)
     assert (len(train), len(evaluation)) == (TONE_CLIPS["train"], TONE_CLIPS["test"])
     assert train[0]["audio"].get_all_samples().sample_rate == 16_000
     assert copy.stat().st_mtime_ns == fetched_at, "the dataset was fetched twice"

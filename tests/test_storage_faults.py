@@ -19,7 +19,7 @@ from trainer.storage.checkpoints import (
     find_resumable_checkpoint,
     write_manifest,
 )
-from trainer.storage.faults import disk_full, disk_line, mount_point, permanent, refused
+from trainer.storage.failure_kinds import disk_full, disk_line, mount_point, permanent, refused
 from trainer.storage.store import FileEntry, differing, open_store
 
 MANIFEST_FILES = [

@@ -27,17 +27,19 @@ from tests.helpers import (
     image_task,
     make_shards_in_process,
     node_stalls_after,
+    resolved,
     run_trainer,
     speech_task,
     start_nodes,
+    task_of,
     trainer_env,
     vertex_outputs,
     wait_while_running,
     with_start_hook,
 )
 from tests.tiny_assets import write_sentiment_csv
+from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
-from trainer.config.flags import parse_flags
 from trainer.data.shard_index import read_index
 from trainer.data.shard_reader import shard_split
 from trainer.data.streams import (
@@ -196,18 +198,19 @@ def test_a_checkpoint_at_the_end_of_an_epoch_resumes_at_the_next(shard_sets, mon
 
 def test_streaming_flags_are_checked_before_launch(shard_sets):
     location = shard_sets[max(shard_sets)]
-    base = ["--task", "text-classification", "--dataset_name", location, *COLUMNS, "--streaming"]
+    base = ["--task", "text-classification", "--model_name_or_path", "org/model",
+            "--dataset_name", location, *COLUMNS, "--streaming"]  # fmt: skip
     for extra, message in [
         ([], "--streaming needs --max_steps"),
         (["--max_steps", "3", "--train_sampling_strategy", "group_by_length"], "group_by_length"),
         (["--max_steps", "3", "--shuffle_buffer_size", "0"], "--shuffle_buffer_size"),
     ]:
         with pytest.raises(UserError, match=message):
-            parse_flags([*base, *extra])
-    task = parse_flags([*base, "--max_steps", "3", "--class_weights", "balanced"]).task
+            resolved([*base, *extra])
+    task = task_of([*base, "--max_steps", "3", "--class_weights", "balanced"])
     with pytest.raises(UserError, match="balanced counts the training split"):
         task.check_inputs()
-    task = parse_flags([*base, "--max_steps", "3", "--train_split_name", "train+dev"]).task
+    task = task_of([*base, "--max_steps", "3", "--train_split_name", "train+dev"])
     with pytest.raises(UserError, match='Split "dev" not found'):
         task.check_inputs()
 
@@ -216,10 +219,10 @@ def test_a_gs_directory_without_shards_is_not_streamed(tmp_path, gcs):
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/plain"
     write_sentiment_csv(tmp_path / "plain")
     open_store(uri).upload(tmp_path / "plain")
-    flags = parse_flags(["--task", "text-classification", "--dataset_name", uri, *COLUMNS,
-                         "--streaming", "--max_steps", "3"])  # fmt: skip
+    task = parse_flags(["--task", "text-classification", "--dataset_name", uri, *COLUMNS,
+                        "--streaming", "--max_steps", "3"]).build_task()  # fmt: skip
     with pytest.raises(UserError, match="python -m trainer.shards"):
-        flags.task.build_model_and_processor()
+        task.build_model_and_processor()
 
 
 def test_an_evaluation_split_of_a_shard_set_is_loaded_whole(shard_sets):
@@ -430,12 +433,12 @@ def test_interleaved_streams_mix_by_probability_and_read_each_example_once(
     loud = make_sentiment_shards(tmp_path, str(tmp_path / "loud"), 0.00049, source=shouting)
     assert loud.labels == {"sentiment": ["NEGATIVE", "NEUTRAL", "POSITIVE"]}
     names = f"{shard_sets[max(shard_sets)]},{tmp_path / 'loud'}"
-    flags = parse_flags(["--task", "text-classification", "--dataset_name", names, *COLUMNS,
-                         "--streaming", "--max_steps", "3", "--seed", "5",
-                         "--interleave_probabilities", "0.8,0.2"])  # fmt: skip
-    for source in flags.task.sources():
+    task = task_of(["--task", "text-classification", "--model_name_or_path", "org/model",
+                    "--dataset_name", names, *COLUMNS, "--streaming", "--max_steps", "3",
+                    "--seed", "5", "--interleave_probabilities", "0.8,0.2"])  # fmt: skip
+    for source in task.sources():
         source.check_inputs()
-    mixed = flags.task.interleaved(lambda source: source._load_split("train", streaming=True))
+    mixed = task.interleaved(lambda source: source._load_split("train", streaming=True))
     parts = []
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
@@ -445,7 +448,7 @@ def test_interleaved_streams_mix_by_probability_and_read_each_example_once(
     assert len(seen) == 2 * TRAIN_ROWS and set(seen.values()) == {1}
     first = [ex["text"].isupper() for ex in parts[0][:20]]
     assert first.count(False) > first.count(True), first
-    assert flags.task._indexed_labels() == sorted(
+    assert task._indexed_labels() == sorted(
         ["negative", "neutral", "positive", "NEGATIVE", "NEUTRAL", "POSITIVE"]
     )
 
@@ -465,7 +468,8 @@ STREAM_FLAGS = ["--streaming", "--max_steps", "2"]
 )  # fmt: skip
 def test_interleaving_flags_are_checked(extra, message):
     with pytest.raises(UserError, match=message):
-        parse_flags(["--task", "text-classification", "--dataset_name", "a/b,c/d", *extra])
+        resolved(["--task", "text-classification", "--model_name_or_path", "org/model",
+                  "--dataset_name", "a/b,c/d", *extra])  # fmt: skip
 
 
 def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, tmp_path):

@@ -21,9 +21,9 @@ from transformers import (
 
 from tests.gcs_emulator import BUCKET
 from tests.helpers import checked_task, run_trainer, trainer_env, use_delivered_model
+from trainer.command_line.parser import parse_flags
+from trainer.command_line.recipes import RECIPES_DIR, config_file_flags
 from trainer.common.errors import UserError
-from trainer.config.flags import parse_flags
-from trainer.config.recipes import RECIPES_DIR, config_file_flags
 from trainer.storage.store import open_store
 from trainer.tasks import load_task
 from trainer.tasks.classification import LabelSet, classification_metrics
@@ -187,8 +187,8 @@ def test_explicit_class_weights_must_match_the_labels(text_assets):
 def test_sentiment_recipe_is_valid_flags():
     flags = parse_flags(config_file_flags(RECIPES_DIR / "bert-sentiment.yaml"))
     assert flags.model.model_name_or_path == "google-bert/bert-base-uncased"
-    assert flags.task.options.class_weights == "balanced"
-    assert flags.training.metric_for_best_model == "macro_f1"
+    assert flags.task_options.class_weights == "balanced"
+    assert flags.training["metric_for_best_model"] == "macro_f1"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Flags users bring from elsewhere (trainer/config/foreign_flags.py), mistyped and repeated
+"""Flags users bring from elsewhere (trainer/command_line/foreign_flags.py), mistyped and repeated
 flags, --task inference, train-only datasets, --train_val_split, .json/.parquet tables and
 --train_file, and sentence pairs, through the launcher (`--dry-run`, in-process) and, in the
 slow tier, real two-process runs."""
@@ -12,7 +12,7 @@ import shlex
 import pytest
 from datasets import load_dataset
 
-from tests.helpers import checked_task, run_trainer, speech_task, trainer_env
+from tests.helpers import checked_task, run_trainer, speech_task, task_of, trainer_env
 from tests.tiny_assets import (
     build_tiny_bert,
     build_tiny_vit,
@@ -21,13 +21,13 @@ from tests.tiny_assets import (
     write_paraphrase_csv,
     write_sentiment_csv,
 )
-from trainer.config.flags import known_flags
-from trainer.config.foreign_flags import (
+from trainer.command_line.foreign_flags import (
     DOC,
     FOREIGN_FLAGS,
     documented_table,
     markdown_table,
 )
+from trainer.command_line.parser import known_flags
 from trainer.launcher import main as launch
 
 # Every dataclass field of the Hugging Face example scripts (examples/pytorch/..., current
@@ -87,7 +87,7 @@ def test_every_flag_users_bring_is_ours_or_answered():
 
 def test_the_documented_table_is_the_codes():
     """docs/launching.md holds the table generated from FOREIGN_FLAGS; regenerate it with
-    python -m trainer.config.foreign_flags --write."""
+    python -m trainer.command_line.foreign_flags --write."""
     assert documented_table(DOC.read_text()) == markdown_table()
 
 
@@ -366,9 +366,9 @@ def test_train_val_split_takes_a_seeded_part_of_train(bert_and_tables, tmp_path,
     assert code == 2 and "--train_val_split 1.5: give a fraction between 0 and 1" in err
 
     def parts(seed: str):
+        split = ["--train_val_split", "0.15", "--seed", seed]
         task = checked_task("text-classification", bert_and_tables / "bert", tmp_path,
-                            *SENTIMENT_COLUMNS, "--train_val_split", "0.15", "--seed", seed,
-                            "--eval_split_name", "")  # fmt: skip
+                            *SENTIMENT_COLUMNS, *split)  # fmt: skip
         _, tokenizer = task.build_model_and_processor()
         train, evaluation = task.load_datasets(tokenizer)
         return train["text"], evaluation["text"]
@@ -407,16 +407,14 @@ def test_json_and_parquet_work_as_folders_and_as_files(suffix, bert_and_tables, 
     train, evaluation = task.load_datasets(tokenizer)
     assert (len(train), len(evaluation)) == (60, 18)
 
-    from trainer.config.flags import parse_flags
-
-    flags = parse_flags(["--task", "text-classification", "--model_name_or_path",
-                         str(bert_and_tables / "bert"), *SENTIMENT_COLUMNS,
-                         "--train_file", str(folder / f"train{suffix}"),
-                         "--validation_file", str(folder / f"test{suffix}"),
-                         "--eval_split_name", "validation"])  # fmt: skip
-    flags.task.check_inputs()
-    _, tokenizer = flags.task.build_model_and_processor()
-    train, evaluation = flags.task.load_datasets(tokenizer)
+    task = task_of(["--task", "text-classification", "--model_name_or_path",
+                    bert_and_tables / "bert", *SENTIMENT_COLUMNS,
+                    "--train_file", folder / f"train{suffix}",
+                    "--validation_file", folder / f"test{suffix}",
+                    "--eval_split_name", "validation"])  # fmt: skip
+    task.check_inputs()
+    _, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
     assert (len(train), len(evaluation)) == (60, 18)
 
 
@@ -482,8 +480,7 @@ def test_train_val_split_in_the_speech_task(demo_assets):
     def evaluation_clips(seed: str) -> list[str]:
         task, _, processor = speech_task(demo_assets.model_dir, demo_assets.dataset_dir,
                                          "--text_column_name", "transcription",
-                                         "--train_val_split", "0.25", "--seed", seed,
-                                         "--eval_split_name", "")  # fmt: skip
+                                         "--train_val_split", "0.25", "--seed", seed)  # fmt: skip
         train, evaluation = task.load_datasets(processor)
         assert len(train) + len(evaluation) == whole and len(evaluation) == round(whole / 4)
         return evaluation["text"]

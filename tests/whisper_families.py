@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformers import WhisperConfig
 
-from trainer.launcher.demo_assets import (
+from trainer.node.demo_assets import (
     ENDOFTEXT,
     TINY_DIMENSIONS,
     begin_suppress_tokens,

@@ -20,31 +20,39 @@ without an image build (docs/deploy.md, "Code updates without an image build").
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
+from trainer.command_line.parser import FlagParser
+from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
-from trainer.config.cluster import GPUS_PER_REPLICA_VARIABLE
-from trainer.config.deepspeed import preset_names
-from trainer.config.flags import FlagParser, greater_is_better, parse_flags, tuning_metric
-from trainer.config.launcher_flags import LauncherArguments
-from trainer.config.recipes import RECIPES_DIR, expand_config_file
-from trainer.config.secrets import (
+from trainer.common.secrets import (
     SECRET_FLAG_VARIABLES,
     looks_secret,
     mask,
     parse_references,
     secret_values,
 )
-from trainer.launcher.hub_checks import check_hub_ids, hub_ids
+from trainer.config.deepspeed import preset_names
+from trainer.config.resolve import greater_is_better, resolve_run
+from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 from trainer.packaging import stage_package
+from trainer.preflight.run_checks import check_run
+from trainer.preflight.vertex_machines import machine_hardware, resolve_accelerator
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.run_config import RunConfig
+from trainer.storage.failure_kinds import brief
+from trainer.storage.store import open_store
+from trainer.tasks import load_task
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -52,43 +60,6 @@ substitutions; PROJECT_ID and COMMIT_SHA are yours. Not `:latest`: Vertex AI pul
 again on every restart, and a resumed job must run the code it started with."""
 
 MUTABLE_TAGS = {"latest"}
-
-T4_MACHINES = {f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (1, 2, 4)) for cpus in (4, 8, 16, 32)}
-T4_MACHINES.update({f"n1-standard-{cpus}": ("NVIDIA_TESLA_T4", (4,)) for cpus in (64, 96)})
-GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
-    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", (n,)) for n in (1, 2, 4, 8)},
-    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", (16,)),
-    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", (n,)) for n in (1, 2, 4, 8)},
-    "a3-highgpu-8g": ("NVIDIA_H100_80GB", (8,)),
-    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", (8,)),
-    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", (8,)),
-    **{f"g2-standard-{cpus}": ("NVIDIA_L4", (1,)) for cpus in (4, 8, 12, 16, 32)},
-    "g2-standard-24": ("NVIDIA_L4", (2,)),
-    "g2-standard-48": ("NVIDIA_L4", (4,)),
-    "g2-standard-96": ("NVIDIA_L4", (8,)),
-    **T4_MACHINES,
-}
-"""Vertex AI machine type -> (accelerator type, accelerator counts it can have).
-
-Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
-docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here to use another machine.
-"""
-
-CPUS_PER_GPU = 4
-"""vCPUs one GPU's training process needs: itself plus about three data-loader workers
-decoding and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU).
-A T4 fed by one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs
-cannot feed."""
-
-
-def default_gpu_count(machine_type: str, counts: tuple[int, ...]) -> int:
-    """The GPUs a machine gets unless --accelerator_count says: the most it offers that its
-    vCPUs can feed (`CPUS_PER_GPU`), for the machine types whose vCPUs the name gives
-    (`n1-standard-N`, `g2-standard-N`); the others come with one GPU count each."""
-    vcpus = re.fullmatch(r"[a-z0-9]+-standard-(\d+)", machine_type)
-    fed = [count for count in counts if not vcpus or count * CPUS_PER_GPU <= int(vcpus[1])]
-    return max(fed or counts[:1])
-
 
 DEFAULT_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -251,7 +222,7 @@ class JobSpecArguments:
 
 
 @dataclass
-class OutputArguments:
+class FileArguments:
     """Where the files go; not part of the spec, so not recorded in the files' header."""
 
     dest: str = field(default=".", metadata={"help": "Directory the two files are written to."})
@@ -261,32 +232,6 @@ class OutputArguments:
             "help": "Write nothing (and upload nothing); exit 1 if the files on disk differ."
         },
     )
-
-
-def resolve_accelerator(options: JobSpecArguments) -> tuple[str, int]:
-    """The machine's accelerator type and count, or a UserError saying what would work."""
-    if options.machine_type not in GPU_MACHINES:
-        raise UserError(
-            f"--machine_type {options.machine_type} is not in the GPU machine table "
-            f"({', '.join(sorted(GPU_MACHINES))}); add it to GPU_MACHINES in trainer/jobspec.py."
-        )
-    gpu, counts = GPU_MACHINES[options.machine_type]
-    if options.accelerator_type not in (None, gpu):
-        raise UserError(
-            f"{options.machine_type} comes with {gpu}, not {options.accelerator_type}; "
-            f"pick a machine type that has {options.accelerator_type}."
-        )
-    count = options.accelerator_count
-    if count is None:
-        count = default_gpu_count(options.machine_type, counts)
-    if count not in counts:
-        fits = sorted(m for m, (g, c) in GPU_MACHINES.items() if g == gpu and count in c)
-        hint = f"use {' or '.join(fits)}" if fits else f"no machine type has {count} of them"
-        raise UserError(
-            f"{options.machine_type} offers {' or '.join(map(str, counts))} x {gpu}, not "
-            f"--accelerator_count {count} ({hint})."
-        )
-    return gpu, count
 
 
 def check_options(options: JobSpecArguments) -> None:
@@ -363,6 +308,11 @@ def check_placement(options: JobSpecArguments) -> None:
             "only as a service account that has roles/aiplatform.user and roles/storage.admin "
             "on the job's bucket (docs/deploy.md)."
         )
+    check_scheduling(options)
+
+
+def check_scheduling(options: JobSpecArguments) -> None:
+    """Machines a reservation or persistent resource provides are not scheduled."""
     scheduled = "--spot" if options.spot else "--flex_start" if options.flex_start else None
     if options.reservation and scheduled:
         raise UserError(
@@ -409,7 +359,7 @@ def check_flex_start(options: JobSpecArguments) -> None:
         return
     if options.spot:
         raise UserError("--flex_start and --spot are two scheduling strategies: choose one.")
-    gpu, _ = resolve_accelerator(options)
+    gpu, _ = accelerator(options)
     if gpu not in FLEX_START_GPUS:
         raise UserError(
             f"--flex_start needs L4, A100, H100 or H200 GPUs; {options.machine_type} has {gpu}."
@@ -452,31 +402,96 @@ def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None
             )
 
 
-def check_training_flags(options: JobSpecArguments, training_flags: list[str]):
-    """Parse the node command line the way the launcher will, so typos fail here; return it.
-
-    Files must exist on the nodes: the recipe and a DeepSpeed JSON are either shipped in
-    the image or read from the bucket mount (/gcs/BUCKET/...), which is checked there. A
-    recipe in the bucket cannot be read here, so only the command line's flags are parsed.
-    """
+def check_the_run(
+    options: JobSpecArguments, training_flags: list[str], env: Mapping[str, str]
+) -> RunConfig:
+    """The run every node will make, resolved as the chief's launcher will resolve it, on
+    the spec's machines (their GPUs' type, count and memory; the world size of all nodes),
+    and checked with the same preflight (trainer/preflight/run_checks.py) but for what only
+    a node can see: UserError for the first problem. A recipe or DeepSpeed JSON in the
+    bucket (/gcs/...), which the nodes read through its mount, is read here through Cloud
+    Storage."""
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(
             f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
             "nor a /gcs/BUCKET/... path the nodes can read."
         )
-    launcher_flags, rest = FlagParser([LauncherArguments]).parse_known_args(training_flags)
+    launcher_flags, _ = FlagParser([LauncherArguments]).parse_known_args(training_flags)
     parse_references(launcher_flags.secret)
     if launcher_flags.dry_run:
         raise UserError("--dry-run in a job spec would make every node exit without training.")
     recipe = options.recipe
-    if recipe.startswith("/gcs/"):
-        return parse_flags(rest)  # the recipe is read on the nodes
-    if Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file():
+    if not recipe.startswith("/gcs/") and (
+        Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file()
+    ):
         raise UserError(
             f"--recipe {recipe} is not shipped in the image: put it in trainer/recipes/ and "
             "rebuild the image, or upload it and give its /gcs/BUCKET/... path."
         )
-    return parse_flags(expand_config_file([recipe, *rest]))
+    gpu, count = accelerator(options)
+    hardware = machine_hardware(options.machine_type, gpu, count)
+    chief_env = {**env, **node_env(options, count)}
+    with tempfile.TemporaryDirectory() as folder:
+        scratch = Path(folder)
+        recipe, _, deepspeed, *flags = container_args(options, training_flags)
+        argv = [read_here(recipe, scratch), "--deepspeed", read_here(deepspeed, scratch), *flags]
+        config = resolve_run(argv, chief_env, hardware)
+        skip_hub_check = options.skip_hub_check or config.launcher.skip_hub_check
+        config = replace(config, launcher=replace(config.launcher, skip_hub_check=skip_hub_check))
+        check_run(config, chief_env, on_node=False)
+    return config
+
+
+def read_here(path: str, scratch: Path) -> str:
+    """A file the nodes read through the bucket's mount (/gcs/BUCKET/...), copied into
+    `scratch` through Cloud Storage; any other path as it is."""
+    if not path.startswith("/gcs/"):
+        return path
+    folder, name = path.rsplit("/", 1)
+    try:
+        text = open_store(folder).read_text(name)
+    except Exception as error:  # noqa: BLE001 - any storage or credentials failure
+        raise UserError(
+            f"{path} cannot be read from here to check the job ({brief(error)}): the nodes "
+            "read it through the bucket's mount; check that your credentials can read it "
+            "(gcloud auth application-default login)."
+        ) from None
+    if text is None:
+        raise UserError(
+            f"{path} does not exist: upload it first (gcloud storage cp FILE "
+            f"gs://{path.removeprefix('/gcs/')})."
+        )
+    (scratch / name).write_text(text)
+    return str(scratch / name)
+
+
+def node_env(options: JobSpecArguments, gpus: int) -> dict[str, str]:
+    """What Vertex AI and the spec give the chief's container: the pools' addresses in
+    CLUSTER_SPEC, the output locations under --base_output_dir, the spec's variables."""
+    workers = [f"workerpool1-{index}:2222" for index in range(options.nodes - 1)]
+    cluster = {"workerpool0": ["workerpool0-0:2222"], "workerpool1": workers}
+    task = {"type": "workerpool0", "index": 0}
+    base = options.base_output_dir.rstrip("/")
+    return {
+        **spec_env(options, gpus),
+        "CLUSTER_SPEC": json.dumps({"cluster": cluster, "task": task}),
+        "AIP_CHECKPOINT_DIR": f"{base}/checkpoints/",
+        "AIP_MODEL_DIR": f"{base}/model/",
+        "AIP_TENSORBOARD_LOG_DIR": f"{base}/logs/",
+    }
+
+
+def spec_env(options: JobSpecArguments, gpus: int) -> dict[str, str]:
+    """Every pool's container env: the defaults, --env, and the GPUs it must have."""
+    env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+    env[GPUS_PER_REPLICA_VARIABLE] = str(gpus)  # CLUSTER_SPEC does not say it
+    return env
+
+
+def accelerator(options: JobSpecArguments) -> tuple[str, int]:
+    return resolve_accelerator(
+        options.machine_type, options.accelerator_type, options.accelerator_count
+    )
 
 
 def container_args(options: JobSpecArguments, training_flags: list[str]) -> list[str]:
@@ -496,9 +511,8 @@ def custom_job_spec(
     (`containerSpec`), or, given `package_uri`, as the executor of that sdist
     (`pythonPackageSpec`, `python -m trainer` of the installed package).
     """
-    gpu, count = resolve_accelerator(options)
-    env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
-    env[GPUS_PER_REPLICA_VARIABLE] = str(count)  # CLUSTER_SPEC does not say it
+    gpu, count = accelerator(options)
+    env = spec_env(options, count)
 
     def code() -> dict:
         """The pool's program: new objects for each pool (YAML would print shared ones as
@@ -564,7 +578,10 @@ def custom_job_spec(
 
 
 def tuning_job(
-    options: JobSpecArguments, training_flags: list[str], flags, package_uri: str | None = None
+    options: JobSpecArguments,
+    training_flags: list[str],
+    run: RunConfig,
+    package_uri: str | None = None,
 ) -> dict:
     """A HyperparameterTuningJob without displayName (gcloud takes it as a flag).
 
@@ -573,10 +590,12 @@ def tuning_job(
     trainer.training.callbacks.HypertuneCallback reports, `metric_for_best_model` of the parsed
     flags (wer for speech, accuracy or macro_f1 for classification), with its direction.
     """
-    goal = "MAXIMIZE" if greater_is_better(flags) else "MINIMIZE"
+    task_class, training = load_task(run.task), run.training.values
+    metric = (training["metric_for_best_model"] or task_class.default_metric).removeprefix("eval_")
+    goal = "MAXIMIZE" if greater_is_better(task_class, training) else "MINIMIZE"
     return {
         "studySpec": {
-            "metrics": [{"metricId": tuning_metric(flags), "goal": goal}],
+            "metrics": [{"metricId": metric, "goal": goal}],
             "parameters": [
                 {
                     "parameterId": "learning_rate",
@@ -600,22 +619,18 @@ def tuning_job(
 def render(
     argv: list[str], env: Mapping[str, str] | None = None, upload: bool = True
 ) -> dict[str, str]:
-    """File name -> content, for this command line (pure apart from the flag checks and,
+    """File name -> content, for this command line (pure apart from the run's checks and,
     with --python_package, the sdist built last and uploaded unless `upload` is false).
 
-    The Hub ids the nodes would load are looked up as the launcher does
-    (trainer.launcher.hub_checks):
-    a job whose model or dataset the Hub no longer serves is refused here, not after every
-    node has started.
+    The run is checked as the chief's launcher will check it (`check_the_run`): a job that
+    a node would refuse, or whose model or dataset the Hub no longer serves, is refused
+    here, before Vertex AI provisions any GPU.
     """
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
-    resolve_accelerator(options)
-    flags = check_training_flags(options, training_flags)
-    if not options.skip_hub_check:
-        ids = hub_ids(flags.model.model_name_or_path, flags.data.dataset_name)
-        check_hub_ids(ids, os.environ if env is None else env, flags.model.cache_dir)
+    accelerator(options)
+    run = check_the_run(options, training_flags, os.environ if env is None else env)
     package_uri = stage_package(options.base_output_dir, upload) if options.python_package else None
     command = _command(argv)
     submit = {
@@ -626,7 +641,7 @@ def render(
     }
     specs = {
         "config.yaml": custom_job_spec(options, training_flags, package_uri),
-        "hptuning.yaml": tuning_job(options, training_flags, flags, package_uri),
+        "hptuning.yaml": tuning_job(options, training_flags, run, package_uri),
     }
     return {
         name: f"# {submit[name]}\n# Written by: {command}\n"
@@ -682,27 +697,31 @@ def _parser(dataclass_type: type):
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        for dataclass_type in (JobSpecArguments, FileArguments):
+            print(_parser(dataclass_type).format_help())
+        print("Any other flag is passed to the training program on every node.")
+        return
     try:
-        if "-h" in argv or "--help" in argv:
-            for dataclass_type in (JobSpecArguments, OutputArguments):
-                print(_parser(dataclass_type).format_help())
-            print("Any other flag is passed to the training program on every node.")
-            return
-        output, spec_argv = _parser(OutputArguments).parse_known_args(argv)
+        output, spec_argv = _parser(FileArguments).parse_known_args(argv)
         files = render(spec_argv, upload=not output.check)
     except UserError as error:
         print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
         sys.exit(2)
-    dest = Path(output.dest)
-    stale = [name for name, text in files.items() if not _matches(dest / name, text)]
     if output.check:
-        for name in stale:
-            print(f"{dest / name} is not what this writes: {_command(spec_argv)}")
-        sys.exit(1 if stale else 0)
-    dest.mkdir(parents=True, exist_ok=True)
+        sys.exit(check_files(Path(output.dest), files, spec_argv))
+    Path(output.dest).mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (dest / name).write_text(text)
-        print(f"wrote {dest / name}")
+        (Path(output.dest) / name).write_text(text)
+        print(f"wrote {Path(output.dest) / name}")
+
+
+def check_files(dest: Path, files: dict[str, str], spec_argv: list[str]) -> int:
+    """1, after a line for each file on disk that differs from what this writes; else 0."""
+    stale = [name for name, text in files.items() if not _matches(dest / name, text)]
+    for name in stale:
+        print(f"{dest / name} is not what this writes: {_command(spec_argv)}")
+    return 1 if stale else 0
 
 
 def _command(argv: list[str]) -> str:

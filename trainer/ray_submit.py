@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.command_line.parser import FlagParser
 from trainer.common.errors import UserError
-from trainer.config.flags import FlagParser
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EXCLUDES = [".git", ".venv", "outputs", "**/__pycache__", ".pytest_cache", ".ci-cache"]

@@ -31,9 +31,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
 from trainer.common.quiet import silence_known_noise
-from trainer.config.flags import parse_flags
 from trainer.data.checks import check_columns
 from trainer.data.shard_index import INDEX, KEY_COLUMN, Shard, ShardIndex
 from trainer.data.sources import local_directory
@@ -190,14 +190,14 @@ def main(argv: list[str] | None = None) -> None:
         if args.index_only == (args.destination is not None):
             raise UserError("Give SOURCE and DESTINATION, or SOURCE alone with --index_only.")
         flags = parse_flags(["--task", args.task, "--dataset_name", args.source, *task_flags])
+        task = flags.build_task()
         if args.index_only:
             store = open_store(args.source)
-            task = flags.task
             index = index_in_place(store, args.task, task.label_column(), task.column_flags())
         else:
             store = open_store(args.destination)
             index = write_shards(
-                args.task, flags.task, args.source, store, args.shard_size_mb, args.format
+                args.task, task, args.source, store, args.shard_size_mb, args.format
             )
     except UserError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

@@ -2,8 +2,11 @@
 processes of its node: a contract between trainer/launcher and trainer/training, which
 import nothing from each other."""
 
+TRAINING_MODULE = "trainer.training.rank"
+"""The program the launcher has `accelerate launch` start in every process."""
+
 RUN_CONFIG_VARIABLE = "TRAINER_RUN_CONFIG"
-"""The resolved run configuration, as JSON (trainer/config/resolve.py `RunConfig`)."""
+"""The resolved run configuration, as JSON (trainer/settings/run_config.py `RunConfig`)."""
 
 LAUNCHED_AT_VARIABLE = "TRAINER_LAUNCHED_AT"
 """When `python -m trainer` started (epoch seconds): the training program reports the time
@@ -12,4 +15,4 @@ from there to its first optimizer step."""
 SECRET_VARIABLES_VARIABLE = "TRAINER_SECRET_VARIABLES"
 """The names, comma-separated, of the variables the launcher filled with secrets (`--secret`,
 `--hub_token` as HF_TOKEN): a failure report masks their values even where the name does
-not look secret (trainer/config/secrets.py `secret_values`)."""
+not look secret (trainer/common/secrets.py `secret_values`)."""

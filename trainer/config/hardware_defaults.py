@@ -5,8 +5,9 @@ gave, and appends what it returns to the training flags (so `--dry-run` shows th
 user gave (on the command line or in a recipe) is never overridden.
 
 Gradient checkpointing is the one setting that depends on the model and the batch, so the
-training processes decide it once the model is loaded (trainer/training/memory.py): on only
-when the estimated memory of a step does not fit the GPU without it.
+training processes decide it once the model is loaded
+(trainer/training/gradient_checkpointing.py): on only when the estimated memory of a step
+does not fit the GPU without it.
 
 Checked and deliberately not a default: `--train_sampling_strategy group_by_length` (it changes
 which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--torch_compile`
@@ -15,7 +16,7 @@ which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--tor
 
 from __future__ import annotations
 
-from trainer.config.hardware import Hardware
+from trainer.settings.run_config import Hardware
 
 MAX_DATALOADER_WORKERS = 4
 """Whisper's log-mel features are computed in the collator; 4 workers keep a GPU fed."""

@@ -20,7 +20,6 @@ each progress line, where the limit is applied.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
 from trainer.data.shard_index import KEY_COLUMN
+from trainer.settings.data_flags import max_bad
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
 
-DEFAULT_MAX_BAD_EXAMPLES = "1%"
-"""A handful of broken clips in a real corpus is far below 1%; a broken copy is far above."""
 NAMES_SHOWN = 3
 UNDECODABLE = "__undecodable__"
 """Stream column: the name of an example whose media did not decode (None for the others)."""
@@ -44,26 +42,6 @@ examples would allow none."""
 
 _skipped: dict[str, int] = {}
 """Training split description -> examples skipped in it, in this process."""
-
-
-def max_bad(spec: str, total: int) -> int:
-    """`--max_bad_examples` (N, or P% of the split's examples) as a count for `total`."""
-    text = spec.strip()
-    try:
-        if text.endswith("%"):
-            share = float(text[:-1])
-            if not 0 <= share <= 100:
-                raise ValueError(text)
-            return math.floor(total * share / 100)
-        count = int(text)
-        if count < 0:
-            raise ValueError(text)
-        return count
-    except ValueError:
-        raise ValueError(
-            f'--max_bad_examples "{spec}": give a count (e.g. 10) or a percentage of the '
-            "split (e.g. 1%)."
-        ) from None
 
 
 def screen(
@@ -92,27 +70,38 @@ def screen(
     bad = [index for index, value in enumerate(measured) if value is None]
     if not bad:
         return dataset, measured
-    names = ", ".join(_name(dataset[index][column], index) for index in bad[:NAMES_SHOWN])
-    names += ", ..." if len(bad) > NAMES_SHOWN else ""
-    total = len(dataset)
-    if len(bad) == total:
-        raise UserError(f"None of the {total} {noun} in {where} can be decoded ({names}).")
-    limit = max_bad(spec, total)
-    if len(bad) > limit:
-        raise UserError(
-            f"{len(bad)} of {total} {noun} in {where} cannot be decoded, more than "
-            f"--max_bad_examples {spec} allows ({limit}); first: {names}"
-        )
+    names = first_names(dataset, column, bad)
+    limit = check_limit(len(bad), len(dataset), f"{noun} in {where}", spec, names)
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(
-            f"warning: skipped {len(bad)} of {total} {noun} in {where} that could not be "
-            f"decoded (first: {names}); --max_bad_examples {spec} allows {limit}",
+            f"warning: skipped {len(bad)} of {len(dataset)} {noun} in {where} that could not "
+            f"be decoded (first: {names}); --max_bad_examples {spec} allows {limit}",
             flush=True,
         )
     if training:
         _skipped[where] = len(bad)
-    good = [index for index, value in enumerate(measured) if value is not None]
+    good = sorted(set(range(len(measured))) - set(bad))
     return dataset.select(good), [measured[index] for index in good]
+
+
+def first_names(dataset: Dataset, column: str, bad: list[int]) -> str:
+    """The first bad examples' file names (or row numbers), for the line about them."""
+    names = ", ".join(_name(dataset[index][column], index) for index in bad[:NAMES_SHOWN])
+    return names + (", ..." if len(bad) > NAMES_SHOWN else "")
+
+
+def check_limit(bad: int, total: int, what: str, spec: str, names: str) -> int:
+    """The limit --max_bad_examples sets for `total` examples; UserError past it, or when
+    none decodes."""
+    if bad == total:
+        raise UserError(f"None of the {total} {what} can be decoded ({names}).")
+    limit = max_bad(spec, total)
+    if bad > limit:
+        raise UserError(
+            f"{bad} of {total} {what} cannot be decoded, more than --max_bad_examples "
+            f"{spec} allows ({limit}); first: {names}"
+        )
+    return limit
 
 
 def skipped_per_epoch() -> int:

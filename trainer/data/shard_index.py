@@ -77,23 +77,23 @@ def read_index(store: Store) -> ShardIndex | None:
     return None if text is None else ShardIndex.from_json(text)
 
 
+def stored_shards(store: Store, shards: list) -> tuple[dict[str, int], dict[str, str | None]]:
+    """(file -> size, file -> CRC32C where the store reports it) of the shards stored."""
+    if not isinstance(store, LocalStore):
+        listing = store.list_files()
+        return ({name: entry.size for name, entry in listing.items()},
+                {name: entry.crc32c for name, entry in listing.items()})  # fmt: skip
+    paths = {shard.file: store.root / shard.file for shard in shards}
+    return {file: path.stat().st_size for file, path in paths.items() if path.is_file()}, {}
+
+
 def check_listing(index: ShardIndex, store: Store, splits: list[str]) -> None:
     """The shards of `splits` are where the index says, with its sizes (and, where the
     store reports checksums without reading the files, i.e. Cloud Storage, its CRC32C):
     one listing or one stat per shard, at launch, so a truncated, replaced or missing
     shard stops the job before it starts rather than shortening an epoch silently."""
     shards = [shard for split in splits for shard in index.splits[split]]
-    if isinstance(store, LocalStore):
-        stored = {
-            shard.file: (store.root / shard.file).stat().st_size
-            for shard in shards
-            if (store.root / shard.file).is_file()
-        }
-        checksums = {}
-    else:
-        listing = store.list_files()
-        stored = {name: entry.size for name, entry in listing.items()}
-        checksums = {name: entry.crc32c for name, entry in listing.items()}
+    stored, checksums = stored_shards(store, shards)
     for shard in shards:
         where = f"{store.uri}/{shard.file}"
         if shard.file not in stored:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from trainer.common.errors import UserError
 from trainer.data.checks import split_names
-from trainer.data.faults import DataFault
+from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import Shard, ShardIndex
 from trainer.data.shard_verify import VerifiedReader, check_shard
 from trainer.data.tar_shards import TAR_SUFFIX, read_tar

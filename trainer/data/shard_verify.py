@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from trainer.data.faults import DataFault
+from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import INDEX, Shard
 
 GAP_READ_LIMIT = 1 << 20

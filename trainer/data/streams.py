@@ -40,7 +40,7 @@ import torch
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import UNDECODABLE
 from trainer.data.checks import split_names
-from trainer.data.faults import DataFault
+from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import KEY_COLUMN
 from trainer.data.sources import shard_index_of
 

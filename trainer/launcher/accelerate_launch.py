@@ -29,10 +29,11 @@ from trainer.launcher.start_deadline import (
     give_up,
     training_process_started,
 )
+from trainer.settings.run_config import RunConfig
 from trainer.storage.checkpoints import newest_complete_line
 
 REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE)
-"""trainer.training.main printed the line itself (1: failure, 78: bad input found in training,
+"""trainer.training.rank printed the line itself (1: failure, 78: bad input found in training,
 75: stopped on request after saving, trainer/training/preemption.py)."""
 
 
@@ -104,9 +105,7 @@ def what_is_kept() -> str:
     config_json = os.environ.get(RUN_CONFIG_VARIABLE)
     if not config_json:
         return ""
-    from trainer.config.resolve import RunConfig
-
-    checkpoints = RunConfig.from_json(config_json).output_locations(os.environ).checkpoints
+    checkpoints = RunConfig.from_json(config_json).locations.checkpoints
     return f"; {newest_complete_line(checkpoints)}"
 
 

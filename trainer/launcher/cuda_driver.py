@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainer.common.errors import UserError
-from trainer.launcher.hardware import COMPAT_DIR, DRIVER_VERSION_FILE
+from trainer.node.machine import COMPAT_DIR, DRIVER_VERSION_FILE
 
 NATIVE_DRIVER = {12: (525, 60, 13), 13: (580, 65, 6)}
 """Oldest Linux driver that runs each CUDA major version (minor version compatibility),

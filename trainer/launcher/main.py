@@ -16,15 +16,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.common.cache import clear_stale_build_locks
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
-from trainer.config.secrets import mask, secret_values
+from trainer.common.secrets import mask, secret_values
 from trainer.launcher.cuda_driver import ensure_cuda_driver
 from trainer.storage.run_records import RunAlreadyEnded
+
+if TYPE_CHECKING:  # the plan's module loads torch, which must come after the driver check
+    from trainer.launcher.plan import LaunchPlan
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
 
@@ -67,29 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     secrets = secret_values(argv, os.environ)  # kept out of every line printed below
     try:
-        if set(HELP_FLAGS) & set(argv):
-            # Imported here, not at the top: it loads the tasks (and with them torch),
-            # which must not happen before the driver check of a real launch.
-            from trainer.config.help import print_help
-
-            print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
-            return
-        driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
-        silence_known_noise()  # the demo's assets are built here; the environment is inherited
-        # Imported here, not at the top: it loads torch, which must come after the driver.
-        from trainer.launcher.prepare import prepare_launch
-
-        plan = prepare_launch(argv, os.environ)
-        dry_run = plan.config.launcher.dry_run
-        secrets += plan.secret_env.values()
-        for notice in [driver, *plan.notices]:  # stdout is the plan's JSON in a dry run
-            print(mask(notice, secrets), file=sys.stderr if dry_run else sys.stdout, flush=True)
-        if dry_run:
-            print(mask(json.dumps(plan.describe(), indent=2), secrets))
-            return
-        topology = plan.config.topology
-        if topology.role == "worker":
-            wait_for_name(topology.master_addr, plan.config.launcher.chief_resolve_timeout)
+        plan = checked_plan(argv, secrets)
     except UserError as error:
         print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
@@ -97,6 +79,42 @@ def main(argv: list[str] | None = None) -> None:
         out = sys.stderr if ended.exit_code else sys.stdout
         print(mask(ended.line, secrets), file=out, flush=True)
         sys.exit(ended.exit_code)
+    if plan is not None:
+        launch(plan, launched_at)
+
+
+def checked_plan(argv: list[str], secrets: list[str]) -> LaunchPlan | None:
+    """This node's checked launch plan, or None when nothing is to be launched (help, a
+    dry run). The values of secrets it finds are added to `secrets`."""
+    if set(HELP_FLAGS) & set(argv):
+        # Imported here, not at the top: it loads the tasks (and with them torch),
+        # which must not happen before the driver check of a real launch.
+        from trainer.command_line.help import print_help
+
+        print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
+        return None
+    driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
+    silence_known_noise()  # the demo's assets are built here; the environment is inherited
+    # Imported here, not at the top: it loads torch, which must come after the driver.
+    from trainer.launcher.prepare import prepare_launch
+
+    plan = prepare_launch(argv, os.environ)
+    dry_run = plan.config.launcher.dry_run
+    secrets += plan.secret_env.values()
+    for notice in [driver, *plan.notices]:  # stdout is the plan's JSON in a dry run
+        print(mask(notice, secrets), file=sys.stderr if dry_run else sys.stdout, flush=True)
+    if dry_run:
+        print(mask(json.dumps(plan.describe(), indent=2), secrets))
+        return None
+    topology = plan.config.topology
+    if topology.role == "worker":
+        wait_for_name(topology.master_addr, plan.config.launcher.chief_resolve_timeout)
+    return plan
+
+
+def launch(plan: LaunchPlan, launched_at: float) -> None:
+    """Say where this node stands, then become `accelerate launch`."""
+    topology = plan.config.topology
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
         f"{topology.nproc_per_node} process(es) per node, world size {topology.world_size}, "

@@ -10,12 +10,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainer.common.cache import torch_extensions_dir
-from trainer.common.handoff import RUN_CONFIG_VARIABLE, SECRET_VARIABLES_VARIABLE
-from trainer.config.resolve import RunConfig
-from trainer.config.secrets import MASK
-
-TRAINING_MODULE = "trainer.training.main"
+from trainer.common.handoff import RUN_CONFIG_VARIABLE, TRAINING_MODULE
+from trainer.common.secrets import MASK
+from trainer.node.training_env import process_env
+from trainer.settings.run_config import RunConfig
 
 VERTEX_NODE_LEVEL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Vertex AI sets these per NODE; torchrun sets its own per PROCESS, so ours are dropped."""
@@ -41,7 +39,7 @@ class LaunchPlan:
     """Secret variables for the launched processes (`--hub_token` as HF_TOKEN, `--secret`
     values): set like `env`, shown by name only."""
     model: dict | None = None
-    """The model's plan (trainer/launcher/model_plan.py): trainable and total parameters,
+    """The model's plan (trainer/preflight/model_plan.py): trainable and total parameters,
     and a training step's estimated memory per GPU."""
 
     def describe(self) -> dict:
@@ -68,12 +66,30 @@ def build_launch_plan(
     model: dict | None = None,
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure). `secrets`:
-    the `--secret` variables' values (trainer/launcher/secret_manager.py); `model`: the
+    the `--secret` variables' values (trainer/node/secret_manager.py); `model`: the
     model's plan, shown by the dry run."""
-    topology, hardware = config.topology, config.hardware
     handed_over, secret_env = config.without_secrets()
+    secret_env |= secrets or {}
+    procs = config.topology.nproc_per_node
+    env = process_env(config, current_env, cache_dir, secret_env) | {
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
+            math.ceil(config.outputs.stop_grace_seconds) + SHUTDOWN_MARGIN_SECONDS
+        ),
+        "OMP_NUM_THREADS": current_env.get(
+            "OMP_NUM_THREADS", str(max(1, config.hardware.cpu_count // procs))
+        ),
+        RUN_CONFIG_VARIABLE: handed_over.to_json(),
+    }
+    unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
+    argv = accelerate_argv(config, python)
+    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env, model)
+
+
+def accelerate_argv(config: RunConfig, python: str) -> list[str]:
+    """`accelerate launch` (through trainer.launcher.accelerate_launch, which ends a failed
+    run in one line) with this node's place and the run's precision and DeepSpeed."""
+    topology = config.topology
     argv = [
-        # accelerate launch, with failures in one line
         python, "-m", "trainer.launcher.accelerate_launch",
         "--num_machines", str(topology.num_nodes),
         "--machine_rank", str(topology.node_rank),
@@ -86,32 +102,12 @@ def build_launch_plan(
         "--rdzv_conf", f"timeout={config.launcher.rdzv_timeout}",
         "--max_restarts", "0",
     ]  # fmt: skip
-    if config.deepspeed_config is not None:
+    if config.training.deepspeed is not None:
         argv += [
             "--use_deepspeed",
-            "--deepspeed_config_file", config.deepspeed_config,
+            "--deepspeed_config_file", config.training.deepspeed,
             "--deepspeed_multinode_launcher", "standard",
         ]  # fmt: skip
     elif topology.world_size > 1:
         argv.append("--multi_gpu")
-    argv += ["--module", TRAINING_MODULE]  # its flags come in RUN_CONFIG_VARIABLE
-
-    stop_grace_seconds = config.flags["outputs"]["stop_grace_seconds"]
-    env = {
-        "PYTHONUNBUFFERED": "1",
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
-            math.ceil(stop_grace_seconds) + SHUTDOWN_MARGIN_SECONDS
-        ),
-        "OMP_NUM_THREADS": current_env.get(
-            "OMP_NUM_THREADS", str(max(1, hardware.cpu_count // topology.nproc_per_node))
-        ),
-        RUN_CONFIG_VARIABLE: handed_over.to_json(),
-    }
-    secret_env |= secrets or {}
-    if secret_env:
-        env[SECRET_VARIABLES_VARIABLE] = ",".join(sorted(secret_env))
-    if hardware.gpu_count == 0:
-        env["DS_ACCELERATOR"] = "cpu"
-        env["TORCH_EXTENSIONS_DIR"] = str(torch_extensions_dir(current_env, cache_dir))
-    unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
-    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env, model)
+    return [*argv, "--module", TRAINING_MODULE]  # its flags come in RUN_CONFIG_VARIABLE

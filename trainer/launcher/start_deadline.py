@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainer.common.handoff import TRAINING_MODULE
+
 MARGIN_SECONDS = 30
 """Past --rdzv_timeout, room for torch's own timeout to fire and report first."""
 POLL_SECONDS = 1.0
-TRAINING_MODULE = "trainer.training.main"
 
 
 def training_process_started() -> bool:

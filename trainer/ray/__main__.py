@@ -17,7 +17,6 @@ import tempfile
 import time
 
 from trainer.common.errors import UserError
-from trainer.common.handoff import RUN_CONFIG_VARIABLE
 from trainer.common.quiet import silence_known_noise
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
@@ -26,9 +25,6 @@ SUBMITTED_JOB_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 job_supervisor.py `_get_driver_env_vars`)."""
 REPORTED = ("checkpoint_dir", "best_checkpoint", "model_dir", "epoch")
 """Of Ray's result metrics, besides the Trainer's train_* and eval_* ones, what is printed."""
-PLAN_ENV_LEFT_TO_RAY = (RUN_CONFIG_VARIABLE, "OMP_NUM_THREADS")
-"""Of the launch plan's environment, what Ray sets itself (threads: the worker's CPUs) or
-the workers get otherwise (the configuration, as the training loop's argument)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,8 +39,12 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if trainer is None:
-        return
+    if trainer is not None:
+        fit(trainer)
+
+
+def fit(trainer) -> None:
+    """Run the Ray Train job; its final metrics, or one line and exit code 1."""
     from ray.train.base_trainer import TrainingFailedError
 
     try:
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         cause = error.__cause__ or error
         print(f"error: the Ray Train run failed: {type(cause).__name__}: {cause}", flush=True)
         sys.exit(1)
-    metrics = {k: v for k, v in result.metrics.items() if k in REPORTED or k.startswith("eval_")
-               or k.startswith("train_")}  # fmt: skip
+    metrics = {k: v for k, v in result.metrics.items()
+               if k in REPORTED or k.startswith(("eval_", "train_"))}  # fmt: skip
     print(f"ray: run finished; Ray Train results in {result.path}", flush=True)
     print(f"ray: final metrics {json.dumps(metrics, default=str, sort_keys=True)}", flush=True)
 
@@ -63,25 +63,26 @@ def prepare(argv: list[str], launched_at: float):
     """The checked TorchTrainer and configuration, or (None, config) for --dry_run."""
     # Imported here: ray, torch and the tasks load in seconds, which --help need not wait for.
     from trainer.common.cache import cache_dir
-    from trainer.launcher.plan import build_launch_plan
-    from trainer.launcher.prepare import resolve_and_check
-    from trainer.ray.cluster import connect, head_address, node_resources, plan_workers
-    from trainer.ray.flags import split_ray_flags
+    from trainer.config.resolve import resolve_run
+    from trainer.node.training_env import prepare_node, process_env
+    from trainer.preflight.run_checks import check_run
     from trainer.ray.job import build_trainer, worker_hardware
+    from trainer.ray.ray_cluster import connect, head_address, node_resources, plan_workers
+    from trainer.ray.ray_flags import split_ray_flags
 
     asked, training_argv = split_ray_flags(argv)
     address = head_address(asked.address, os.environ)
     connect(address, os.environ)
     workers = plan_workers(asked, node_resources())
     hardware = worker_hardware(workers)
-    config, secrets, model = resolve_and_check(training_argv, os.environ, hardware)
+    config = resolve_run(training_argv, os.environ, hardware)
     refuse_secret_values(config)
+    secrets = prepare_node(config, os.environ)
+    model = check_run(config, {**os.environ, **secrets})
     if SUBMITTED_JOB_VARIABLE in os.environ:
         leave_the_jobs_copy_of_the_project(config)
-    plan = build_launch_plan(
-        config, os.environ, cache_dir(os.environ), secrets=secrets, model=model
-    )
-    worker_env = {k: v for k, v in plan.env.items() if k not in PLAN_ENV_LEFT_TO_RAY}
+    handed_over, _ = config.without_secrets()  # Ray stores the loop's arguments
+    worker_env = process_env(config, os.environ, cache_dir(os.environ), secrets)
     worker_env |= accelerate_launch_env(config)
     dry_run = config.launcher.dry_run
     for notice in config.notices:
@@ -96,15 +97,15 @@ def prepare(argv: list[str], launched_at: float):
         f"(checks took {time.time() - launched_at:.1f} s)",
         flush=True,
     )
-    handed_over = plan.env[RUN_CONFIG_VARIABLE]  # the configuration without secret values
-    return build_trainer(config, handed_over, workers, asked, worker_env, launched_at), config
+    trainer = build_trainer(config, handed_over.to_json(), workers, asked, worker_env, launched_at)
+    return trainer, config
 
 
 def refuse_secret_values(config) -> None:
     """Ray keeps a run's training-loop arguments (pickled into its storage path), so no
     secret value may travel in them: the workers read `--secret` references themselves
     (trainer/ray/worker.py), and a token given as a flag has no safe way there."""
-    if config.flags["training"].get("hub_token"):
+    if config.training.hub_token:
         raise UserError(
             "--hub_token: a Ray run stores its arguments, so give the token as a reference, "
             "--secret HF_TOKEN=projects/P/secrets/S/versions/V, or as HF_TOKEN in the job's "
@@ -117,7 +118,7 @@ def leave_the_jobs_copy_of_the_project(config) -> None:
     (`runtime_env` working_dir), which Ray deletes while the job still runs (seen with Ray
     2.47: the driver's own `fit()` then fails in `os.getcwd()`). Outputs must not land
     there, and the driver leaves it before `fit()`."""
-    output_dir = config.flags["training"]["output_dir"]
+    output_dir = config.training.output_dir
     if not os.path.isabs(output_dir):
         raise UserError(
             f"--output_dir {output_dir}: a submitted Ray job runs in Ray's temporary copy of "
@@ -133,17 +134,17 @@ def accelerate_launch_env(config) -> dict[str, str]:
     and --use_deepspeed): the Trainer's accelerator reads it from the environment."""
     env = {"ACCELERATE_MIXED_PRECISION": config.mixed_precision,
            "ACCELERATE_DYNAMO_BACKEND": "NO"}  # fmt: skip
-    if config.deepspeed_config is not None:
+    if config.training.deepspeed is not None:
         env |= {"ACCELERATE_USE_DEEPSPEED": "true",
-                "ACCELERATE_DEEPSPEED_CONFIG_FILE": config.deepspeed_config}  # fmt: skip
+                "ACCELERATE_DEEPSPEED_CONFIG_FILE": config.training.deepspeed}  # fmt: skip
     return env
 
 
 def print_help(argv: list[str], everything: bool) -> None:
     """The Ray entry's own flags, then every training flag as `python -m trainer --help`."""
-    from trainer.config.flags import FlagParser
-    from trainer.config.help import render_help
-    from trainer.ray.flags import RayArguments
+    from trainer.command_line.help import render_help
+    from trainer.command_line.parser import FlagParser
+    from trainer.ray.ray_flags import RayArguments
 
     parser = FlagParser([RayArguments], add_help=False)
     parser.usage = "python -m trainer.ray [recipe.yaml] [Ray flags] [training flags]"

@@ -10,12 +10,11 @@ from ray.train import RunConfig as RayRunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _shutdown_torch, _TorchBackend
 
-from trainer.config.hardware import Hardware
-from trainer.config.resolve import RunConfig
-from trainer.launcher import hardware as node
-from trainer.ray.cluster import Workers
-from trainer.ray.flags import RayArguments
+from trainer.node import machine
+from trainer.ray.ray_cluster import Workers
+from trainer.ray.ray_flags import RayArguments
 from trainer.ray.worker import train_on_worker
+from trainer.settings.run_config import Hardware, RunConfig
 
 
 def worker_hardware(workers: Workers) -> Hardware:
@@ -28,8 +27,10 @@ def worker_hardware(workers: Workers) -> Hardware:
 
 
 def _detect_hardware(requested_gpus: int | None) -> Hardware:
-    hardware = node.detect_hardware()
-    node.check_gpus_usable(hardware.gpu_count, requested_gpus, node.gpu_evidence(), os.environ)
+    hardware = machine.detect_hardware()
+    machine.check_gpus_usable(
+        hardware.gpu_count, requested_gpus, machine.gpu_evidence(), os.environ
+    )
     return hardware
 
 
@@ -46,7 +47,6 @@ def build_trainer(
     --max_failures), and they resume from the run's last complete checkpoint. Ray keeps no
     model checkpoint of its own: the project's protocol (manifest last, in
     --checkpoint_dir) is what every restart resumes from (docs/ray.md)."""
-    training = config.flags["training"]
     return TorchTrainer(
         train_on_worker,
         train_loop_config={
@@ -55,7 +55,7 @@ def build_trainer(
             "env": env,
         },  # fmt: skip
         torch_config=CoreReleasedTorchConfig(
-            backend="nccl" if workers.use_gpu else "gloo", timeout_s=training["ddp_timeout"]
+            backend="nccl" if workers.use_gpu else "gloo", timeout_s=config.training.ddp_timeout
         ),
         scaling_config=ScalingConfig(
             num_workers=workers.count,

@@ -12,10 +12,8 @@ from pathlib import Path
 import ray.train
 
 from trainer.common.quiet import silence_known_noise
-from trainer.config.resolve import RunConfig
-from trainer.launcher.demo_assets import prepare_demo_assets
-from trainer.launcher.secret_manager import resolve_secrets
-from trainer.storage.locations import resolve_output_locations
+from trainer.node.training_env import prepare_node
+from trainer.settings.run_config import RunConfig
 
 
 def train_on_worker(loop_config: dict) -> None:
@@ -23,14 +21,13 @@ def train_on_worker(loop_config: dict) -> None:
     the final metrics to Ray. A worker Ray starts again after a failure runs this again."""
     os.environ.update(loop_config["env"])  # as the launch plan sets for its processes
     silence_known_noise()
-    # Imported after the noise filters, as in trainer/training/main.py.
+    # Imported after the noise filters, as in trainer/training/rank.py.
     from trainer.training.run import train
 
     config = RunConfig.from_json(loop_config["run_config"])
-    # Read here, not handed over: Ray stores the loop's arguments.
-    os.environ.update(resolve_secrets(config.launcher.secret, os.environ))
-    if config.demo is not None:  # this node's copy (nodes share no disk); built once
-        prepare_demo_assets(config.demo.model_dir.parent)
+    # The secrets are read here, not handed over: Ray stores the loop's arguments. The
+    # demo's assets are this node's copy (nodes share no disk), built once.
+    os.environ.update(prepare_node(config, os.environ))
     train(config, loop_config["launched_at"])
     context = ray.train.get_context()
     ray.train.report(final_metrics(config) if context.get_world_rank() == 0 else {})
@@ -39,9 +36,8 @@ def train_on_worker(loop_config: dict) -> None:
 def final_metrics(config: RunConfig) -> dict:
     """The metrics the Trainer saved at the end (all_results.json), with where the run's
     checkpoints, best checkpoint and model are: what `fit()`'s Result carries."""
-    flags = config.parsed()
-    output_dir = Path(flags.training.output_dir)
-    locations = resolve_output_locations(flags.outputs, os.environ, str(output_dir))
+    output_dir = Path(config.training.output_dir)
+    locations = config.locations
     results = output_dir / "all_results.json"
     metrics = json.loads(results.read_text()) if results.exists() else {}
     metrics |= {"checkpoint_dir": locations.checkpoints, "model_dir": locations.model}

@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trainer.storage.faults import brief
+from trainer.storage.failure_kinds import brief
 from trainer.storage.store import (
     FileEntry,
     Store,
@@ -339,25 +339,10 @@ class CheckpointUploader:
             self._apply_retention(best)
 
     def _write_manifest(self, target: Store, name: str) -> None:
-        deadline = time.monotonic() + self.peer_timeout
-        while True:
-            listed = target.child(NODE_MARKERS).list_files()
-            missing = [r for r in range(self.num_nodes) if f"node-{r}.json" not in listed]
-            if not missing:
-                break
-            for node in missing:
-                if f"node-{node}{GAVE_UP_SUFFIX}" in listed:
-                    word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
-                    raise PeerGaveUp(name, node, word.get("reason", "?"),
-                                     bool(word.get("skipped")))  # fmt: skip
-            if time.monotonic() > deadline:
-                raise TransferError(f"nodes {missing} did not finish uploading {name}")
-            time.sleep(1)
-        markers = [target.read_text(f"{NODE_MARKERS}/node-{r}.json") for r in
-                   range(self.num_nodes)]  # fmt: skip
+        self._wait_for_nodes(target, name)
         entries = {}
-        for marker in markers:
-            for entry in json.loads(marker)["files"]:
+        for node in range(self.num_nodes):
+            for entry in json.loads(target.read_text(f"{NODE_MARKERS}/node-{node}.json"))["files"]:
                 entries[entry["path"]] = FileEntry(**entry)
         present = target.list_files()
         wrong = [path for path, entry in entries.items() if present.get(path) != entry]
@@ -371,6 +356,22 @@ class CheckpointUploader:
         }
         write_manifest(target, manifest)
         logger.info("checkpoint %s is complete in %s", name, self.store.uri)
+
+    def _wait_for_nodes(self, target: Store, name: str) -> None:
+        """Until every node's done-marker of `name` is there; `PeerGaveUp` when a node
+        says its part will not come, TransferError after `peer_timeout`."""
+        deadline = time.monotonic() + self.peer_timeout
+        while True:
+            listed = target.child(NODE_MARKERS).list_files()
+            missing = [r for r in range(self.num_nodes) if f"node-{r}.json" not in listed]
+            if not missing:
+                return
+            for node in (node for node in missing if f"node-{node}{GAVE_UP_SUFFIX}" in listed):
+                word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
+                raise PeerGaveUp(name, node, word.get("reason", "?"), bool(word.get("skipped")))
+            if time.monotonic() > deadline:
+                raise TransferError(f"nodes {missing} did not finish uploading {name}")
+            time.sleep(1)
 
     def _apply_retention(self, best: str | None) -> None:
         if not self.keep:

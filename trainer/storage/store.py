@@ -28,7 +28,7 @@ from typing import BinaryIO
 import google_crc32c
 
 from trainer.common.errors import UserError
-from trainer.storage.faults import permanent
+from trainer.storage.failure_kinds import permanent
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
-from trainer.tasks.lora import weightless, with_lora
+from trainer.tasks.lora_adapters import weightless, with_lora
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
-    from trainer.data.arguments import DataArguments
     from trainer.data.sources import LocalLayout
-    from trainer.tasks.arguments import ModelArguments
+    from trainer.settings.data_flags import DataArguments
+    from trainer.settings.model_flags import ModelArguments
 
 
 class Task(ABC):
@@ -44,13 +44,23 @@ class Task(ABC):
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
 
-    seed: int = 42
-    """The training seed (`--seed`; parse_flags sets it), for data orders that need one."""
-
-    def __init__(self, model: ModelArguments, data: DataArguments, options: Any) -> None:
+    def __init__(
+        self,
+        model: ModelArguments,
+        data: DataArguments,
+        options: Any,
+        training: Mapping[str, Any] | None = None,
+    ) -> None:
         self.model_args = model
         self.data_args = data
-        self.options = options
+        self.options = self.settled_options(options)
+        self.training = training or {}
+        """The resolved TrainingArguments values (trainer/settings/run_config.py)."""
+
+    @property
+    def seed(self) -> int:
+        """The training seed (`--seed`), for data orders that need one."""
+        return self.training.get("seed", 42)
 
     def sources(self) -> list[Task]:
         """This task once per dataset of `--dataset_name`: several when they are interleaved
@@ -97,10 +107,25 @@ class Task(ABC):
         return Trainer
 
     def check_inputs(self) -> None:
-        """Cheap checks of paths, columns and options, run by the launcher before any launch."""
+        """Cheap checks of the data's paths and columns, run before any launch on a node
+        (trainer/preflight/run_checks.py)."""
 
-    def adjust_training_arguments(self, training: Any) -> None:
-        """Set what the task requires of TrainingArguments (on the parsed namespace)."""
+    def check_model(self) -> None:
+        """Cheap checks of the model against the task's flags, from its files on this
+        machine (a local folder or the Hub cache), run before any launch."""
+
+    @classmethod
+    def settled_options(cls, options: Any) -> Any:
+        """The task's flags as training reads them (spellings normalised); UserError for
+        a value the task cannot use. Resolution applies it, so that the run configuration
+        holds them so, and so does every task built."""
+        return options
+
+    @classmethod
+    def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
+        """TrainingArguments values the task needs whatever the flags say (resolution
+        applies them to the flags' `training` values)."""
+        return {}
 
     @abstractmethod
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
@@ -166,7 +191,7 @@ class Task(ABC):
 
     def trained_model(self, model: PreTrainedModel) -> PreTrainedModel:
         """What trains: `model` itself, or with `--peft lora` a PEFT model of frozen
-        weights and adapters (trainer/tasks/lora.py)."""
+        weights and adapters (trainer/tasks/lora_adapters.py)."""
         if self.model_args.peft != "lora":
             return model
         return with_lora(model, self.model_args, self.head_modules(model))
@@ -181,9 +206,7 @@ class Task(ABC):
     def data_collator(self, processor: Any) -> Callable[[list[dict]], dict]:
         """Turns a list of raw examples into a model batch (feature extraction happens here)."""
 
-    def activation_values_per_sample(
-        self, model: PreTrainedModel, training: Any
-    ) -> tuple[int, int]:
+    def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """Activation values one training sample keeps for the backward pass, without and
         with gradient checkpointing; (0, 0) when the task does not estimate them, so the
         training program never turns checkpointing on by itself."""

@@ -19,7 +19,7 @@ import os
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,8 +43,9 @@ from trainer.data.sources import (
     split_off_evaluation,
 )
 from trainer.data.streams import is_stream
+from trainer.settings.task_flags import ClassificationArguments, parse_class_weights
 from trainer.tasks.base import Task
-from trainer.tasks.lora import eight_bit_loading
+from trainer.tasks.lora_adapters import eight_bit_loading
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -54,40 +55,6 @@ LABEL = "label"
 """The label column's name once loaded, whatever `--label_column_name` called it."""
 LABELS_SHOWN = 20
 """How many labels the start-up line names (ImageNet has a thousand)."""
-
-
-@dataclass
-class ClassificationArguments:
-    label_column_name: str = field(
-        default="label",
-        metadata={"help": "Column with the class: a ClassLabel, or values such as positive."},
-    )
-    class_weights: str | None = field(
-        default=None,
-        metadata={
-            "help": "Weight the loss per class: balanced (inverse frequency in the training "
-            "split), or one weight per label in label-id order, e.g. 1,2.5,1."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.class_weights is not None:
-            parse_class_weights(self.class_weights)
-
-
-def parse_class_weights(text: str) -> str | tuple[float, ...]:
-    if text.strip() == "balanced":
-        return "balanced"
-    try:
-        weights = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        weights = ()
-    if not weights or not all(weight > 0 and math.isfinite(weight) for weight in weights):
-        raise ValueError(
-            f'--class_weights "{text}": use balanced, or one positive number per label '
-            "separated by commas (e.g. 1,2.5,1)."
-        )
-    return weights
 
 
 def _is_missing(value: Any) -> bool:
@@ -327,9 +294,7 @@ class ClassificationTask(Task):
         """The positions each encoder layer sees (at most)."""
         raise NotImplementedError
 
-    def activation_values_per_sample(
-        self, model: PreTrainedModel, training: Any
-    ) -> tuple[int, int]:
+    def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """An encoder layer keeps about 17 s h values for s positions of width h with fused
         attention (Korthikanti et al. 2022, sec. 4.1, as for Whisper in speech.py); with
         checkpointing, each layer's input plus one layer being recomputed."""
@@ -388,9 +353,10 @@ class ClassificationTask(Task):
             check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
         check_columns(layout.columns, self.column_flags(), str(directory))
 
-    def adjust_training_arguments(self, training: Any) -> None:
+    @classmethod
+    def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
         # The collator needs the raw input and label columns, which the model does not name.
-        training.remove_unused_columns = False
+        return {"remove_unused_columns": False}
 
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         spec = self.data_args.train_split_name

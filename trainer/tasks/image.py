@@ -25,7 +25,6 @@ import io
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,9 +33,9 @@ from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
+from trainer.settings.task_flags import ImageArguments
 from trainer.tasks.classification import (
     LABEL,
-    ClassificationArguments,
     ClassificationTask,
     LabelSet,
 )
@@ -46,15 +45,6 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 IMAGE = "image"
-
-
-@dataclass
-class ImageArguments(ClassificationArguments):
-    image_column_name: str = field(default="image", metadata={"help": "Column with the image."})
-    augment: bool = field(
-        default=False,
-        metadata={"help": "Random resized crop and horizontal flip of training images."},
-    )
 
 
 def _image_extensions() -> frozenset[str]:

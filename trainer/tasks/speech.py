@@ -19,11 +19,11 @@ import csv
 import math
 import os
 import string
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from transformers import Seq2SeqTrainingArguments
@@ -46,9 +46,10 @@ from trainer.data.sources import (
     table_header,
 )
 from trainer.data.streams import is_stream
+from trainer.settings.task_flags import SpeechArguments
 from trainer.tasks.base import Task
 from trainer.tasks.english_spelling import restore_english_spelling
-from trainer.tasks.lora import eight_bit_loading
+from trainer.tasks.lora_adapters import eight_bit_loading
 from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
@@ -68,68 +69,6 @@ COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
 """Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
 
 AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl")
-
-
-@dataclass
-class SpeechArguments:
-    audio_column_name: str = field(default="audio", metadata={"help": "Column with the audio."})
-    text_column_name: str = field(
-        default="text", metadata={"help": "Column with the transcription (Common Voice: sentence)."}
-    )
-    language: str | None = field(
-        default=None,
-        metadata={
-            "help": "Spoken language, by name or code (english, en, serbian, sr, ...). "
-            "Without it, a multilingual checkpoint trains with no language token and "
-            "generate() detects each clip's language; English-only checkpoints need none."
-        },
-    )
-    whisper_task: Literal["transcribe", "translate"] = field(
-        default="transcribe",
-        metadata={
-            "help": "Whisper's own task: transcribe or translate (multilingual checkpoints; "
-            "English-only *.en checkpoints only transcribe, with no task token)."
-        },
-    )
-    max_duration_in_seconds: float | None = field(
-        default=None,
-        metadata={
-            "help": "Drop longer clips (default: the model's input window, 30 s for Whisper)."
-        },
-    )
-    min_duration_in_seconds: float = field(default=0.0, metadata={"help": "Drop shorter clips."})
-    do_lower_case: bool = field(default=False, metadata={"help": "Lower-case training targets."})
-    do_remove_punctuation: bool = field(
-        default=False, metadata={"help": "Remove punctuation from training targets."}
-    )
-    do_normalize_eval: bool = field(
-        default=True,
-        metadata={"help": "Normalise predictions and references (Whisper's normaliser) for WER."},
-    )
-    freeze_encoder: bool = field(
-        default=False, metadata={"help": "Train the decoder only (keeps the audio encoder fixed)."}
-    )
-    log_mel_on: Literal["auto", "loader", "device"] = field(
-        default="auto",
-        metadata={
-            "help": "Where log-mel features are computed: 'loader' (the data loader, on CPU), "
-            "'device' (the training process, on its GPU, a batch at a time; the loader then "
-            "only decodes audio) or 'auto' (device when CUDA is present)."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.language is not None:
-            self.language = language_name(self.language)
-        if self.max_duration_in_seconds is not None and self.max_duration_in_seconds <= 0:
-            raise ValueError("--max_duration_in_seconds must be positive.")
-        if (
-            self.max_duration_in_seconds is not None
-            and self.min_duration_in_seconds >= self.max_duration_in_seconds
-        ):
-            raise ValueError(
-                "--min_duration_in_seconds must be smaller than --max_duration_in_seconds."
-            )
 
 
 def detect_local_layout(directory: Path) -> LocalLayout:
@@ -179,13 +118,10 @@ class SpeechRecognitionTask(Task):
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
     detect_local_layout = staticmethod(detect_local_layout)
-    _length_column: str | None = None
-    """Set when the sampling strategy groups by length: where label lengths go."""
     _prompt: Prompt | None = None
     """The language and task tokens, once the model is loaded."""
 
     def check_inputs(self) -> None:
-        self._check_checkpoint()
         name = self.data_args.dataset_name
         index = shard_index_of(name)
         if index is not None:
@@ -201,7 +137,7 @@ class SpeechRecognitionTask(Task):
             check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
         check_columns(layout.columns, self.column_flags(), str(directory))
 
-    def _check_checkpoint(self) -> None:
+    def check_model(self) -> None:
         """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
         name = self.model_args.model_name_or_path
         checkpoint = read_checkpoint(name, self.model_args.cache_dir) if name else None
@@ -209,14 +145,29 @@ class SpeechRecognitionTask(Task):
             checkpoint.prompt(self.options.language, self.options.whisper_task)
             checkpoint.check_processor(self.options.max_duration_in_seconds)
 
-    def adjust_training_arguments(self, training: Any) -> None:
+    @classmethod
+    def settled_options(cls, options: SpeechArguments) -> SpeechArguments:
+        if options.language is None:
+            return options
+        try:
+            return replace(options, language=language_name(options.language))
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+    @classmethod
+    def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
         # WER needs generated text, and the collator needs the raw audio and text columns.
-        training.predict_with_generate = True
-        training.remove_unused_columns = False
-        if training.generation_max_length is None:
-            training.generation_max_length = 225
-        if training.train_sampling_strategy in LENGTH_SAMPLING_STRATEGIES:
-            self._length_column = training.length_column_name
+        required = {"predict_with_generate": True, "remove_unused_columns": False}
+        if training.get("generation_max_length") is None:
+            required["generation_max_length"] = 225
+        return required
+
+    @property
+    def _length_column(self) -> str | None:
+        """Where label lengths go, when the sampling strategy groups by length."""
+        if self.training.get("train_sampling_strategy") in LENGTH_SAMPLING_STRATEGIES:
+            return self.training["length_column_name"]
+        return None
 
     def build_model_and_processor(self):
         from transformers import WhisperProcessor
@@ -331,7 +282,7 @@ class SpeechRecognitionTask(Task):
             return torch.cuda.is_available()
         return self.options.log_mel_on == "device"
 
-    def activation_values_per_sample(self, model, training) -> tuple[int, int]:
+    def activation_values_per_sample(self, model) -> tuple[int, int]:
         """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
         Models", sec. 4.1): a layer keeps 34 s h bytes in 16-bit, i.e. 17 s h values, for s
         positions of width h once fused attention (SDPA) keeps no score matrices. Encoder
@@ -341,7 +292,7 @@ class SpeechRecognitionTask(Task):
         layer being recomputed."""
         config = model.config
         frames, width = config.max_source_positions, config.d_model
-        tokens = min(config.max_target_positions, training.generation_max_length or 225)
+        tokens = min(config.max_target_positions, self.training.get("generation_max_length") or 225)
         encoder_layer = 17 * frames * width
         decoder_layer = 21 * tokens * width + 2 * frames * width
         logits = 2 * tokens * config.vocab_size

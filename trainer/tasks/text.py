@@ -15,13 +15,13 @@ the training split unless the dataset declares a `ClassLabel`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from trainer.common.errors import UserError
 from trainer.data.sources import LocalLayout, table_header
-from trainer.tasks.classification import ClassificationArguments, ClassificationTask, LabelSet
+from trainer.settings.task_flags import TextArguments
+from trainer.tasks.classification import ClassificationTask, LabelSet
 
 TABLE_FORMATS = {
     ".csv": ("csv", {}),
@@ -31,67 +31,6 @@ TABLE_FORMATS = {
     ".parquet": ("parquet", {}),
 }
 """Local file suffix -> `datasets` builder and its arguments."""
-
-
-@dataclass
-class TextArguments(ClassificationArguments):
-    text_column_name: str = field(
-        default="text",
-        metadata={
-            "help": "Column with the text; two columns separated by a comma are a sentence "
-            "pair (GLUE's sentence1,sentence2), tokenised as a pair unless "
-            "--text_column_delimiter joins them."
-        },
-    )
-    text_column_delimiter: str | None = field(
-        default=None,
-        metadata={
-            "help": "Join the columns of --text_column_name into one text with this "
-            "separator (run_classification.py's way to use several columns)."
-        },
-    )
-    max_seq_length: int = field(
-        default=128,
-        metadata={"help": "Longer texts are truncated to this many tokens."},
-    )
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
-            "place of --dataset_name (run_glue.py's flag): the split train."
-        },
-    )
-    validation_file: str | None = field(
-        default=None,
-        metadata={"help": "With --train_file: the evaluation examples (the split validation)."},
-    )
-    test_file: str | None = field(
-        default=None,
-        metadata={"help": "With --train_file: more examples, the split test."},
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.max_seq_length < 1:
-            raise ValueError("--max_seq_length must be at least 1.")
-        columns = self.text_columns()
-        if len(columns) != len(set(columns)) or not all(columns):
-            raise ValueError(f'--text_column_name "{self.text_column_name}": name each '
-                             "column once, separated by commas.")  # fmt: skip
-        if len(columns) > 2 and self.text_column_delimiter is None:
-            raise ValueError(
-                f"--text_column_name names {len(columns)} columns: a text or a pair is one or "
-                "two; give --text_column_delimiter to join more into one text."
-            )
-
-    def text_columns(self) -> list[str]:
-        return [column.strip() for column in self.text_column_name.split(",")]
-
-    def data_files(self) -> dict[str, Path]:
-        """Split name -> file, for the files given by flag (empty for --dataset_name)."""
-        files = {"train": self.train_file, "validation": self.validation_file,
-                 "test": self.test_file}  # fmt: skip
-        return {split: Path(path).expanduser() for split, path in files.items() if path}
 
 
 class TextClassificationTask(ClassificationTask):

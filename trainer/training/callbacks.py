@@ -8,7 +8,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -19,6 +19,20 @@ from trainer.training.failures import RunFailed
 from trainer.training.preemption import EvaluationStopped, StopRequest, agree
 
 logger = logging.getLogger(__name__)
+
+
+def reports_to_tuning(env: Mapping[str, str]) -> bool:
+    """Whether evaluations are reported to Vertex AI hyperparameter tuning (cloudml-hypertune).
+
+    No Google page documents what marks a trial for a custom container: cloudml-hypertune
+    reads `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, and CLUSTER_SPEC
+    may carry `task.trial`. A trial none of these mark would end without a metric, so on
+    Vertex AI (any CLUSTER_SPEC) the reports are written anyway: outside tuning they are a
+    small file nobody reads. Off Vertex AI, only when a variable asks for them.
+    """
+    return any(
+        name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
+    )
 
 
 class UploadsImpossible(RunFailed):

@@ -2,7 +2,7 @@
 
 torchrun would otherwise print a traceback from every rank plus its own error box, and a
 failure after training would hide that the trained model is safe. The training program
-(trainer/training/main.py) routes its exceptions here.
+(trainer/training/rank.py) routes its exceptions here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 
-from trainer.config.secrets import mask, secret_values
+from trainer.common.secrets import mask, secret_values
 
 
 class RunFailed(Exception):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.storage.faults import brief, disk_full, disk_line
+from trainer.storage.failure_kinds import brief, disk_full, disk_line
 from trainer.tasks.trainers import mixed_in
 from trainer.training.failures import RunFailed
 from trainer.training.preemption import EvaluationStopped, agree, gather_objects

@@ -1,29 +1,112 @@
 """What a run has kept, said truthfully when it ends early: the newest complete checkpoint
 (read from the store, after this node's uploads had their chance) and the model.
 
-Every way a run can end before its normal end (a failed evaluation, save, upload or
-delivery; a stop) ends with one line built here, so the lines cannot disagree with each
-other or with the store.
+`WhatIsKept.keeping` is the one place that decides how a run that ends early ends: every
+way (a failed evaluation, save, upload or delivery; a stop; a crash; bad data found in
+training) leaves it with one line built here, so the lines cannot disagree with each other
+or with the store.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from trainer.common.errors import UserError
 from trainer.storage.checkpoints import CheckpointUploader, newest_complete_line
-from trainer.storage.faults import brief
-from trainer.training.failures import RunFailed
+from trainer.storage.failure_kinds import brief
+from trainer.training.callbacks import SaveOnStopOrInterval
+from trainer.training.failures import RunFailed, is_peer_failure, root_cause
+from trainer.training.preemption import EvaluationStopped, Stopped, StopRequest, stop_cause
 
 
 class WhatIsKept:
     """One per process. `model` is set once the model is delivered."""
 
-    def __init__(self, uploader: CheckpointUploader | None, checkpoints: str, grace: float) -> None:
+    def __init__(
+        self, uploader: CheckpointUploader | None, checkpoints: str, grace: float, node: int
+    ) -> None:
         self.uploader = uploader
         self.checkpoints = checkpoints
         self.grace = grace
+        self.node = node
+        """This process's node: where a SIGTERM it got came."""
         self.model: str | None = None
         self._waited_for: float | None = None
+        self._step: str | None = None
+
+    @contextmanager
+    def keeping(self, stop: StopRequest) -> Iterator[None]:
+        """Around the run from its first step to its end. SIGTERM is held throughout:
+        whenever it comes, the step or the model in hand is kept first, and the run ends
+        with one `preempted:` line. Whatever else ends the run early gets the line of what
+        is kept: a `RunFailed` (its own message first), a `UserError` found by training
+        (a stream past --max_bad_examples), a failure in a named `step` after delivery, or
+        an unexpected exception (the line's end, as a note, for trainer/training/failures.py).
+        """
+        stop.install()
+        try:
+            yield
+        except Stopped:
+            raise
+        except EvaluationStopped as stopped:  # the final evaluation, abandoned on a stop
+            self.wait(since=stop.requested_at)
+            raise Stopped(f"{stop_cause(stopped.origin_node)}: {self.line()}") from None
+        except RunFailed as failed:
+            raise self.failed(failed, self._step) from root_cause(failed)
+        except UserError as error:
+            line = self.line()
+            stop.uninstall()
+            raise UserError(f"{error}; {line}") from error
+        except Exception as error:
+            if self._step is not None:
+                raise self.failed(error, self._step) from error
+            if not is_peer_failure(error):  # uploads waiting for a dead node: not waited for
+                self.wait()
+            error.add_note(self.checkpoint_line())  # where a restart resumes
+            stop.uninstall()  # a pending SIGTERM (torchrun stopping an echo) ends it now
+            raise
+        self.stop_if_requested(stop)
+        stop.uninstall()
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        """A step after delivery whose failure is named in the line (`what` failed)."""
+        self._step = what
+        yield
+        self._step = None
+
+    def stop_if_requested(self, stop: StopRequest) -> None:
+        """A SIGTERM that came after the ranks' last agreement (during the last save, the
+        model's delivery or the last uploads): stop with what is kept."""
+        if stop.requested:
+            self.wait(since=stop.requested_at)
+            raise Stopped(f"{stop_cause(self.node)} after training: {self.line()}")
+
+    def stopped_after_saving(self, saver: SaveOnStopOrInterval, stop: StopRequest) -> Stopped:
+        """After every rank saved the step of an agreed stop: wait for this node's uploads,
+        up to `--stop_grace_seconds` from the moment this process learned of the stop (its
+        own SIGTERM, or the ranks' agreement), and say what was kept. The chief's upload
+        ends with the manifest, so "complete" there means resumable."""
+        learned_at = stop.requested_at if stop.requested else saver.agreed_at
+        name = f"checkpoint-{saver.stopped_at_step}"
+        cause = stop_cause(saver.stop_origin_node)
+        uploader = self.uploader
+        if uploader is None:
+            return Stopped(f"{cause}: every rank saved {name} locally")
+        done = uploader.close(timeout=max(0.0, learned_at + self.grace - time.monotonic()))
+        seconds = time.monotonic() - learned_at
+        if not done or name in uploader.failures:
+            return Stopped(
+                f"{cause}: {name} was not uploaded to {self.checkpoints} within {seconds:.1f} s "
+                f"(--stop_grace_seconds {self.grace:g}); the job resumes from the previous "
+                "complete checkpoint"
+            )
+        what = "is complete" if uploader.is_global_main else "has this node's part"
+        return Stopped(
+            f"{cause}: {name} {what} in {self.checkpoints}, {seconds:.1f} s after the stop"
+        )
 
     def wait(self, since: float | None = None) -> float:
         """Let this node's queued uploads finish, for at most `--stop_grace_seconds` from

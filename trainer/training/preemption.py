@@ -25,6 +25,10 @@ import time
 from collections.abc import Callable
 
 
+def stop_cause(node: int) -> str:
+    return f"SIGTERM on node {node} (Spot preemption or a stopped job)"
+
+
 class Stopped(Exception):
     """Training stopped on request after saving; the message says what was kept. The
     training program exits with PREEMPTED_EXIT_CODE and this one line."""

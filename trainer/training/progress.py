@@ -171,17 +171,24 @@ class ProgressLogCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         training_line = bool(logs) and ("train_runtime" in logs or "loss" in logs)
-        skips = self._stream_skips if training_line else None
-        if skips is not None and skips.agree(self._gather) and state.is_world_process_zero:
+        if training_line and self._stream_skips is not None:
+            self._agree_on_skips(state)
+        line = self._line(state, logs) if state.is_world_process_zero and logs else None
+        if line is not None:
+            print(line, flush=True)
+
+    def _agree_on_skips(self, state) -> None:
+        """Every rank's stream skips, counted together at each training line (a collective:
+        every rank takes part); the first ones get a line of their own."""
+        if self._stream_skips.agree(self._gather) and state.is_world_process_zero:
             print(self._first_skips_line(), flush=True)
-        if not state.is_world_process_zero or not logs:
-            return
+
+    def _line(self, state, logs: dict) -> str | None:
         if any(key.startswith("eval_") for key in logs):
-            print(self._eval_line(state, logs), flush=True)
-        elif "train_runtime" in logs:
-            print(self._summary_line(logs), flush=True)
-        elif "loss" in logs:
-            print(self._step_line(state, logs), flush=True)
+            return self._eval_line(state, logs)
+        if "train_runtime" in logs:
+            return self._summary_line(logs)
+        return self._step_line(state, logs) if "loss" in logs else None
 
     def _step_line(self, state, logs: dict) -> str:
         now = self._clock()
@@ -382,3 +389,9 @@ class StartupTimer(TrainerCallback):
         if state.is_world_process_zero:
             phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self._phases)
             print(f"time to first step: {self._last - self._start:.1f} s ({phases})", flush=True)
+
+
+def progress_by_time(given: tuple[str, ...]) -> bool:
+    """Whether progress lines come by time: yes unless the command line or recipe chose a
+    logging interval (`given`: the flags the user gave), which then wins."""
+    return not set(given) & {"--logging_steps", "--logging_strategy"}

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from google.api_core.exceptions import GoogleAPIError
 from google.auth.exceptions import GoogleAuthError
 
 from trainer.common.errors import UserError
-from trainer.storage.faults import causes
+from trainer.settings.run_config import RunConfig
+from trainer.storage.failure_kinds import causes
 from trainer.storage.run_records import RunIdentity, record_failure, record_model
 from trainer.storage.store import TransferError
 from trainer.training.failures import RunFailed, is_peer_failure
-
-if TYPE_CHECKING:  # resolve imports torch, which must load after main's noise filters
-    from trainer.config.resolve import RunConfig
 
 CURABLE = (GoogleAPIError, GoogleAuthError, TransferError, OSError)
 """Storage and network errors (requests' and the socket's are OSErrors), and a full disk."""
@@ -54,7 +51,7 @@ def remember_failure(
     identity = RunIdentity.from_env(os.environ)
     if config is None or not identity.restartable or not would_repeat(error):
         return
-    checkpoints = config.output_locations(os.environ).checkpoints
+    checkpoints = config.locations.checkpoints
     try:
         record_failure(checkpoints, identity, int(os.environ.get("RANK", "0")), line, exit_code)
     except Exception as failure:  # noqa: BLE001 - the run's own line is already out

@@ -23,7 +23,14 @@ from trainer.data.streams import (
     PositionCollator,
     StreamPositions,
     StreamStart,
+    epoch_line,
+    indexed_rows,
+    is_stream,
+    prepare_stream,
+    stream_start,
 )
+from trainer.settings.data_flags import DataArguments
+from trainer.tasks.base import Task
 from trainer.tasks.trainers import mixed_in
 
 
@@ -115,3 +122,23 @@ def streaming_trainer(
         audit_dir=audit_dir,
         skips=skips,
     )
+
+
+def for_the_training_data(task: Task, train_dataset, resume_from: str | None, args):
+    """(the Trainer class, the training set, the stream's skip count) for the data: the
+    task's own class and the set as they are, or for a stream, this process's shuffled
+    part of it resuming at its recorded position, read by a streaming Trainer."""
+    if not is_stream(train_dataset):
+        return task.trainer_class, train_dataset, None
+    data: DataArguments = task.data_args
+    start = stream_start(resume_from, args.process_index, args.world_size)
+    stream = prepare_stream(train_dataset, args.seed, data.shuffle_buffer_size, start)
+    where = f"split {data.train_split_name} of {data.dataset_name}"
+    skips = StreamSkips(data.max_bad_examples, where, indexed_rows(task))
+    skips.resume(start.skipped)
+    trainer_class = streaming_trainer(
+        task.trainer_class, stream.start, data.stream_audit_dir, skips
+    )
+    if args.process_index == 0:
+        print(epoch_line(task, args), flush=True)
+    return trainer_class, stream, skips

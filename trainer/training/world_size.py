@@ -42,7 +42,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from trainer.common.errors import UserError
-from trainer.storage.faults import disk_full, disk_line
+from trainer.storage.failure_kinds import disk_full, disk_line
 from trainer.training.distributed import ProcessPlace
 from trainer.training.failures import RunFailed
 

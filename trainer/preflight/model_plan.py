@@ -1,34 +1,35 @@
 """The model a run trains, planned before launch: `--load_in_8bit` only where bitsandbytes
 can run it, the LoRA targets checked, the trainable and total parameters counted and the
-per-GPU memory of a training step estimated, on a weightless copy of the model (its config
-on the meta device: a second, no weights read). A plan that cannot fit the node's GPUs is
+per-GPU memory of a training step estimated (trainer/tasks/step_memory.py), on a
+weightless copy of the model (its config on the meta device: a second, no weights read). A
+plan that cannot fit the GPUs (the node's, or those of a job spec's machine type) is
 refused here, in one line, instead of running out of memory after the image pull, the
 rendezvous and the model loading."""
 
 from __future__ import annotations
 
 from trainer.common.errors import UserError
-from trainer.config.flags import ParsedFlags
-from trainer.config.hardware import Hardware
-from trainer.config.memory_estimate import (
+from trainer.settings.model_flags import ModelArguments
+from trainer.settings.run_config import Hardware, RunConfig
+from trainer.tasks.base import Task
+from trainer.tasks.lora_adapters import parameter_counts
+from trainer.tasks.step_memory import (
     GIB,
     deepspeed_zero_settings,
     footprint_of,
     gradient_checkpointing_needed,
     usable_gpu_bytes,
 )
-from trainer.config.resolve import RunConfig
-from trainer.tasks.lora import parameter_counts
 
 EIGHT_BIT_CAPABILITY = (7, 5)
 """bitsandbytes' int8 matrix multiplication needs Turing or newer (T4, L4, A100, H100)."""
 
 
-def check_eight_bit(flags: ParsedFlags, hardware: Hardware, zero_stage: int | None) -> None:
+def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int | None) -> None:
     """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports, and weights that ZeRO-3
     does not partition (DeepSpeed cannot shard int8 tensors). Checked before anything
     imports bitsandbytes, which on a CPU node fails with pages of CUDA probing."""
-    if not flags.model.load_in_8bit:
+    if not model.load_in_8bit:
         return
     capability = hardware.compute_capability
     if hardware.gpu_count == 0 or capability is None or capability < EIGHT_BIT_CAPABILITY:
@@ -44,42 +45,52 @@ def check_eight_bit(flags: ParsedFlags, hardware: Hardware, zero_stage: int | No
         )
 
 
-def plan_model(config: RunConfig, flags: ParsedFlags) -> dict:
+def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> dict:
     """What the dry run shows of the model: parameters and, when the task estimates
     activations, a step's memory per GPU. UserError for bad LoRA settings, 8-bit where it
-    cannot run, or a step that does not fit the GPU."""
-    check_eight_bit(flags, config.hardware, deepspeed_zero_settings(flags.training.deepspeed)[0])
+    cannot run, or a step that does not fit the GPU. `config_readable` false: a model
+    whose config cannot be read here (a job spec's /gcs/ path) is not estimated, whatever
+    its LoRA settings; the node checks them."""
+    check_eight_bit(
+        config.model, config.hardware, deepspeed_zero_settings(config.training.deepspeed)[0]
+    )
     try:
-        model = flags.task.weightless_model(local_only=config.launcher.skip_hub_check)
-    except OSError as error:  # a Hub id not reachable from here: the Hub check says more
-        if flags.model.peft == "lora":
+        model = task.weightless_model(local_only=config.launcher.skip_hub_check)
+    except (OSError, ValueError) as error:  # not reachable from here (the Hub check says
+        # more), or a config transformers cannot read
+        if config.model.peft == "lora" and config_readable:
             raise UserError(
-                f"--peft lora: cannot read the config of {flags.model.model_name_or_path} "
+                f"--peft lora: cannot read the config of {config.model.model_name_or_path} "
                 f"to check the adapter's target modules ({error})."
             ) from None
         return {"not_estimated": f"the model's config cannot be read here ({error})"}
     trainable, total = parameter_counts(model)
     plan: dict = {"trainable_parameters": trainable, "total_parameters": total}
-    footprint = footprint_of(flags, model, config.topology.world_size)
-    if footprint is None:
-        return plan
-    checkpointing = flags.training.gradient_checkpointing
-    gpu_bytes = config.hardware.gpu_memory_bytes
+    footprint = footprint_of(config, task, model, config.topology.world_size)
+    if footprint is not None:
+        plan["memory_per_gpu"] = check_fits(config, footprint)
+    return plan
+
+
+def check_fits(config: RunConfig, footprint) -> dict:
+    """The step's memory per GPU, as the dry run shows it; UserError when it cannot fit."""
+    checkpointing = config.training.gradient_checkpointing
+    hardware = config.hardware
+    gpu_bytes = hardware.gpu_memory_bytes
     if config.gradient_checkpointing_left_open and gpu_bytes:
         checkpointing = gradient_checkpointing_needed(footprint, gpu_bytes)
-    plan["memory_per_gpu"] = footprint.describe(checkpointing)
     needed = footprint.step_bytes(checkpointing)
     if gpu_bytes and needed > usable_gpu_bytes(gpu_bytes):
         raise UserError(
             f"a training step needs about {needed / GIB:.1f} GiB per GPU "
             f"({describe(footprint, checkpointing)}), "
             f"more than the {usable_gpu_bytes(gpu_bytes) / GIB:.1f} GiB usable of this node's "
-            f"{gpu_bytes / GIB:.0f} GiB {config.hardware.gpu_name}: train with --peft lora, "
+            f"{gpu_bytes / GIB:.0f} GiB {hardware.gpu_name}: train with --peft lora, "
             "--deepspeed zero3, or a smaller --per_device_train_batch_size"
             + ("" if checkpointing else " or --gradient_checkpointing true")
             + "."
         )
-    return plan
+    return footprint.describe(checkpointing)
 
 
 def describe(footprint, checkpointing: bool) -> str:

@@ -5,12 +5,12 @@ resources no node has, so what cannot fit is refused here, in one line."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 
 from trainer.common.errors import UserError
-from trainer.ray.flags import RayArguments
+from trainer.ray.ray_flags import RayArguments
 
 CONNECT_TIMEOUT_SECONDS = 5
 """How long the head's port may take to accept a connection before it counts as absent."""
@@ -81,27 +81,36 @@ class Workers:
 def plan_workers(asked: RayArguments, nodes: list[dict[str, float]]) -> Workers:
     """The workers from the flags and the nodes' total resources (defaults from what the
     cluster has); UserError when they can never all be placed, node by node."""
-    cluster_gpus = sum(node.get("GPU", 0) for node in nodes)
-    use_gpu = cluster_gpus > 0 if asked.use_gpu is None else asked.use_gpu
-    if use_gpu and cluster_gpus == 0:
-        raise UserError("--use_gpu true, but the Ray cluster has no GPU.")
-    gpus = asked.gpus_per_worker if use_gpu else 0.0
-    fits = sum(fitting(node, asked.cpus_per_worker, gpus) for node in nodes)
-    if asked.num_workers is not None:
-        count = asked.num_workers
-    elif use_gpu:
-        count = fits
-    else:
-        count = sum(1 for node in nodes if fitting(node, asked.cpus_per_worker, 0) > 0)
-    each = f"{asked.cpus_per_worker:g} CPU" + (f" and {gpus:g} GPU" if use_gpu else "")
-    if count < 1 or count > fits:
-        have = ", ".join(f"{node.get('CPU', 0):g} CPU/{node.get('GPU', 0):g} GPU" for node in nodes)
+    use_gpu = uses_gpus(asked.use_gpu, nodes)
+    workers = Workers(count=0, use_gpu=use_gpu, cpus=asked.cpus_per_worker,
+                      gpus=asked.gpus_per_worker if use_gpu else 0.0)  # fmt: skip
+    fits = sum(fitting(node, workers.cpus, workers.gpus) for node in nodes)
+    count = asked.num_workers
+    if count is None:  # one per GPU, or one per node that has CPUs
+        count = fits if use_gpu else sum(fitting(node, workers.cpus, 0) > 0 for node in nodes)
+    if not 1 <= count <= fits:
         raise UserError(
-            f"{count} worker(s) of {each} each cannot all be placed: the cluster's nodes "
-            f"({have}) hold {fits}. Ask for fewer (--num_workers) or smaller workers "
-            "(--cpus_per_worker, --gpus_per_worker)."
+            f"{count} worker(s) of {describe(workers)} each cannot all be placed: the "
+            f"cluster's nodes ({', '.join(map(describe_node, nodes))}) hold {fits}. Ask for "
+            "fewer (--num_workers) or smaller workers (--cpus_per_worker, --gpus_per_worker)."
         )
-    return Workers(count=count, use_gpu=use_gpu, cpus=asked.cpus_per_worker, gpus=gpus)
+    return replace(workers, count=count)
+
+
+def uses_gpus(asked: bool | None, nodes: list[dict[str, float]]) -> bool:
+    """--use_gpu, by default whether the cluster has GPUs; UserError if it has none."""
+    cluster_gpus = sum(node.get("GPU", 0) for node in nodes)
+    if asked and cluster_gpus == 0:
+        raise UserError("--use_gpu true, but the Ray cluster has no GPU.")
+    return cluster_gpus > 0 if asked is None else asked
+
+
+def describe(workers: Workers) -> str:
+    return f"{workers.cpus:g} CPU" + (f" and {workers.gpus:g} GPU" if workers.use_gpu else "")
+
+
+def describe_node(node: dict[str, float]) -> str:
+    return f"{node.get('CPU', 0):g} CPU/{node.get('GPU', 0):g} GPU"
 
 
 def fitting(node: dict[str, float], cpus: float, gpus: float) -> int:

@@ -20,20 +20,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.common.errors import UserError
-from trainer.config.flags import (
+from trainer.command_line.parser import (
     TRAINING_DEFAULTS,
     FlagParser,
     TaskArguments,
     build_parser,
     selected_task_name,
 )
-from trainer.config.launcher_flags import LauncherArguments
-from trainer.config.recipes import expand_config_file, shipped_recipes
-from trainer.data.arguments import DataArguments
-from trainer.storage.locations import OutputArguments
+from trainer.command_line.recipes import expand_config_file, shipped_recipes
+from trainer.common.errors import UserError
+from trainer.settings.data_flags import DataArguments
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.model_flags import ModelArguments
+from trainer.settings.output_flags import OutputArguments
 from trainer.tasks import DEFAULT_TASK, load_task
-from trainer.tasks.arguments import ModelArguments
 
 USAGE = "python -m trainer [recipe.yaml] [flags]"
 """The flags that print help instead of launching; `--help-all` lists every flag."""
@@ -75,19 +75,18 @@ CURATED_TRAINING_FLAGS = (
 this order; `--help-all` shows the rest too."""
 
 LAUNCHER_CHOSEN = {
-    "bf16": "the launcher turns it on for GPUs that support it (A100, L4, H100) "
-    "unless --bf16 or --fp16 is given",
-    "fp16": "the launcher turns it on for older GPUs (T4) unless --bf16 or --fp16 is given",
-    "tf32": "the launcher sets true on GPUs of compute capability 8.0 or newer",
-    "dataloader_num_workers": "on a GPU node the launcher sets min(4, CPUs per GPU / 2), "
-    "lowered when /dev/shm cannot hold them",
+    "bf16": "true on A100, L4, H100 unless --bf16 or --fp16 is given",
+    "fp16": "true on T4 unless --bf16 or --fp16 is given",
+    "tf32": "true on GPUs of compute capability 8.0 or newer",
+    "dataloader_num_workers": "on a GPU node min(4, CPUs per GPU / 2), fewer if /dev/shm "
+    "cannot hold them",
     "dataloader_persistent_workers": "true with the launcher's loader workers",
     "dataloader_pin_memory": "false on a CPU-only node",
-    "gradient_checkpointing": "decided once the model is loaded: on only when a step would "
-    "not fit in the GPU's memory without it",
+    "gradient_checkpointing": "on a GPU, on only when a step would not fit in its memory "
+    "without it",
 }
 """Flags whose value, when not given, the launcher or the training program picks for the
-hardware (trainer/config/hardware_defaults.py, trainer/training/main.py)."""
+hardware (trainer/config/hardware_defaults.py, trainer/training/rank.py)."""
 
 MAX_INLINE_CHOICES = 6
 """More choices than this are listed in the flag's help instead of after its name."""
@@ -98,6 +97,9 @@ class Section:
     title: str
     description: str
     actions: list[argparse.Action]
+    brief: bool = False
+    """Each flag with its type and default only (the Trainer's own flags, whose help is
+    transformers' and long): `--help-all` shows their help too."""
 
 
 def print_help(argv: list[str], everything: bool = False) -> None:
@@ -110,9 +112,7 @@ def render_help(argv: list[str], everything: bool = False) -> str:
     task, gives the help of the default task with a note saying so (no error)."""
     selected = select_task(argv)
     task_class = load_task(selected.task_name)
-    launcher = FlagParser([LauncherArguments], add_help=False)
-    training = build_parser(task_class)
-    sections, hidden = help_sections(launcher, training, task_class, selected.task_name, everything)
+    sections, hidden = help_sections(task_class, selected.task_name, everything)
     width = min(shutil.get_terminal_size().columns, 100) - 2
     overridden = {**TRAINING_DEFAULTS, "metric_for_best_model": task_class.default_metric}
     trainer_defaults = {
@@ -120,7 +120,8 @@ def render_help(argv: list[str], everything: bool = False) -> str:
     }
     parts = [header(selected, sections, hidden, width)]
     for number, section in enumerate(sections, 1):
-        formatter = FlagFormatter(USAGE, width, trainer_defaults, selected.recipe)
+        brief = section.brief and not everything
+        formatter = FlagFormatter(USAGE, width, trainer_defaults, selected.recipe, brief)
         formatter.start_section(f"{number}. {section.title}")
         formatter.add_text(section.description)
         formatter.add_arguments(section.actions)
@@ -128,7 +129,7 @@ def render_help(argv: list[str], everything: bool = False) -> str:
         parts.append(formatter.format_help())
     if hidden:
         more = f"... and {hidden} more Hugging Face training flags are accepted: --help-all"
-        parts.append(_fill(f"{more} lists them all.", width) + "\n")
+        parts.append(_fill(f"{more} lists them all, with the help of each.", width) + "\n")
     return "\n".join(parts)
 
 
@@ -169,67 +170,61 @@ def select_task(argv: list[str]) -> Selection:
     return Selection(task_name, source, recipe, notes)
 
 
-def help_sections(
-    launcher: argparse.ArgumentParser,
-    training: argparse.ArgumentParser,
-    task_class: type,
-    task_name: str,
-    everything: bool,
-) -> tuple[list[Section], int]:
+def help_sections(task_class: type, task_name: str, everything: bool) -> tuple[list[Section], int]:
     """The sections' flags, grouped by the dataclass each flag's `dest` belongs to, and how
     many Hugging Face training flags are left out (none with `everything`)."""
-    launcher_names = _field_names(LauncherArguments)
-    groups: list[tuple[set[str], list[argparse.Action]]] = [
-        (_field_names(TaskArguments, ModelArguments, DataArguments), []),
-        (_field_names(task_class.arguments_class), []),
-        (_field_names(OutputArguments), []),
-    ]
-    hf_actions: list[argparse.Action] = []
-    for action in training._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
-        group = next((actions for names, actions in groups if action.dest in names), None)
-        if group is not None:
-            group.append(action)
-        elif action.dest not in launcher_names:  # --deepspeed: the launcher's takes it
-            hf_actions.append(action)
-    shown = hf_actions
-    if not everything:
-        order = {name: i for i, name in enumerate(CURATED_TRAINING_FLAGS)}
-        shown = sorted((a for a in hf_actions if a.dest in order), key=lambda a: order[a.dest])
-    launcher_actions = [a for a in launcher._actions if a.option_strings]
+    launcher = FlagParser([LauncherArguments], add_help=False)
+    groups, hf_actions = grouped_actions(task_class)
+    order = {name: i for i, name in enumerate(CURATED_TRAINING_FLAGS)}
+    curated = sorted((a for a in hf_actions if a.dest in order), key=lambda a: order[a.dest])
+    shown = hf_actions if everything else curated
     training_class = task_class.training_arguments_class.__name__
+    which = "all of them" if everything else "the most used"
     sections = [
         Section(
             "Launcher flags (once per node)",
             "Read by python -m trainer on each node; never passed to the training processes.",
-            launcher_actions,
+            [action for action in launcher._actions if action.option_strings],
         ),
         Section(
             "Model and data",
             "The task, the pretrained model and the dataset (every task reads these).",
-            groups[0][1],
+            groups[0],
         ),
-        Section(
-            f"{task_name} flags",
-            f"The flags of --task {task_name} only.",
-            groups[1][1],
-        ),
+        Section(f"{task_name} flags", f"The flags of --task {task_name} only.", groups[1]),
         Section(
             "Outputs and checkpoints",
             "Where checkpoints, the final model and TensorBoard logs go, resuming, and "
             "when checkpoints are saved besides --save_strategy.",
-            groups[2][1],
+            groups[2],
         ),
         Section(
-            f"Hugging Face training flags ({training_class}"
-            + (", all of them)" if everything else ", the most used)"),
+            f"Hugging Face training flags ({training_class}, {which})",
             "The Trainer's own flags, passed to every training process; defaults are the "
-            "ones this project applies.",
+            "ones this project applies" + ("." if everything else "; --help-all: their help."),
             shown,
+            brief=True,
         ),
     ]
     return sections, len(hf_actions) - len(shown)
+
+
+def grouped_actions(task_class: type) -> tuple[list[list[argparse.Action]], list[argparse.Action]]:
+    """The training parser's flags: those of the model and data, of the task and of the
+    outputs; then the Trainer's own (the launcher's --deepspeed takes the Trainer's)."""
+    own = [
+        _field_names(TaskArguments, ModelArguments, DataArguments),
+        _field_names(task_class.arguments_class),
+        _field_names(OutputArguments),
+    ]
+    actions = [
+        action
+        for action in build_parser(task_class)._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    ]
+    not_hf = set().union(*own, _field_names(LauncherArguments))
+    groups = [[action for action in actions if action.dest in names] for names in own]
+    return groups, [action for action in actions if action.dest not in not_hf]
 
 
 def header(selected: Selection, sections: list[Section], hidden: int, width: int) -> str:
@@ -279,10 +274,12 @@ class FlagFormatter(argparse.HelpFormatter):
         width: int,
         trainer_defaults: Mapping[str, object],
         recipe: tuple[str, Mapping[str, str]] | None = None,
+        brief: bool = False,
     ) -> None:
-        super().__init__(prog, width=width, max_help_position=32)
+        super().__init__(prog, width=width, max_help_position=38 if brief else 32)
         self._trainer_defaults = trainer_defaults
         self._recipe = recipe
+        self._brief = brief
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         name = action.option_strings[0]  # the dashed spelling is an alias
@@ -301,9 +298,9 @@ class FlagFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.nargs == 0 and action.const is False:  # HfArgumentParser's --no_NAME
             return f"Same as --{action.dest} false."
-        text = (action.help or "").strip()
+        text = "" if self._brief else (action.help or "").strip()
         choices = _choices(action)
-        if choices is not None and len(choices) > MAX_INLINE_CHOICES:
+        if choices is not None and len(choices) > MAX_INLINE_CHOICES and not self._brief:
             text += " Choices: " + ", ".join(choices).replace("%", "%%") + "."
         return f"{text} {self._default_text(action)}".strip()
 
@@ -313,19 +310,25 @@ class FlagFormatter(argparse.HelpFormatter):
             trainer = self._trainer_defaults[action.dest]
             shown = f"{_show(value)}, set by this project; the Trainer's: {_show(trainer)}"
         elif value is None:
-            if "default" in (action.help or "").lower() and action.dest not in LAUNCHER_CHOSEN:
+            described = "default" in (action.help or "").lower() and not self._brief
+            if described and action.dest not in LAUNCHER_CHOSEN:
                 return ""
             shown = "unset"
         else:
             shown = _show(value)
         if action.dest in LAUNCHER_CHOSEN:
             shown += f"; {LAUNCHER_CHOSEN[action.dest]}"
-        if self._recipe is not None:
-            recipe_name, recipe_values = self._recipe
-            name = action.option_strings[0].removeprefix("--")
-            if name in recipe_values:
-                shown += f"; {recipe_name} sets {recipe_values[name] or 'true'}"
-        return f"(default: {shown})".replace("%", "%%")
+        return f"(default: {shown}{self._recipe_sets(action)})".replace("%", "%%")
+
+    def _recipe_sets(self, action: argparse.Action) -> str:
+        """What the recipe on the command line sets this flag to, if it does."""
+        if self._recipe is None:
+            return ""
+        recipe_name, recipe_values = self._recipe
+        name = action.option_strings[0].removeprefix("--")
+        if name not in recipe_values:
+            return ""
+        return f"; {recipe_name} sets {recipe_values[name] or 'true'}"
 
 
 def _type_metavar(action: argparse.Action) -> str:

@@ -1,5 +1,5 @@
 """The gradient checkpointing decision (the one setting the training processes decide: it
-needs the loaded model), from the estimate in trainer/config/memory_estimate.py."""
+needs the loaded model), from the estimate in trainer/tasks/step_memory.py."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ import os
 
 import torch
 
-from trainer.config.flags import ParsedFlags
-from trainer.config.memory_estimate import GIB, footprint_of, gradient_checkpointing_needed
+from trainer.settings.run_config import RunConfig
+from trainer.tasks.base import Task
+from trainer.tasks.step_memory import GIB, footprint_of, gradient_checkpointing_needed
 
 
-def decide_gradient_checkpointing(flags: ParsedFlags, model) -> bool | None:
+def decide_gradient_checkpointing(config: RunConfig, task: Task, model) -> bool | None:
     """On a GPU, gradient checkpointing on only if a step would not fit without it; None
     when the task gives no estimate (the flag's value stands).
 
-    Called only when the user left the choice open (trainer/config/resolve.py). The
+    Called only when the user left the choice open (`gradient_checkpointing_left_open`). The
     estimate and the decision are printed once, so an out-of-memory error can be checked
     against them.
     """
-    footprint = footprint_of(flags, model, int(os.environ.get("WORLD_SIZE", "1")))
+    footprint = footprint_of(config, task, model, int(os.environ.get("WORLD_SIZE", "1")))
     if footprint is None:
         return None
     gpu = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))

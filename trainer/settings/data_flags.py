@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trainer.common.errors import UserError
-from trainer.data.bad_examples import DEFAULT_MAX_BAD_EXAMPLES, max_bad
+
+DEFAULT_MAX_BAD_EXAMPLES = "1%"
+"""A handful of broken clips in a real corpus is far below 1%; a broken copy is far above."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataArguments:
     dataset_name: str | None = field(
         default=None,
@@ -26,9 +29,8 @@ class DataArguments:
     train_val_split: float | None = field(
         default=None,
         metadata={
-            "help": "Evaluate on this fraction of the training split, split off with --seed "
-            "(the same examples on every process and every run): for datasets with only a "
-            "train split, as run_image_classification.py does. Leave --eval_split_name out."
+            "help": "Evaluate on this fraction of the training split, drawn with --seed (for "
+            "datasets with only a train split); leave --eval_split_name out."
         },
     )
     max_train_samples: int | None = field(
@@ -43,22 +45,16 @@ class DataArguments:
     max_bad_examples: str = field(
         default=DEFAULT_MAX_BAD_EXAMPLES,
         metadata={
-            "help": "Undecodable clips or images (garbage, empty, missing files) are skipped "
-            "and counted, up to this many per split: a count (10), or a share of the split "
-            "as a number with a percent sign (the default: one percent); past it, or when "
-            "none decodes, the run stops before training, naming the first bad files. A "
-            "streamed training split is checked as it is read, at every progress line: "
-            "distinct files skipped by all processes, a share being of the shard index's "
-            "example count, or without an index of the examples read so far (at least "
-            "1000)."
+            "help": "Undecodable clips or images are skipped and counted, up to this many per "
+            "split (a count, or a share of it with a percent sign); past it the run stops, "
+            "naming the first bad files (a stream: as it is read; docs/storage.md)."
         },
     )
     streaming: bool = field(
         default=False,
         metadata={
-            "help": "Stream the training split instead of copying it to every node: from a "
-            "shard set (python -m trainer.shards; local, gs:// or /gcs/), a hub dataset or a "
-            "local directory. Needs --max_steps. Evaluation splits are still loaded whole."
+            "help": "Stream the training split (a shard set of python -m trainer.shards, a hub "
+            "dataset or a local directory) instead of copying it; needs --max_steps."
         },
     )
     shuffle_buffer_size: int = field(
@@ -70,17 +66,13 @@ class DataArguments:
     interleave_probabilities: str | None = field(
         default=None,
         metadata={
-            "help": "Mix several streamed datasets: --dataset_name A,B (and optionally "
-            "--dataset_config_name X,Y) with one probability each, e.g. 0.7,0.3. Each "
-            "example of each dataset is read once per epoch; evaluation uses the first."
+            "help": "Mix the streams of --dataset_name A,B with one probability each, e.g. "
+            "0.7,0.3 (evaluation uses the first)."
         },
     )
     stream_audit_dir: str | None = field(
         default=None,
-        metadata={
-            "help": "Append the id (__key__) of every training example each process trains "
-            "on, with its step, to DIR/rank-R.txt: an audit of what a stream delivered."
-        },
+        metadata={"help": "Append each trained example's id and step to DIR/rank-R.txt."},
     )
 
     def __post_init__(self) -> None:
@@ -104,3 +96,23 @@ class DataArguments:
             )
         total = sum(values)
         return [value / total for value in values]
+
+
+def max_bad(spec: str, total: int) -> int:
+    """`--max_bad_examples` (N, or P% of the split's examples) as a count for `total`."""
+    text = spec.strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError(text)
+            return math.floor(total * share / 100)
+        count = int(text)
+        if count < 0:
+            raise ValueError(text)
+        return count
+    except ValueError:
+        raise ValueError(
+            f'--max_bad_examples "{spec}": give a count (e.g. 10) or a percentage of the '
+            "split (e.g. 1%)."
+        ) from None

@@ -1,4 +1,5 @@
-"""The resolved run checked as the training processes will use it, before launch.
+"""The resolved run checked as the training processes will use it, before launch (by every
+way in: the launcher on its node, `trainer.ray`, `trainer.jobspec` for its machines).
 
 Each check here stands for a failure that the training processes would otherwise hit only
 after the image pull, the nodes' start, the rendezvous and the model loading: a
@@ -6,7 +7,7 @@ after the image pull, the nodes' start, the rendezvous and the model loading: a
 `--report_to` integration this image lacks (a RuntimeError when the Trainer starts), a
 DeepSpeed JSON whose fixed values contradict the training flags (a ValueError when
 DeepSpeed starts). They run on the same `TrainingArguments` the training processes build
-(config/training_arguments.py), through the same transformers code that would fail there.
+(tasks/training_arguments.py), through the same transformers code that would fail there.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from transformers.integrations import (
 )
 
 from trainer.common.errors import UserError
-from trainer.config.flags import ParsedFlags, selected_name
-from trainer.config.hardware import Hardware
-from trainer.config.training_arguments import training_arguments_before_launch
-from trainer.tasks import Task
+from trainer.settings.run_config import Hardware, RunConfig
+from trainer.tasks import Task, load_task, task_name
+from trainer.tasks.training_arguments import training_arguments_before_launch
 
 
-def check_training_arguments(flags: ParsedFlags, world_size: int, hardware: Hardware):
-    """Build the run's TrainingArguments as its `world_size` processes will, check them,
-    and return them; UserError (one line) for the first problem."""
-    args = training_arguments_before_launch(flags, world_size)
-    check_tf32(args.tf32, hardware)
-    check_metric(type(flags.task), args.metric_for_best_model)
+def check_training_arguments(config: RunConfig):
+    """Build the run's TrainingArguments as its processes will, check them, and return
+    them; UserError (one line) for the first problem."""
+    args = training_arguments_before_launch(config)
+    check_tf32(args.tf32, config.hardware)
+    check_metric(load_task(config.task), args.metric_for_best_model)
     check_integrations(args.report_to)
     check_deepspeed_values(args)
     return args
@@ -54,7 +54,7 @@ def check_metric(task_class: type[Task], metric: str | None) -> None:
     if metric.removeprefix("eval_") not in names:
         raise UserError(
             f"--metric_for_best_model {metric} is not a metric of --task "
-            f"{selected_name(task_class)}: choose one of {', '.join(names)} (with or "
+            f"{task_name(task_class)}: choose one of {', '.join(names)} (with or "
             "without the eval_ prefix)."
         )
 

@@ -2,7 +2,7 @@
 
 Users arrive with command lines from the transformers examples, from transformers 4 blog
 posts, from torchrun / accelerate / DeepSpeed launches and from the seed recipes. Their
-flags that are not ours are in one table, trainer/config/foreign_flags.py, each with its
+flags that are not ours are in one table, trainer/command_line/foreign_flags.py, each with its
 answer; this module applies it: renamed, switched and mapped flags are rewritten, ignored
 ones dropped with one notice line each, refused ones stopped with one `error:` line that
 names what to use instead. It also finds flags given twice, counting the flags a foreign
@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+from trainer.command_line.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
 from trainer.common.errors import UserError
-from trainer.config.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
-from trainer.config.launcher_flags import LauncherArguments
+from trainer.settings.launcher_flags import LauncherArguments
 
 REPEATABLE_FLAGS = {
     f"--{field.name}"
@@ -112,30 +112,45 @@ def _value(foreign: ForeignFlag, inline: str | None, following: str | None) -> t
 def _answer(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str | None]:
     """The flag's replacement tokens and its notice line, by the table's kind."""
     false = BOOL_WORDS.get(value.lower()) is False and not foreign.takes_value
-    if foreign.kind == "renamed":
-        instead = foreign.check and foreign.check(value)
-        if instead:
-            raise UserError(f"{name}: {instead}.")
-        return [foreign.answer, value], f"{name} read as {foreign.answer}"
-    if foreign.kind == "switch":
-        if false:
-            return [], None
-        return list(foreign.tokens), f"{name} read as {' '.join(foreign.tokens)}"
-    if foreign.kind == "mapped":
-        tokens = foreign.values.get(value)
-        if tokens is None:
-            accepted = ", ".join(foreign.values)
-            note = f" ({foreign.answer})" if foreign.answer else ""
-            raise UserError(f"{name} takes one of {accepted}{note}.")
-        if not tokens:
-            return [], f"{name} {value} ignored: {foreign.answer}"
-        return list(tokens), f"{name} {value} read as {' '.join(tokens)}"
-    if foreign.kind == "ignored":
-        return [], f"{name} ignored: {foreign.answer}"
-    if false:
-        return [], None  # a refused switch set false asks for nothing
+    if false and foreign.kind in ("switch", "refused"):
+        return [], None  # a switch set false asks for nothing
+    return ANSWERS[foreign.kind](name, value, foreign)
+
+
+def _renamed(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
+    instead = foreign.check and foreign.check(value)
+    if instead:
+        raise UserError(f"{name}: {instead}.")
+    return [foreign.answer, value], f"{name} read as {foreign.answer}"
+
+
+def _switch(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
+    return list(foreign.tokens), f"{name} read as {' '.join(foreign.tokens)}"
+
+
+def _mapped(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
+    tokens = foreign.values.get(value)
+    if tokens is None:
+        note = f" ({foreign.answer})" if foreign.answer else ""
+        raise UserError(f"{name} takes one of {', '.join(foreign.values)}{note}.")
+    if not tokens:
+        return [], f"{name} {value} ignored: {foreign.answer}"
+    return list(tokens), f"{name} {value} read as {' '.join(tokens)}"
+
+
+def _ignored(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
+    return [], f"{name} ignored: {foreign.answer}"
+
+
+def _refused(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
     raise UserError(f"{name} is not a flag of this trainer ({foreign.source}): "
                     f"{foreign.answer} (docs/launching.md).")  # fmt: skip
+
+
+ANSWERS = {"renamed": _renamed, "switch": _switch, "mapped": _mapped, "ignored": _ignored,
+           "refused": _refused}  # fmt: skip
+"""The table's kinds (trainer/command_line/foreign_flags.py) -> how a flag of the kind is
+answered: (its replacement tokens, its notice line), or a UserError."""
 
 
 def _sets(name: str, value: str | None, foreign) -> list[str]:
@@ -144,11 +159,6 @@ def _sets(name: str, value: str | None, foreign) -> list[str]:
         return [name] if name.startswith("--") else []
     if foreign == "whisper_task":
         return ["--whisper_task"]
-    if foreign.kind == "renamed":
-        return [foreign.answer]
-    if foreign.kind == "switch":
-        return [token for token in foreign.tokens if token.startswith("--")]
-    if foreign.kind == "mapped":
-        tokens = foreign.values.get(value) or ()
-        return [token for token in tokens if token.startswith("--")] or [name]
-    return [name]
+    tokens = {"renamed": (foreign.answer,), "switch": foreign.tokens,
+              "mapped": foreign.values.get(value) or ()}.get(foreign.kind, ())  # fmt: skip
+    return [token for token in tokens if token.startswith("--")] or [name]

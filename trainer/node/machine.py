@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.common.errors import UserError
-from trainer.config.hardware import Hardware
+from trainer.settings.run_config import Hardware
 
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 COMPAT_DIR = Path("/usr/local/cuda/compat")

@@ -17,7 +17,7 @@ from trainer.common.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from trainer.tasks.arguments import ModelArguments
+    from trainer.settings.model_flags import ModelArguments
 
 DEFAULT_TARGET_MODULES = {
     "whisper": ("q_proj", "k_proj", "v_proj", "out_proj"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
 
 from trainer.tasks.base import Task
-from trainer.tasks.lora import ADAPTER_DIRNAME, merge_adapter
+from trainer.tasks.lora_adapters import ADAPTER_DIRNAME, merge_adapter
 
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
 """What PEFT's `save_pretrained` writes (README.md: its model card of the adapter)."""

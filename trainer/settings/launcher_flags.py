@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(frozen=True)
 class LauncherArguments:
     nproc_per_node: int | None = field(
         default=None,
@@ -29,34 +29,28 @@ class LauncherArguments:
     rdzv_timeout: int = field(
         default=1800,
         metadata={
-            "help": "Seconds the nodes wait for each other at start-up (Vertex AI replicas may "
-            "start minutes apart). A node whose training processes have not started 30 s "
-            "after that exits 1, even if torch's rendezvous keeps waiting (a wedged chief). "
-            "Collectives during training time out after --ddp_timeout."
+            "help": "Seconds the nodes wait for each other at start-up (replicas may start "
+            "minutes apart); a node still waiting 30 s after that exits 1."
         },
     )
     chief_resolve_timeout: int = field(
         default=300,
         metadata={
-            "help": "Seconds a worker node retries resolving the chief's name from CLUSTER_SPEC "
-            "(its Service appears once the chief replica starts) before giving up."
+            "help": "Seconds a worker node retries resolving the chief's name before giving up."
         },
     )
     skip_hub_check: bool = field(
         default=False,
         metadata={
-            "help": "Ask the Hugging Face Hub nothing before launch: not whether the model and "
-            "dataset ids exist (checked unless they are local paths or in the local cache), "
-            "nor the model's config for the dry run's plan (read from a local copy only)."
+            "help": "Ask the Hugging Face Hub nothing before launch (whether the ids exist, "
+            "the model's config for the plan): for a node that cannot reach it."
         },
     )
     secret: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "NAME=RESOURCE: the Secret Manager secret version RESOURCE (projects/P/"
-            "secrets/S/versions/V), read at start-up with the job's service account, in the "
-            "training processes' environment variable NAME, e.g. HF_TOKEN=projects/P/secrets/"
-            "hf-token/versions/latest; repeatable. Never printed or saved (docs/deploy.md).",
+            "help": "NAME=projects/P/secrets/S/versions/V: that Secret Manager secret in the "
+            "training processes' variable NAME; repeatable, never printed (docs/deploy.md).",
             "action": "extend",
         },
     )

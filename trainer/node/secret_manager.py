@@ -21,7 +21,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import secretmanager
 
 from trainer.common.errors import UserError
-from trainer.config.secrets import parse_references
+from trainer.common.secrets import parse_references
 
 EMULATOR_VARIABLE = "SECRET_MANAGER_EMULATOR_HOST"
 

@@ -3,7 +3,7 @@
 Secrets reach a run three ways: the Trainer's `--hub_token` flag, ordinary environment
 variables (`HF_TOKEN`, `WANDB_API_KEY`), and `--secret NAME=projects/P/secrets/S/versions/V`,
 a Secret Manager reference the launcher resolves into the training processes' environment
-(trainer/launcher/secret_manager.py). None of their values may be printed or saved: a
+(trainer/node/secret_manager.py). None of their values may be printed or saved: a
 flag's value is shown as `***` wherever flags are shown (`masked_value`), and a line that
 could quote one (an error, a notice) goes through `mask` with the values given to this run
 (`secret_values`). The Trainer pickles its `TrainingArguments` into every checkpoint and

@@ -1,29 +1,32 @@
-"""`TrainingArguments` from the resolved flags: what every training process builds, here in
-the config layer so that the launcher can build the same object to check it before launch."""
+"""`TrainingArguments` from the run's configuration: what every training process builds,
+here below both so that the preflight can build the same object to check it before launch
+(trainer/preflight/training_checks.py)."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
 
 from trainer.common.errors import UserError
-from trainer.config.flags import ParsedFlags
-from trainer.config.secrets import scrub_training_arguments
+from trainer.common.secrets import scrub_training_arguments
+from trainer.settings.run_config import RunConfig
+from trainer.tasks import load_task
 
 
-def build_training_arguments(flags: ParsedFlags, gradient_checkpointing: bool | None = None):
-    """TrainingArguments from the resolved flags; `gradient_checkpointing`, when decided
-    here (`decide_gradient_checkpointing`), instead of the flag's value."""
-    values = vars(flags.training)
+def build_training_arguments(config: RunConfig, gradient_checkpointing: bool | None = None):
+    """The task's TrainingArguments from the run's values; `gradient_checkpointing`, when
+    decided in training (`decide_gradient_checkpointing`), instead of the flag's value."""
+    values = copy.deepcopy(config.training.values)  # TrainingArguments may change its lists
     if gradient_checkpointing is not None:
-        values = {**values, "gradient_checkpointing": gradient_checkpointing}
-    arguments = _construct(flags.task.training_arguments_class, values)
+        values["gradient_checkpointing"] = gradient_checkpointing
+    arguments = _construct(load_task(config.task).training_arguments_class, values)
     scrub_training_arguments(arguments, os.environ)  # pickled into every checkpoint
     return arguments
 
 
-def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
+def training_arguments_before_launch(config: RunConfig):
     """The training processes' TrainingArguments, built in the launcher to check them: same
     class, same values, same `__post_init__` (its validation, `report_to` normalised, the
     DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but nothing
@@ -31,8 +34,8 @@ def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
 
     `__post_init__` ends by setting up devices (`_setup_devices`), which creates
     accelerate's `PartialState` for this process. In the launcher that is wrong three ways:
-    on a CPU-only node the run's `use_configured_state` (config/resolve.py
-    `settle_training_arguments`: the training processes create that state themselves)
+    on a CPU-only node the run's `use_configured_state` (trainer/config/resolve.py
+    `platform_requirements`: the training processes create that state themselves)
     makes it refuse outright; on a GPU node it makes cuda:0 current, a CUDA context in a
     process that only execs the agent; and with --use_cpu where Vertex AI set WORLD_SIZE
     and RANK (one per node) it waits for a gloo process group that no peer ever joins. So
@@ -43,11 +46,12 @@ def training_arguments_before_launch(flags: ParsedFlags, world_size: int):
     Two more steps ask this process's GPU: bf16 support (skipped under `use_cpu`) and TF32
     support (which also switches TF32 on). The launcher judges both from the detected
     `Hardware` instead, like every other device decision (`resolve_mixed_precision`,
-    `launcher/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
+    `preflight/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
     and `tf32` unset, and then gets the run's values back (of `dataloader_pin_memory` too,
     which `use_cpu` turns off)."""
-    values = vars(flags.training)
-    arguments_class = _without_devices(flags.task.training_arguments_class, world_size)
+    values = copy.deepcopy(config.training.values)
+    task_arguments = load_task(config.task).training_arguments_class
+    arguments_class = _without_devices(task_arguments, config.topology.world_size)
     args = _construct(arguments_class, {**values, "use_cpu": True, "tf32": None})
     for name in ("use_cpu", "tf32", "dataloader_pin_memory"):
         setattr(args, name, values[name])

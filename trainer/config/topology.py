@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from trainer.common.errors import UserError
+from trainer.settings.run_config import Topology
 
 VERTEX_RENDEZVOUS_PORT = 2222
 """The port Vertex AI puts after every host in CLUSTER_SPEC."""
@@ -35,23 +35,6 @@ FOREIGN_POOLS = {
     "workerpool2": "parameter servers or Reduction Server replicas",
     "workerpool3": "evaluators",
 }
-
-
-@dataclass(frozen=True)
-class Topology:
-    """The shape of the training cluster as seen from this node."""
-
-    num_nodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    nproc_per_node: int
-    role: str
-    """"chief" (node rank 0) or "worker"."""
-
-    @property
-    def world_size(self) -> int:
-        return self.num_nodes * self.nproc_per_node
 
 
 def resolve_topology(
@@ -138,20 +121,6 @@ def requested_accelerators(env: Mapping[str, str]) -> int | None:
         return None
 
 
-def reports_to_tuning(env: Mapping[str, str]) -> bool:
-    """Whether evaluations are reported to Vertex AI hyperparameter tuning (cloudml-hypertune).
-
-    No Google page documents what marks a trial for a custom container: cloudml-hypertune
-    reads `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, and CLUSTER_SPEC
-    may carry `task.trial`. A trial none of these mark would end without a metric, so on
-    Vertex AI (any CLUSTER_SPEC) the reports are written anyway: outside tuning they are a
-    small file nobody reads. Off Vertex AI, only when a variable asks for them.
-    """
-    return any(
-        name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
-    )
-
-
 def _either(mapping: Mapping, *names: str):
     return next((mapping[name] for name in names if name in mapping), None)
 
@@ -178,10 +147,21 @@ def _parse_cluster_spec(raw_spec: str) -> tuple[dict[str, list[str]], str, int]:
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict):
         raise UserError('CLUSTER_SPEC has no "cluster" object mapping worker pools to addresses.')
     cluster = spec["cluster"]
+    _check_pools(cluster)
+    pool, index = _this_replica(spec.get("task"))
+    replicas = len(cluster.get(pool, []))
+    if not 0 <= index < replicas:
+        raise UserError(
+            f"CLUSTER_SPEC says this replica is {pool} index {index}, "
+            f"but {pool} lists {replicas} replica(s)."
+        )
+    return cluster, pool, index
+
+
+def _check_pools(cluster: dict) -> None:
     for name, addresses in cluster.items():
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
             raise UserError(f'CLUSTER_SPEC pool "{name}" must be a list of "host:port" strings.')
-
     chief = cluster.get(CHIEF_POOL)
     if not chief:
         raise UserError(f'CLUSTER_SPEC has no "{CHIEF_POOL}": every job needs a chief.')
@@ -191,7 +171,9 @@ def _parse_cluster_spec(raw_spec: str) -> tuple[dict[str, list[str]], str, int]:
             f'exactly 1 (put the other nodes in "{WORKER_POOL}").'
         )
 
-    task = spec.get("task")
+
+def _this_replica(task: object) -> tuple[str, int]:
+    """This replica's pool and index, from CLUSTER_SPEC's "task"."""
     if not isinstance(task, dict) or "type" not in task:
         raise UserError('CLUSTER_SPEC has no "task" object saying which replica this is.')
     pool = task["type"]
@@ -205,13 +187,7 @@ def _parse_cluster_spec(raw_spec: str) -> tuple[dict[str, list[str]], str, int]:
     index = task.get("index", 0)
     if not isinstance(index, int) or isinstance(index, bool):
         raise UserError(f'CLUSTER_SPEC task index must be an integer, got "{index}".')
-    replicas = len(cluster.get(pool, []))
-    if not 0 <= index < replicas:
-        raise UserError(
-            f"CLUSTER_SPEC says this replica is {pool} index {index}, "
-            f"but {pool} lists {replicas} replica(s)."
-        )
-    return cluster, pool, index
+    return pool, index
 
 
 def _split_address(address: str, pool_name: str) -> tuple[str, int]:

@@ -1,7 +1,8 @@
-"""How much GPU memory a training step needs, per GPU: pure arithmetic on parameter and
-activation counts, shared by the launcher (the plan's estimate, and its refusal of a plan
-that cannot fit) and the training processes (the gradient checkpointing decision,
-trainer/training/memory.py).
+"""How much GPU memory a training step of a task's model needs, per GPU: arithmetic on the
+model's parameter counts and the task's activation counts, shared by the preflight (the
+plan's estimate, and its refusal of a plan that cannot fit, trainer/preflight/model_plan.py)
+and the training processes (the gradient checkpointing decision,
+trainer/training/gradient_checkpointing.py).
 
 Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with
 and without LoRA (tests/test_memory_estimate.py; the table is in docs/benchmarks.md).
@@ -13,8 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.config.flags import ParsedFlags
-from trainer.tasks.lora import parameter_counts
+from trainer.settings.run_config import RunConfig
+from trainer.tasks.base import Task
+from trainer.tasks.lora_adapters import parameter_counts
 
 GIB = 2**30
 USABLE_GPU_FRACTION = 0.9
@@ -124,11 +126,11 @@ def deepspeed_zero_settings(config: str | dict | None) -> tuple[int | None, bool
     return int(zero.get("stage", 0)), offload in ("cpu", "nvme")
 
 
-def footprint_of(flags: ParsedFlags, model, world_size: int) -> TrainingFootprint | None:
+def footprint_of(config: RunConfig, task: Task, model, world_size: int) -> TrainingFootprint | None:
     """The footprint of training `model` (loaded, or weightless on the meta device) as the
-    flags say, over `world_size` processes; None when the task gives no activation count."""
-    training = flags.training
-    full, checkpointed = flags.task.activation_values_per_sample(model, training)
+    run says, over `world_size` processes; None when the task gives no activation count."""
+    training = config.training
+    full, checkpointed = task.activation_values_per_sample(model)
     if full == 0:
         return None
     zero_stage, offloaded = deepspeed_zero_settings(training.deepspeed)
@@ -143,5 +145,5 @@ def footprint_of(flags: ParsedFlags, model, world_size: int) -> TrainingFootprin
         zero_stage=zero_stage,
         optimizer_offloaded=offloaded,
         world_size=world_size,
-        frozen_in_8bit=flags.model.load_in_8bit,
+        frozen_in_8bit=config.model.load_in_8bit,
     )

@@ -1,5 +1,5 @@
 """The training program that `accelerate launch` starts in every process
-(`python -m trainer.training.main`): the run's configuration comes from the launcher, in
+(`python -m trainer.training.rank`): the run's configuration comes from the launcher, in
 the environment (trainer/common/handoff.py), already resolved and checked.
 
 This module turns the run's outcome into one line and an exit code that torchrun and
@@ -21,6 +21,7 @@ from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMP
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
+from trainer.settings.run_config import RunConfig
 from trainer.training.failures import (
     RunFailed,
     report_failure,
@@ -47,7 +48,6 @@ def main() -> None:
             )
         # Imported after the noise filters above: importing torch, DeepSpeed and datasets
         # prints the warnings they filter.
-        from trainer.config.resolve import RunConfig
         from trainer.training.run import train
 
         config = RunConfig.from_json(config_json)

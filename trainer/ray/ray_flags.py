@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainer.command_line.parser import FlagParser
 from trainer.common.errors import UserError
-from trainer.config.flags import FlagParser
 
 
 @dataclass

@@ -47,7 +47,8 @@ from transformers.models.whisper.configuration_whisper import (
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from trainer.common.errors import UserError
-from trainer.config.demo import DemoAssets, demo_assets_in
+from trainer.config.demo import demo_assets_in
+from trainer.settings.run_config import DemoAssets
 from trainer.tasks.english_spelling import SPELLING_FILE, openai_spelling_file, whisper_package_dir
 
 ENDOFTEXT = "<|endoftext|>"

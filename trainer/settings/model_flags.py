@@ -1,5 +1,5 @@
 """The model flags every task reads: `--model_name_or_path`, its loading options, and how
-much of it trains (`--peft lora` and its settings, trainer/tasks/lora.py)."""
+much of it trains (`--peft lora` and its settings, trainer/tasks/lora_adapters.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelArguments:
     model_name_or_path: str | None = field(
         default=None,

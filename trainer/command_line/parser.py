@@ -1,0 +1,182 @@
+"""Flags of the training program: Hugging Face's own names, read with HfArgumentParser.
+
+The flags come in groups: the task selector, the model, the dataset, the task's own flags
+(e.g. Whisper's language), the outputs and the Trainer's `TrainingArguments`; each group
+but the last is a dataclass of trainer/settings, so that what is parsed here is what the
+run configuration holds. Every way in parses them before anything starts, so a typo costs
+a second instead of a GPU start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import HfArgumentParser
+
+from trainer.command_line.example_flags import translate_example_flags
+from trainer.command_line.foreign_flags import FOREIGN_FLAGS, canonical
+from trainer.common.errors import UserError
+from trainer.settings.data_flags import DataArguments
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.model_flags import ModelArguments
+from trainer.settings.output_flags import OutputArguments
+from trainer.settings.task_flags import DEFAULT_TASK, TaskOptions, task_names
+from trainer.tasks import Task, load_task, task_name
+
+
+class FlagParser(HfArgumentParser):
+    """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
+
+    Abbreviations are off: with two parsers sharing one command line, a prefix such as
+    `--dry` must not silently match another parser's flag.
+    """
+
+    def __init__(self, dataclass_types, **kwargs) -> None:
+        super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse calls this and expects no return
+        raise UserError(f"{message} (see python -m trainer --help).")
+
+
+@dataclass
+class TaskArguments:
+    task: str = field(
+        default=DEFAULT_TASK,
+        metadata={"help": f"What to fine-tune for: one of {', '.join(task_names())}."},
+    )
+
+
+@dataclass(frozen=True)
+class ParsedFlags:
+    """One command line's training flags in their groups: what resolution starts from."""
+
+    task: str
+    model: ModelArguments
+    data: DataArguments
+    task_options: TaskOptions
+    outputs: OutputArguments
+    training: dict[str, Any]
+    """TrainingArguments values by name; the object itself is built in each training
+    process, because building it sets up the distributed state."""
+
+    def build_task(self) -> Task:
+        return load_task(self.task)(self.model, self.data, self.task_options, self.training)
+
+
+TRAINING_DEFAULTS = {
+    "output_dir": "outputs",
+    "report_to": ["tensorboard"],
+    "disable_tqdm": True,  # trainer.training.progress prints plain log lines instead of bars
+}
+"""Where this product's defaults differ from the Trainer's (explicit flags still win)."""
+
+
+def build_parser(task_class: type[Task]) -> FlagParser:
+    parser = FlagParser(
+        [
+            TaskArguments,
+            ModelArguments,
+            DataArguments,
+            task_class.arguments_class,
+            OutputArguments,
+            task_class.training_arguments_class,
+        ]
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS, metric_for_best_model=task_class.default_metric)
+    return parser
+
+
+def selected_task_name(argv: list[str]) -> str:
+    selector = FlagParser([TaskArguments], add_help=False)
+    known, _ = selector.parse_known_args(translate_example_flags(argv)[0])
+    return known.task
+
+
+def parse_flags(argv: list[str]) -> ParsedFlags:
+    """Parse and check the training program's flags (no model, data or device touched).
+
+    The HF example scripts' spellings are accepted too (trainer/command_line/example_flags.py)."""
+    return parse_training_flags(translate_example_flags(argv)[0])
+
+
+def parse_training_flags(argv: list[str]) -> ParsedFlags:
+    """The flags of `argv` (already in this trainer's spelling), in their groups."""
+    name = selected_task_name(argv)
+    task_class = load_task(name)
+    namespace, unknown = build_parser(task_class).parse_known_args(argv)
+    if unknown:
+        raise UserError(unknown_flags_message(unknown, task_class))
+    values = vars(namespace)
+
+    def take(dtype: type):
+        try:
+            return dtype(
+                **{f.name: values.pop(f.name) for f in dataclasses.fields(dtype) if f.init}
+            )
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+    model, data = take(ModelArguments), take(DataArguments)
+    options, outputs = take(task_class.arguments_class), take(OutputArguments)
+    values.pop("task")
+    return ParsedFlags(name, model, data, options, outputs, training=values)
+
+
+def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
+    """Names the task whose flags these are, if another task knows them (an example
+    script's command line selects its task by the script's name, ours by --task); else
+    each unknown flag with the nearest known one. Names only: a value can be a secret
+    (`--wandb_key=...`, `--hub_tokn ...`)."""
+    names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
+    if not names:  # values argparse could not place, e.g. after a switch
+        return (
+            f"{len(unknown)} argument(s) that are no flag's value (flags start with --; "
+            "see python -m trainer --help)."
+        )
+    knowing = [
+        other
+        for other in task_names()
+        if load_task(other) is not task_class
+        and not [
+            token
+            for token in build_parser(load_task(other)).parse_known_args(unknown)[1]
+            if _is_flag(token)
+        ]
+    ]
+    if knowing:
+        choices = " or ".join(f"--task {other}" for other in knowing)
+        return (
+            f"{' '.join(names)}: flag(s) of {choices}, not of --task "
+            f"{task_name(task_class)}; add {choices} (see python -m trainer --help)."
+        )
+    return f"Unknown flag(s): {', '.join(map(did_you_mean, names))} (see python -m trainer --help)."
+
+
+def _is_flag(token: str) -> bool:
+    """`--name`, `--name=value` or `-x`; not a value such as `-1` or `-0.5`."""
+    return token.startswith("-") and not token.lstrip("-").replace(".", "", 1).isdigit()
+
+
+def did_you_mean(name: str) -> str:
+    """`--learning_rte (did you mean --learning_rate?)`, from every flag this trainer knows:
+    its launcher's, every task's, and the foreign ones it answers (trainer/config/
+    foreign_flags.py)."""
+    close = difflib.get_close_matches(canonical(name), known_flags(), n=1, cutoff=0.75)
+    return f"{name} (did you mean {close[0]}?)" if close else name
+
+
+@functools.cache
+def known_flags() -> tuple[str, ...]:
+    parsers = [FlagParser([LauncherArguments])]
+    parsers += [build_parser(load_task(name)) for name in task_names()]
+    names = {
+        option
+        for parser in parsers
+        for option in parser._option_string_actions  # argparse's registry of flag names
+        if option.startswith("--") and "-" not in option[2:]
+    }
+    return tuple(sorted(names | set(FOREIGN_FLAGS)))

@@ -1,0 +1,192 @@
+"""The flags of each task (`--task`), beside the flags every task reads: the dataclasses its
+parser is built from and the run configuration holds (trainer/settings/run_config.py).
+
+They live here, below the tasks, so that reading a run's configuration imports no task
+module (and with it no transformers or torch). A new task adds its flags here and one line
+to `TASK_FLAGS`, and its module in trainer/tasks/ (docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+DEFAULT_TASK = "speech-recognition"
+
+
+@dataclass(frozen=True)
+class ClassificationArguments:
+    label_column_name: str = field(
+        default="label",
+        metadata={"help": "Column with the class: a ClassLabel, or values such as positive."},
+    )
+    class_weights: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weight the loss per class: balanced (inverse frequency in the training "
+            "split), or one weight per label in label-id order, e.g. 1,2.5,1."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.class_weights is not None:
+            parse_class_weights(self.class_weights)
+
+
+def parse_class_weights(text: str) -> str | tuple[float, ...]:
+    if text.strip() == "balanced":
+        return "balanced"
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        weights = ()
+    if not weights or not all(weight > 0 and math.isfinite(weight) for weight in weights):
+        raise ValueError(
+            f'--class_weights "{text}": use balanced, or one positive number per label '
+            "separated by commas (e.g. 1,2.5,1)."
+        )
+    return weights
+
+
+@dataclass(frozen=True)
+class ImageArguments(ClassificationArguments):
+    image_column_name: str = field(default="image", metadata={"help": "Column with the image."})
+    augment: bool = field(
+        default=False,
+        metadata={"help": "Random resized crop and horizontal flip of training images."},
+    )
+
+
+@dataclass(frozen=True)
+class TextArguments(ClassificationArguments):
+    text_column_name: str = field(
+        default="text",
+        metadata={
+            "help": "Column with the text; two columns separated by a comma are a sentence "
+            "pair (GLUE's sentence1,sentence2), tokenised as a pair unless "
+            "--text_column_delimiter joins them."
+        },
+    )
+    text_column_delimiter: str | None = field(
+        default=None,
+        metadata={
+            "help": "Join the columns of --text_column_name into one text with this "
+            "separator (run_classification.py's way to use several columns)."
+        },
+    )
+    max_seq_length: int = field(
+        default=128,
+        metadata={"help": "Longer texts are truncated to this many tokens."},
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
+            "place of --dataset_name (run_glue.py's flag): the split train."
+        },
+    )
+    validation_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: the evaluation examples (the split validation)."},
+    )
+    test_file: str | None = field(
+        default=None,
+        metadata={"help": "With --train_file: more examples, the split test."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_seq_length < 1:
+            raise ValueError("--max_seq_length must be at least 1.")
+        columns = self.text_columns()
+        if len(columns) != len(set(columns)) or not all(columns):
+            raise ValueError(f'--text_column_name "{self.text_column_name}": name each '
+                             "column once, separated by commas.")  # fmt: skip
+        if len(columns) > 2 and self.text_column_delimiter is None:
+            raise ValueError(
+                f"--text_column_name names {len(columns)} columns: a text or a pair is one or "
+                "two; give --text_column_delimiter to join more into one text."
+            )
+
+    def text_columns(self) -> list[str]:
+        return [column.strip() for column in self.text_column_name.split(",")]
+
+    def data_files(self) -> dict[str, Path]:
+        """Split name -> file, for the files given by flag (empty for --dataset_name)."""
+        files = {"train": self.train_file, "validation": self.validation_file,
+                 "test": self.test_file}  # fmt: skip
+        return {split: Path(path).expanduser() for split, path in files.items() if path}
+
+
+@dataclass(frozen=True)
+class SpeechArguments:
+    audio_column_name: str = field(default="audio", metadata={"help": "Column with the audio."})
+    text_column_name: str = field(
+        default="text", metadata={"help": "Column with the transcription (Common Voice: sentence)."}
+    )
+    language: str | None = field(
+        default=None,
+        metadata={
+            "help": "Spoken language, by name or code (english, en, ...); without it, "
+            "generate() detects each clip's (English-only checkpoints need none)."
+        },
+    )
+    whisper_task: Literal["transcribe", "translate"] = field(
+        default="transcribe",
+        metadata={
+            "help": "Whisper's own task: transcribe or translate (multilingual checkpoints; "
+            "English-only *.en checkpoints only transcribe, with no task token)."
+        },
+    )
+    max_duration_in_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Drop longer clips (default: the model's input window, 30 s for Whisper)."
+        },
+    )
+    min_duration_in_seconds: float = field(default=0.0, metadata={"help": "Drop shorter clips."})
+    do_lower_case: bool = field(default=False, metadata={"help": "Lower-case training targets."})
+    do_remove_punctuation: bool = field(
+        default=False, metadata={"help": "Remove punctuation from training targets."}
+    )
+    do_normalize_eval: bool = field(
+        default=True,
+        metadata={"help": "Normalise predictions and references (Whisper's normaliser) for WER."},
+    )
+    freeze_encoder: bool = field(
+        default=False, metadata={"help": "Train the decoder only (keeps the audio encoder fixed)."}
+    )
+    log_mel_on: Literal["auto", "loader", "device"] = field(
+        default="auto",
+        metadata={
+            "help": "Where log-mel features are computed: in the data loader, on the "
+            "training process's device, or auto (the device when it is a GPU)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_duration_in_seconds is not None and self.max_duration_in_seconds <= 0:
+            raise ValueError("--max_duration_in_seconds must be positive.")
+        if (
+            self.max_duration_in_seconds is not None
+            and self.min_duration_in_seconds >= self.max_duration_in_seconds
+        ):
+            raise ValueError(
+                "--min_duration_in_seconds must be smaller than --max_duration_in_seconds."
+            )
+
+
+TaskOptions = SpeechArguments | ImageArguments | TextArguments
+
+TASK_FLAGS: dict[str, type[TaskOptions]] = {
+    "image-classification": ImageArguments,
+    "speech-recognition": SpeechArguments,
+    "text-classification": TextArguments,
+}
+"""`--task` value -> the dataclass of its own flags."""
+
+
+def task_names() -> list[str]:
+    return sorted(TASK_FLAGS)

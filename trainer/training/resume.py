@@ -1,0 +1,81 @@
+"""Where a run resumes: the newest complete checkpoint of its checkpoint location
+(trainer/storage/checkpoints.py), `--resume PATH_OR_URI`, or nothing (`--resume never`),
+fetched and verified on each node before training starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.common.errors import UserError
+from trainer.settings.run_config import RunConfig
+from trainer.storage.checkpoints import (
+    MANIFEST,
+    CheckpointUnreadable,
+    find_resumable_checkpoint,
+    read_manifest,
+)
+from trainer.storage.failure_kinds import brief, disk_full, disk_line
+from trainer.storage.store import open_store
+from trainer.training.distributed import ProcessPlace
+from trainer.training.failures import RunFailed
+
+RESUME_CHOICE_FILENAME = ".resume-from"
+
+
+def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | None:
+    """The local path of the checkpoint to resume from, fetched and verified, or None.
+
+    Each node's local main process looks for it (and downloads what its node lacks) while
+    the node's other processes wait, then they read its choice from a node-local file.
+    """
+    if args.resume_from_checkpoint:
+        return args.resume_from_checkpoint
+    choice = config.outputs.resume
+    if choice == "never":
+        return None
+    output_dir = Path(args.output_dir)
+    choice_file = output_dir / RESUME_CHOICE_FILENAME
+    with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
+        if place.is_local_main:
+            if choice == "auto":
+                found = newest_readable_checkpoint(config.locations.checkpoints, output_dir)
+            else:
+                found = explicit_checkpoint(choice, output_dir)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            choice_file.write_text(str(found or ""))
+        path = choice_file.read_text() or None
+    if path and place.is_global_main:
+        print(f"resuming from {path}", flush=True)
+    return path
+
+
+def newest_readable_checkpoint(checkpoints: str, output_dir: Path) -> Path | None:
+    """`find_resumable_checkpoint`, or one line when complete checkpoints may exist but
+    cannot be read: starting from step 1 would lose them, and retention would delete them."""
+    try:
+        return find_resumable_checkpoint(open_store(checkpoints), output_dir)
+    except CheckpointUnreadable as error:
+        cause = error.__cause__
+        what = (
+            disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
+            + f" ({brief(cause)})"
+            if disk_full(cause)
+            else str(error)
+        )
+        raise RunFailed(
+            f"{what}; the run stops before training rather than start again from step 1 "
+            f"(nothing was trained or deleted): restart once {checkpoints} can be read"
+        ) from cause
+
+
+def explicit_checkpoint(location: str, output_dir: Path) -> Path:
+    """`--resume PATH_OR_URI`: a complete checkpoint (one with a manifest), fetched here."""
+    store = open_store(location)
+    entries = read_manifest(store)
+    if entries is None:
+        if not location.startswith("gs://") and Path(location).is_dir():
+            return Path(location)  # a plain local Trainer checkpoint: trusted as given
+        raise UserError(f"--resume {location}: no {MANIFEST} there, so not a complete checkpoint.")
+    local = output_dir / location.rstrip("/").rsplit("/", 1)[-1]
+    store.download(local, entries)
+    return local
