@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from types import SimpleNamespace
 
 import psutil
 import torch
@@ -40,10 +39,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
 from trainer.settings.model_flags import ModelArguments  # noqa: E402
+from trainer.settings.task_flags import SpeechArguments  # noqa: E402
 from trainer.tasks.lora_adapters import parameter_counts, with_lora  # noqa: E402
 from trainer.tasks.speech import SpeechRecognitionTask  # noqa: E402
+from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
 from trainer.tasks.whisper_sizes import whisper_config  # noqa: E402
 
 LABEL_TOKENS = 225
@@ -77,8 +77,10 @@ def measure(size: str, peft: str, batch_size: int, steps: int, checkpointing: bo
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    training = SimpleNamespace(generation_max_length=LABEL_TOKENS)
-    full, recomputed = SpeechRecognitionTask.activation_values_per_sample(None, model, training)
+    task = SpeechRecognitionTask(
+        None, None, SpeechArguments(), {"generation_max_length": LABEL_TOKENS}
+    )
+    full, recomputed = task.activation_values_per_sample(model)
     trained, total = parameter_counts(model)
     footprint = TrainingFootprint(
         parameters=total,

@@ -56,7 +56,9 @@ def task_for(dataset: str, streaming: bool):
     from trainer.command_line.parser import parse_flags
 
     extra = ["--streaming", "--max_steps", "1"] if streaming else []
-    return parse_flags(["--dataset_name", dataset, "--text_column_name", "sentence", *extra]).task
+    return parse_flags(
+        ["--dataset_name", dataset, "--text_column_name", "sentence", *extra]
+    ).build_task()
 
 
 def loader(path: str, sources: dict[str, str], processor, args):
@@ -121,7 +123,9 @@ def main() -> None:
         corpus = build_corpus(tmp, args.clips)
         bucket = f"gs://{BUCKET}/bench"
         open_store(f"{bucket}/corpus").upload(corpus)
-        task = parse_flags(["--dataset_name", str(corpus), "--text_column_name", "sentence"]).task
+        task = parse_flags(
+            ["--dataset_name", str(corpus), "--text_column_name", "sentence"]
+        ).build_task()
         index = write_shards("speech-recognition", task, str(corpus),
                              open_store(f"{bucket}/shards"), args.shard_size_mb)  # fmt: skip
         write_shards("speech-recognition", task, str(corpus), open_store(str(tmp / "shards")),

@@ -234,7 +234,7 @@ def model_flops_per_sample(model_dir: Path, data_dir: Path) -> float:
 
     argv = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir),
             "--language", "en", "--eval_split_name", ""]  # fmt: skip
-    task = parse_flags(argv).task
+    task = parse_flags(argv).build_task()
     model, processor = task.build_model_and_processor()
     train, _ = task.load_datasets(processor)
     config = model.config
