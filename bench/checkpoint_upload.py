@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
+from tests.support.gcs_emulator import BUCKET, running_emulator  # noqa: E402
 from trainer.storage import store as storage  # noqa: E402
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.ray_cluster import start_ray_cluster  # noqa: E402
+from tests.support.ray_cluster import start_ray_cluster  # noqa: E402
 
 FIRST_STEP = re.compile(r"time to first step: ([0-9.]+) s")
 RUN = ["--max_steps", "2", "--eval_strategy", "no", "--logging_steps", "1", "--report_to",

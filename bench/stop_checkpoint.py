@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
+from tests.support.gcs_emulator import BUCKET, running_emulator  # noqa: E402
 from trainer.storage.store import open_store  # noqa: E402
 
 CHECKPOINT = "checkpoint-1"

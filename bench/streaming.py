@@ -47,7 +47,7 @@ from bench.preprocessing import (  # noqa: E402
     corpus_loader_parser,
     describe_corpus,
 )
-from tests.gcs_emulator import BUCKET, running_emulator  # noqa: E402
+from tests.support.gcs_emulator import BUCKET, running_emulator  # noqa: E402
 
 PATHS = ("local copy", "stream, GCS", "stream, GCS tars", "stream, local shards")
 

@@ -1,5 +1,5 @@
 """Fixtures: offline demo assets, a Hub cache, a Cloud Storage emulator, and a guard that
-nothing is written into the checkout. Plain helper functions are in tests/helpers.py."""
+nothing is written into the checkout. Plain helper functions are in tests/support/helpers.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-# Names that test modules not yet moved to tests.helpers import from here.
-from tests.helpers import (  # noqa: F401
+# Names that test modules not yet moved to tests.support.helpers import from here.
+from tests.support.helpers import (  # noqa: F401
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
     TEXT_COLUMNS,
@@ -90,9 +90,9 @@ def demo_cache(tmp_path_factory) -> Path:
 def demo_assets(demo_cache) -> DemoAssets:
     """The demo's tiny Whisper (where the launcher's demo looks for it in `demo_cache`) and
     a small speech set in the demo set's layout whose words are tones, not espeak-ng's
-    voices (tests/tiny_assets.py): built in about a second, for every test that needs a
+    voices (tests/support/tiny_assets.py): built in about a second, for every test that needs a
     model and an audiofolder but not a model that learns English speech."""
-    from tests.tiny_assets import write_tone_speech
+    from tests.support.tiny_assets import write_tone_speech
 
     model_dir = demo_cache / "demo" / MODEL_DIRNAME
     if not model_dir.exists():
@@ -108,7 +108,7 @@ def demo_assets(demo_cache) -> DemoAssets:
 @pytest.fixture(scope="session")
 def text_assets(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny BERT with a WordPiece tokenizer trained on the sentiment set, and that set."""
-    from tests.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
+    from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 
     root = tmp_path_factory.mktemp("text-assets")
     texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
@@ -120,7 +120,7 @@ def text_assets(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def image_assets(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny ViT and the colour set, plus two training files no decoder can read."""
-    from tests.tiny_assets import build_tiny_vit, write_colour_images
+    from tests.support.tiny_assets import build_tiny_vit, write_colour_images
 
     root = tmp_path_factory.mktemp("image-assets")
     build_tiny_vit(root / "vit")
@@ -142,8 +142,9 @@ def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
 
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory):
-    """Whisper family name -> its tiny checkpoint (tests/whisper_families.py), built once."""
-    from tests.whisper_families import FAMILIES, build_family_checkpoint
+    """Whisper family name -> its tiny checkpoint (tests/support/whisper_families.py),
+    built once."""
+    from tests.support.whisper_families import FAMILIES, build_family_checkpoint
 
     built = {}
 
@@ -206,7 +207,7 @@ def checkout_sdist(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """A running Cloud Storage emulator (with bucket `test-bucket`) for this test session."""
-    from tests.gcs_emulator import running_emulator
+    from tests.support.gcs_emulator import running_emulator
 
     with running_emulator() as url:
         yield url

@@ -16,10 +16,16 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from tests.helpers import DEMO_SPEECH_FLAGS, few_clips, run_trainer, speech_task, trainer_env
+from tests.support.helpers import (
+    DEMO_SPEECH_FLAGS,
+    few_clips,
+    run_trainer,
+    speech_task,
+    trainer_env,
+)
+from tests.support.tiny_assets import TONE_CLIPS, write_sentiment_csv
 from tests.test_speech_task import BAD_CLIPS, tone_speech_with_bad_clips
 from tests.test_streaming import COLUMNS, make_sentiment_shards, make_shards
-from tests.tiny_assets import TONE_CLIPS, write_sentiment_csv
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import UNDECODABLE, StreamSkips
 from trainer.data.damaged_data import DataFault
@@ -107,7 +113,7 @@ def test_an_index_without_checksums_still_reads_and_counts(tmp_path):
 def test_a_gs_shard_set_is_checked_against_the_checksums_the_bucket_reports(tmp_path, gcs):
     import uuid
 
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
 
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/shards"
     index = make_sentiment_shards(tmp_path, uri, 0.00097)

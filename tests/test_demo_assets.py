@@ -18,7 +18,7 @@ import tiktoken
 import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
-from tests.helpers import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
+from tests.support.helpers import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
 from trainer.common.errors import UserError
 from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
 from trainer.node import demo_assets as demo_assets_module

@@ -20,7 +20,7 @@ import sys
 import pytest
 import tomllib
 
-from tests.helpers import REPO_ROOT, module_origin, pip_in, venv_with_dependencies
+from tests.support.helpers import REPO_ROOT, module_origin, pip_in, venv_with_dependencies
 from trainer import jobspec
 from trainer.preflight import vertex_machines
 

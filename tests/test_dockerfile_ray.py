@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 from tests.test_dockerfile import hadolint
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile.ray"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.helpers import (
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
     SLOW_STEPS,

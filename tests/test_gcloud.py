@@ -22,7 +22,7 @@ from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuning
 from google.cloud.devtools.cloudbuild_v1.types import Build
 from google.protobuf import json_format
 
-from tests.helpers import CONFIG, HPTUNING, REPO_ROOT, jobspec_refusal, parse_strictly
+from tests.support.helpers import CONFIG, HPTUNING, REPO_ROOT, jobspec_refusal, parse_strictly
 from trainer import jobspec
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 
@@ -379,7 +379,7 @@ def test_a_python_package_job_is_sent_as_written(capture, tmp_path, gcs):
     """--python_package: every pool is a pythonPackageSpec that runs `trainer` from the
     uploaded sdist on the image, with the image job's args and env; gcloud sends it as
     written (strictly parsed), and so do the tuning trials."""
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
 
     base = f"gs://{BUCKET}/package-sent"
     body, sent, trial = send_generated_job(
@@ -406,7 +406,7 @@ def test_a_python_package_command_job_is_sent_as_written(capture, tmp_path, gcs)
     """--python_package_command: every pool is a containerSpec of the image whose command
     installs the uploaded sdist from the /gcs/ mount and then runs the launcher with the
     image job's args and env; gcloud sends it as written (strictly parsed)."""
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
 
     base = f"gs://{BUCKET}/package-command-sent"
     argv = ["--python_package", "--python_package_command", "--base_output_dir", base]

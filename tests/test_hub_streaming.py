@@ -1,5 +1,5 @@
 """`--streaming true --dataset_name ORG/NAME`: a Hub dataset streamed by the real
-`datasets` and `huggingface_hub` clients from a loopback Hub (tests/loopback_hub.py),
+`datasets` and `huggingface_hub` clients from a loopback Hub (tests/support/loopback_hub.py),
 divided among processes exactly once, resumed at the exact example, and never copied whole
 to the local disk.
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, run_trainer, trainer_env
-from tests.loopback_hub import Repository, running_hub
+from tests.support.helpers import REPO_ROOT, run_trainer, trainer_env
+from tests.support.loopback_hub import Repository, running_hub
 
 DATASET = "org/sentiment"
 SENTIMENTS = ["negative", "neutral", "positive"]
@@ -49,7 +49,7 @@ def write_hub_repository(root: Path) -> Path:
     import pyarrow.parquet as pq
     from datasets import ClassLabel, Dataset, Features, Value
 
-    from tests.tiny_assets import sentiment_sentences
+    from tests.support.tiny_assets import sentiment_sentences
 
     features = Features({"__key__": Value("string"), "sentence": Value("string"),
                          "sentiment": ClassLabel(names=SENTIMENTS)})  # fmt: skip
@@ -106,7 +106,7 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory) -> Path:
-    from tests.tiny_assets import build_tiny_bert, sentiment_sentences
+    from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences
 
     root = tmp_path_factory.mktemp("bert")
     texts = [text for rows in sentiment_sentences().values() for text, _ in rows]

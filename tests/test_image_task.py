@@ -18,8 +18,8 @@ from datasets import Image as HFImage
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from tests.helpers import image_task, start_nodes, use_delivered_model
-from tests.tiny_assets import COLOURS, IMAGE_SPLITS
+from tests.support.helpers import image_task, start_nodes, use_delivered_model
+from tests.support.tiny_assets import COLOURS, IMAGE_SPLITS
 from trainer.command_line.parser import parse_flags
 from trainer.command_line.recipes import RECIPES_DIR, config_file_flags
 from trainer.common.errors import UserError

@@ -16,7 +16,7 @@ import yaml
 from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuningJob
 from google.protobuf import json_format
 
-from tests.helpers import (
+from tests.support.helpers import (
     CONFIG,
     HPTUNING,
     REPO_ROOT,
@@ -241,7 +241,7 @@ def test_a_step_that_cannot_fit_the_machines_gpu_is_refused(tmp_path, capsys):
     """whisper-large-v3 fine-tuned in full on one L4 (24 GB) does not fit even with
     gradient checkpointing; with the recipe's LoRA it does (its config read from a model
     cache, as the launcher reads it)."""
-    from tests.helpers import warm_hub_cache
+    from tests.support.helpers import warm_hub_cache
     from trainer.tasks.whisper_sizes import whisper_config
 
     cache = tmp_path / "models"
@@ -263,7 +263,7 @@ def test_a_deepspeed_json_in_the_bucket_is_checked_against_every_gpu_of_the_job(
     """A JSON whose fixed train_batch_size suits 4 nodes but not 2 (8 A100s each, one
     example each): the nodes read it through the bucket's mount, the generator through
     Cloud Storage, and DeepSpeed's own comparison refuses the job of 2 nodes here."""
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
     from trainer.storage.store import open_store
 
     folder = f"{BUCKET}/{os.urandom(4).hex()}"
@@ -468,7 +468,7 @@ def test_python_package_uploads_the_checkouts_sdist_and_runs_it_on_the_image(gcs
     uploaded with the real client (to the emulator); every pool runs it with the image as
     executor, with the args and env the image's entrypoint would get. The same code again
     is found there, under the same name."""
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
     from trainer.storage.store import open_store
 
     base = f"gs://{BUCKET}/package-job"
@@ -513,7 +513,7 @@ def test_python_package_uploads_the_checkouts_sdist_and_runs_it_on_the_image(gcs
 
 
 def test_python_package_check_builds_but_uploads_nothing(gcs, tmp_path, capsys):
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
     from trainer.storage.store import open_store
 
     base = f"gs://{BUCKET}/checked-job"
@@ -563,7 +563,7 @@ def test_python_package_refuses_a_tree_that_is_not_a_buildable_package(
 ):
     """`python -m trainer.jobspec --python_package` of another checkout (on PYTHONPATH):
     one error line, exit code 2, nothing written, nothing uploaded."""
-    from tests.gcs_emulator import BUCKET
+    from tests.support.gcs_emulator import BUCKET
     from trainer.storage.store import open_store
 
     root = copy_of_the_checkout(tmp_path / "checkout")

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, WhisperForConditionalGeneration
 
-from tests.helpers import (
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     SLOW_STEPS,
     TEXT_COLUMNS,

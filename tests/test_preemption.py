@@ -10,8 +10,8 @@ import sys
 
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from tests.helpers import REPO_ROOT
-from tests.tiny_regression import Regression, regression_arguments, regression_rows
+from tests.support.helpers import REPO_ROOT
+from tests.support.tiny_regression import Regression, regression_arguments, regression_rows
 from trainer.training.callbacks import SaveOnStopOrInterval
 from trainer.training.preemption import StopRequest
 

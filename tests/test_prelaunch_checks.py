@@ -20,7 +20,7 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.helpers import (
+from tests.support.helpers import (
     TEXT_COLUMNS,
     assert_planned,
     assert_refused,
@@ -31,7 +31,7 @@ from tests.helpers import (
     trainer_env,
     use_hub_at,
 )
-from tests.loopback_hub import running_hub
+from tests.support.loopback_hub import running_hub
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_IN_TRAINING_EXIT_CODE
 from trainer.tasks import load_task, task_names
 from trainer.tasks.classification import ClassificationTask, classification_metrics

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import REPO_ROOT, free_port
+from tests.support.helpers import REPO_ROOT, free_port
 from trainer.training.distributed import release_process_group
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
-from tests.tiny_regression import Regression, regression_arguments, regression_rows
+from tests.support.tiny_regression import Regression, regression_arguments, regression_rows
 from trainer.training.progress import (
     DataWaitClock,
     ProgressLogCallback,

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from tests.helpers import run_trainer, trainer_env
+from tests.support.helpers import run_trainer, trainer_env
 from trainer.common import quiet
 
 LOOKS_LIKE_NOISE = re.compile(

@@ -1,5 +1,5 @@
 """`python -m trainer.ray` and `python -m trainer.ray_submit` on a real two-node Ray cluster
-started on this machine (tests/ray_cluster.py), and their refusals before anything waits."""
+started on this machine (tests/support/ray_cluster.py), and their refusals before anything waits."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ import time
 
 import pytest
 
-from tests.helpers import DEMO_SPEECH_FLAGS, complete_from, free_port, trainer_env, wait_until
-from tests.ray_cluster import RAY, start_ray_cluster
+from tests.support.helpers import (
+    DEMO_SPEECH_FLAGS,
+    complete_from,
+    free_port,
+    trainer_env,
+    wait_until,
+)
+from tests.support.ray_cluster import RAY, start_ray_cluster
 from tests.test_demo_learns import RESULT_LINE
 from trainer.common.errors import UserError
 from trainer.ray.ray_cluster import plan_workers

@@ -18,8 +18,8 @@ import uuid
 import pytest
 from google.api_core.exceptions import Forbidden, ServiceUnavailable
 
-from tests.gcs_emulator import BUCKET
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     REPO_ROOT,

@@ -2,7 +2,7 @@
 
 A token given as a flag (`--hub_token V`, `--hub_token=V`, `--hub-token=V`), as an ordinary
 environment variable (HF_TOKEN, WANDB_API_KEY) or through `--secret NAME=projects/...`
-(Secret Manager, here the loopback fake in tests/secret_manager_fake.py) must show up in no
+(Secret Manager, here the loopback fake in tests/support/secret_manager_fake.py) must show up in no
 line the launcher, the dry run, the job spec generator or a failure report prints, and in
 no file a run writes (checkpoints, the model, training_args.bin, TensorBoard events); the
 training processes still get each one, in their environment.
@@ -19,7 +19,7 @@ import torch
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJobSpec
 
-from tests.helpers import (
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     jobspec_refusal,
     parse_strictly,
@@ -27,7 +27,7 @@ from tests.helpers import (
     trainer_env,
     wait_until,
 )
-from tests.secret_manager_fake import running_fake
+from tests.support.secret_manager_fake import running_fake
 from trainer import jobspec
 from trainer.command_line.parser import FlagParser, build_parser
 from trainer.common.errors import UserError

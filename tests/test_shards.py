@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tests.gcs_emulator import BUCKET
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import (
     REPO_ROOT,
     few_clips,
     image_task,
@@ -27,7 +27,12 @@ from tests.helpers import (
     speech_task,
     trainer_env,
 )
-from tests.tiny_assets import COLOURS, IMAGE_SPLITS, write_colour_images, write_sentiment_csv
+from tests.support.tiny_assets import (
+    COLOURS,
+    IMAGE_SPLITS,
+    write_colour_images,
+    write_sentiment_csv,
+)
 from trainer.data.shard_index import INDEX, KEY_COLUMN, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
@@ -312,7 +317,7 @@ def png_samples(prefix: str, count: int) -> list[tuple[str, bytes]]:
 def test_users_image_tars_are_indexed_with_their_label_values(tmp_path, gcs, capsys):
     """KEY.png + KEY.cls tars: splits from folder and file names, the class ids recorded as
     the label values, and the image task builds its head from them and streams."""
-    from tests.tiny_assets import build_tiny_vit
+    from tests.support.tiny_assets import build_tiny_vit
     from trainer.data.streams import prepare_stream
 
     local = tmp_path / "wds"

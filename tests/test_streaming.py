@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from tests.gcs_emulator import BUCKET
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     REPO_ROOT,
     few_clips,
@@ -37,7 +37,7 @@ from tests.helpers import (
     wait_while_running,
     with_start_hook,
 )
-from tests.tiny_assets import write_sentiment_csv
+from tests.support.tiny_assets import write_sentiment_csv
 from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
 from trainer.data.shard_index import read_index
@@ -411,7 +411,7 @@ def test_streaming_run_killed_and_resumed_sees_each_example_once_per_epoch(
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory) -> Path:
-    from tests.tiny_assets import build_tiny_bert, sentiment_sentences
+    from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences
 
     root = tmp_path_factory.mktemp("bert")
     build_tiny_bert(root / "bert", [text for rows in sentiment_sentences().values()
@@ -498,7 +498,7 @@ def test_speech_streams_from_shards_filter_by_duration_and_collate(demo_assets, 
 
 
 def test_image_streams_augment_and_collate(tmp_path):
-    from tests.tiny_assets import build_tiny_vit, write_colour_images
+    from tests.support.tiny_assets import build_tiny_vit, write_colour_images
 
     write_colour_images(tmp_path / "images")
     build_tiny_vit(tmp_path / "vit")

@@ -19,8 +19,8 @@ from transformers import (
     TrainingArguments,
 )
 
-from tests.gcs_emulator import BUCKET
-from tests.helpers import checked_task, run_trainer, trainer_env, use_delivered_model
+from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import checked_task, run_trainer, trainer_env, use_delivered_model
 from trainer.command_line.parser import parse_flags
 from trainer.command_line.recipes import RECIPES_DIR, config_file_flags
 from trainer.common.errors import UserError

@@ -12,8 +12,8 @@ import shlex
 import pytest
 from datasets import load_dataset
 
-from tests.helpers import checked_task, run_trainer, speech_task, task_of, trainer_env
-from tests.tiny_assets import (
+from tests.support.helpers import checked_task, run_trainer, speech_task, task_of, trainer_env
+from tests.support.tiny_assets import (
     build_tiny_bert,
     build_tiny_vit,
     sentiment_sentences,

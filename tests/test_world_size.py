@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from tests.gcs_emulator import BUCKET
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     assert_manifest_matches_store,
     finish_all,

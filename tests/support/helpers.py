@@ -37,7 +37,7 @@ from trainer.common.cache import cache_dir, torch_extensions_dir
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
 from trainer.settings.run_config import Hardware
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PERSISTENT_EXTENSIONS_DIR = torch_extensions_dir(os.environ, cache_dir())
 """DeepSpeed compiles a C++ op on first CPU use (~45 s); every test run reuses it."""
@@ -481,12 +481,12 @@ def with_start_hook(env: dict[str, str], folder: Path, code: str) -> dict[str, s
 
 def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
     """Use a saved model in a fresh interpreter with plain transformers, as its users will
-    (tests/delivered_model.py); what came out, as a dict.
+    (tests/support/delivered_model.py); what came out, as a dict.
 
     One thread: torch's default (one per core) spins on a loaded 2-core machine, which
     made 20 generated tokens of the tiny model take 16 s instead of 0.2 s."""
     done = subprocess.run(
-        [sys.executable, "-m", "tests.delivered_model", task, str(model_dir), str(item)],
+        [sys.executable, "-m", "tests.support.delivered_model", task, str(model_dir), str(item)],
         cwd=REPO_ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,

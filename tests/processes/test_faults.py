@@ -1,7 +1,7 @@
 """Faults injected into the real `python -m trainer`: nothing trained is lost.
 
 Each test plants one fault (a metric that raises, a SIGTERM at a chosen moment, storage
-that refuses or slows chosen requests through tests/gcs_emulator.py's proxy, a full local
+that refuses or slows chosen requests through tests/support/gcs_emulator.py's proxy, a full local
 disk on a small tmpfs), then checks what a user would: the exit code, the one line the run
 printed and that it is true, what is complete in the store, and that a restart resumes
 from it rather than from step 1. docs/restarts.md ("Faults") lists what each shows.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs_emulator import BUCKET, FlakyProxy
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET, FlakyProxy
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     SLOW_STEPS,

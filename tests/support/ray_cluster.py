@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import free_port, trainer_env, wait_until
+from tests.support.helpers import free_port, trainer_env, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -1,6 +1,6 @@
 """Every Whisper family users fine-tune trains, evaluates, saves and transcribes.
 
-Each case builds a tiny checkpoint of a real family (tests/whisper_families.py), trains it
+Each case builds a tiny checkpoint of a real family (tests/support/whisper_families.py), trains it
 2 steps through `python -m trainer` with 2 processes and DeepSpeed ZeRO-2, evaluates with
 `generate()`, saves, and then uses the saved folder in a fresh process with plain
 transformers: `generate()` with no arguments and `pipeline("automatic-speech-recognition")`.
@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import run_trainer, trainer_env, use_delivered_model
+from tests.support.helpers import run_trainer, trainer_env, use_delivered_model
 
 pytestmark = pytest.mark.slow
 

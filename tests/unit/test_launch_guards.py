@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import TORCH_2_13, proc
+from tests.support.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
 from trainer.config.hardware_defaults import (
     MIB,

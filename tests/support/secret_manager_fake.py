@@ -14,7 +14,7 @@ import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from tests.helpers import serving
+from tests.support.helpers import serving
 
 
 class FakeSecretManager(ThreadingHTTPServer):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs_emulator import BUCKET, FlakyProxy
-from tests.helpers import assert_manifest_matches_store, wait_until
-from tests.tiny_assets import TONE_CLIPS
+from tests.support.gcs_emulator import BUCKET, FlakyProxy
+from tests.support.helpers import assert_manifest_matches_store, wait_until
+from tests.support.tiny_assets import TONE_CLIPS
 from trainer.common.errors import UserError
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import (

@@ -16,8 +16,8 @@ import shlex
 import pytest
 
 from tests.conftest import warm_hub_cache
-from tests.helpers import use_hub_at
-from tests.loopback_hub import running_hub
+from tests.support.helpers import use_hub_at
+from tests.support.loopback_hub import running_hub
 from trainer.launcher import main as launch
 from trainer.node import machine as hardware
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import TORCH_2_13, proc
+from tests.support.helpers import TORCH_2_13, proc
 from trainer.common.errors import UserError
 from trainer.launcher import cuda_driver
 from trainer.launcher.cuda_driver import (

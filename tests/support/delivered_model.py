@@ -1,6 +1,6 @@
 """Use a delivered model the way its users will: a fresh process, plain transformers.
 
-`python -m tests.delivered_model TASK MODEL_DIR INPUT` loads the saved folder with
+`python -m tests.support.delivered_model TASK MODEL_DIR INPUT` loads the saved folder with
 `from_pretrained` / `pipeline()` only (nothing from this project is imported) and prints
 one JSON object with what came out, for the calling test to check.
 

@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.helpers import serving
+from tests.support.helpers import serving
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 REVISION = r"(?P<revision>[^/]+)"

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 LINES = 5000
 PRINTER = f"""

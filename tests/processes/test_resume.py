@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-from tests.gcs_emulator import BUCKET, FlakyProxy
-from tests.helpers import (
+from tests.support.gcs_emulator import BUCKET, FlakyProxy
+from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
     assert_manifest_matches_store,

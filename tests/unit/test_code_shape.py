@@ -1,18 +1,16 @@
 """The shape the code keeps as it grows (docs/architecture.md): functions simple enough to
 read (radon's cyclomatic-complexity grades), module names that say one thing, and a run
-configuration that is cheap to read."""
+configuration that imports nothing above trainer/common (its cost in a fresh process:
+tests/processes/test_run_config_import.py)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import defaultdict
 
 from radon.complexity import cc_rank, cc_visit
 from radon.visitors import Class
 
-from tests.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "trainer"
 MAX_C_FUNCTIONS = 10
@@ -49,19 +47,6 @@ def test_module_names_say_one_thing():
         if path.name not in ("__init__.py", "__main__.py"):
             packages[path.stem].append(str(path.parent.relative_to(REPO_ROOT)))
     assert {name: where for name, where in packages.items() if len(where) > 1} == {}
-
-
-def test_reading_the_run_configuration_loads_no_ml_library(tmp_path):
-    """What a process that only reports a failure reads (the launcher of a killed rank):
-    no torch, no transformers, no task."""
-    code = (
-        "import json, sys; from trainer.settings.run_config import RunConfig; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'transformers', 'datasets', 'deepspeed') or m.startswith('trainer.tasks'))))"
-    )
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, cwd=tmp_path)  # fmt: skip
-    assert json.loads(loaded.stdout) == []
 
 
 def test_the_settings_package_imports_only_common():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.helpers import checked_task, few_clips, speech_task
-from tests.tiny_assets import TONE_CLIPS, write_tone_speech
+from tests.support.helpers import checked_task, few_clips, speech_task
+from tests.support.tiny_assets import TONE_CLIPS, write_tone_speech
 from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import skipped_per_epoch

@@ -15,7 +15,7 @@ import torch
 from datasets import Audio, load_dataset
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-from tests.helpers import DEMO_SPEECH_FLAGS, run_trainer, start_nodes, trainer_env
+from tests.support.helpers import DEMO_SPEECH_FLAGS, run_trainer, start_nodes, trainer_env
 from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
 
 pytestmark = pytest.mark.slow

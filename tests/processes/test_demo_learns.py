@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.helpers import run_trainer, trainer_env
+from tests.support.helpers import run_trainer, trainer_env
 from trainer.node.demo_assets import TEST_CLIPS
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,8 @@
 """Each Whisper family's own prompt, and what the launcher refuses before any launch.
 
-Fast, in-process checks on tiny checkpoints of the real families (tests/whisper_families.py);
-tests/test_whisper_families.py trains each of them through the real entrypoint.
+Fast, in-process checks on tiny checkpoints of the real families
+(tests/support/whisper_families.py); tests/processes/test_whisper_families.py trains each
+of them through the real entrypoint.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.helpers import checked_task
+from tests.support.helpers import checked_task
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from tests.helpers import free_port
+from tests.support.helpers import free_port
 
 BUCKET = "test-bucket"
 

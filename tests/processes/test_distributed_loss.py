@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.helpers import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+from tests.support.helpers import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.conftest import free_port, warm_hub_cache
-from tests.helpers import use_hub_at
+from tests.support.helpers import use_hub_at
 from trainer import jobspec
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from google.api_core.exceptions import Forbidden, ServiceUnavailable, Unauthorized
 
-from tests.gcs_emulator import BUCKET, FlakyProxy
+from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import (
     CheckpointUnreadable,

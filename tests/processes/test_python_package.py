@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import module_origin, pip_in, trainer_env, venv_with_dependencies
+from tests.support.helpers import module_origin, pip_in, trainer_env, venv_with_dependencies
 
 SHORTEST_DEMO = ["--nproc_per_node", "1", "--deepspeed", "zero2", "--max_steps", "1",
                  "--per_device_train_batch_size", "2", "--eval_strategy", "no",
