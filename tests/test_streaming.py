@@ -5,8 +5,6 @@ the GCS emulator."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import subprocess
 import sys
 import uuid
@@ -25,7 +23,6 @@ from tests.support.helpers import (
     final_weights,
     finish_all,
     image_task,
-    make_shards_in_process,
     node_stalls_after,
     resolved,
     run_trainer,
@@ -36,6 +33,13 @@ from tests.support.helpers import (
     vertex_outputs,
     wait_while_running,
     with_start_hook,
+)
+from tests.support.shard_sets import (
+    COLUMNS,
+    FORMATS,
+    TRAIN_ROWS,
+    make_sentiment_shards,
+    make_shards,
 )
 from tests.support.tiny_assets import write_sentiment_csv
 from trainer.command_line.parser import parse_flags
@@ -49,39 +53,6 @@ from trainer.data.streams import (
     prepare_stream,
 )
 from trainer.storage.store import open_store
-
-COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
-TRAIN_ROWS = 60
-"""tiny_assets' sentiment set: 60 training sentences."""
-
-
-FORMATS = ["parquet", "webdataset"]
-"""`trainer.shards --format` values: a test parametrized over them reads both kinds of shards."""
-
-
-def make_shards(*args) -> None:
-    """`python -m trainer.shards ARGS`, in this process (tests/test_shards.py runs the real
-    command line); it must succeed."""
-    errors = io.StringIO()
-    with contextlib.redirect_stderr(errors):
-        code = make_shards_in_process(*args)
-    assert code == 0, errors.getvalue()[-3000:]
-
-
-def make_sentiment_shards(
-    root: Path,
-    destination: str,
-    shard_size_mb: float,
-    source: Path | None = None,
-    shard_format: str = "parquet",
-):
-    if source is None:
-        source = root / "sentiment"
-        if not source.exists():
-            write_sentiment_csv(source)
-    make_shards(source, destination, "--task", "text-classification", *COLUMNS,
-                "--shard_size_mb", shard_size_mb, "--format", shard_format)  # fmt: skip
-    return read_index(open_store(destination))
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from tests.support.helpers import run_trainer, trainer_env
+from tests.support.helpers import RESULT_LINE, run_trainer, trainer_env
 from trainer.node.demo_assets import TEST_CLIPS
 
 pytestmark = pytest.mark.slow
-
-RESULT_LINE = re.compile(
-    r"result: WER ([\d.]+) before training -> ([\d.]+) after (\d+) steps "
-    r"on (\d+) eval examples; model in (\S+)"
-)
 
 
 def test_demo_recipe_beats_the_untrained_wer_on_held_out_voices(tmp_path, demo_cache):

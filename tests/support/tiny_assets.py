@@ -37,6 +37,8 @@ from transformers import (
     ViTModel,
 )
 
+from tests.support.helpers import few_clips
+
 COLOURS = {"red": (200, 40, 40), "green": (40, 170, 60), "blue": (40, 60, 200)}
 """Class name -> base colour of the synthetic images."""
 IMAGE_SPLITS = {"train": 40, "test": 12}
@@ -238,3 +240,18 @@ def _write_wav(path: Path, samples: np.ndarray) -> None:
         out.setsampwidth(2)
         out.setframerate(TONE_SAMPLE_RATE)
         out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+BAD_CLIPS = ("garbage.wav", "empty.wav", "missing.wav")
+
+
+def tone_speech_with_bad_clips(demo_assets, target) -> str:
+    """A copy of the tone set (hard links) whose training metadata also lists a garbage
+    clip, an empty one and one that does not exist: what a real corpus may carry."""
+    few_clips(demo_assets, target, per_split=TONE_CLIPS["train"])
+    folder = target / "train"
+    (folder / "garbage.wav").write_bytes(b"RIFF, but no audio " * 40)
+    (folder / "empty.wav").write_bytes(b"")
+    with (folder / "metadata.csv").open("a") as handle:
+        handle.writelines(f"{name},red cats\n" for name in BAD_CLIPS)  # missing.wav: no file
+    return str(target)

@@ -10,8 +10,13 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.support.helpers import checked_task, few_clips, speech_task
-from tests.support.tiny_assets import TONE_CLIPS, write_tone_speech
+from tests.support.helpers import checked_task, speech_task
+from tests.support.tiny_assets import (
+    BAD_CLIPS,
+    TONE_CLIPS,
+    tone_speech_with_bad_clips,
+    write_tone_speech,
+)
 from trainer.command_line.parser import parse_flags
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import skipped_per_epoch
@@ -159,21 +164,6 @@ def test_group_by_length_gets_label_lengths_from_the_transcripts(demo_assets, tm
     sampler = trainer._get_train_sampler()
     assert isinstance(sampler, LengthGroupedSampler)
     assert sampler.lengths == train["length"]
-
-
-BAD_CLIPS = ("garbage.wav", "empty.wav", "missing.wav")
-
-
-def tone_speech_with_bad_clips(demo_assets, target) -> str:
-    """A copy of the tone set (hard links) whose training metadata also lists a garbage
-    clip, an empty one and one that does not exist: what a real corpus may carry."""
-    few_clips(demo_assets, target, per_split=TONE_CLIPS["train"])
-    folder = target / "train"
-    (folder / "garbage.wav").write_bytes(b"RIFF, but no audio " * 40)
-    (folder / "empty.wav").write_bytes(b"")
-    with (folder / "metadata.csv").open("a") as handle:
-        handle.writelines(f"{name},red cats\n" for name in BAD_CLIPS)  # missing.wav: no file
-    return str(target)
 
 
 def test_undecodable_clips_are_skipped_and_counted_up_to_the_limit(demo_assets, tmp_path, capsys):
