@@ -28,16 +28,17 @@ demo: install
 	$(BIN)/python -m trainer --nproc_per_node 2
 
 # The fast tier (a few minutes): the layer contracts, then every test not marked slow.
+# Each tier ends with its 15 slowest tests (--durations): a slow test that grows shows there.
 # pytest exits 5 when a marker selects no test: a tier left empty is not a failure.
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not slow" tests || test $$? -eq 5
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests || test $$? -eq 5
 
 # Everything (what CI runs): the fast tier first, so a broken build fails in minutes,
 # then the end-to-end runs that start real training processes (and the few other tests
 # of many seconds each).
 test-all: test
-	$(BIN)/python -m pytest -q -m slow tests || test $$? -eq 5
+	$(BIN)/python -m pytest -q -m slow --durations=15 tests || test $$? -eq 5
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -27,7 +27,7 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -35,11 +35,11 @@ import yaml
 from trainer.command_line.parser import FlagParser
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
+from trainer.common.flag_fields import flag
 from trainer.common.secrets import (
     SECRET_FLAG_VARIABLES,
     looks_secret,
     mask,
-    parse_references,
     secret_values,
 )
 from trainer.config.deepspeed import preset_names
@@ -48,7 +48,6 @@ from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 from trainer.packaging import stage_package
 from trainer.preflight.run_checks import check_run
 from trainer.preflight.vertex_machines import machine_hardware, resolve_accelerator
-from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.run_config import RunConfig
 from trainer.storage.failure_kinds import brief
 from trainer.storage.store import open_store
@@ -96,141 +95,103 @@ generator always writes)."""
 
 @dataclass
 class JobSpecArguments:
-    nodes: int = field(default=2, metadata={"help": "Machines in the job (1 chief + workers)."})
-    machine_type: str = field(default="a2-highgpu-8g", metadata={"help": "Vertex machine type."})
-    accelerator_type: str | None = field(
-        default=None, metadata={"help": "GPU type (default: the machine type's own)."}
+    nodes: int = flag(2, "Machines in the job (1 chief + workers).")
+    machine_type: str = flag("a2-highgpu-8g", "Vertex machine type.")
+    accelerator_type: str | None = flag(None, "GPU type (default: the machine type's own).")
+    accelerator_count: int | None = flag(
+        None,
+        "GPUs per machine (default: the most it offers that its vCPUs can feed, "
+        "4 vCPUs a GPU: n1-standard-4 gets 1 T4, n1-standard-16 gets 4).",
     )
-    accelerator_count: int | None = field(
-        default=None,
-        metadata={
-            "help": "GPUs per machine (default: the most it offers that its vCPUs can feed, "
-            "4 vCPUs a GPU: n1-standard-4 gets 1 T4, n1-standard-16 gets 4)."
-        },
+    image: str = flag(
+        DEFAULT_IMAGE, "The training image, pinned: its commit tag or @sha256 digest."
     )
-    image: str = field(
-        default=DEFAULT_IMAGE,
-        metadata={"help": "The training image, pinned: its commit tag or @sha256 digest."},
+    spot: bool = flag(
+        False,
+        "Run on Spot VMs (scheduling strategy SPOT); preempted jobs resume, and "
+        f"nodes save every {SPOT_SAVE_INTERVAL_MINUTES} minutes unless the training flags "
+        "give --save_interval_minutes.",
     )
-    spot: bool = field(
-        default=False,
-        metadata={
-            "help": "Run on Spot VMs (scheduling strategy SPOT); preempted jobs resume, and "
-            f"nodes save every {SPOT_SAVE_INTERVAL_MINUTES} minutes unless the training flags "
-            "give --save_interval_minutes."
-        },
+    flex_start: bool = flag(
+        False,
+        "Dynamic Workload Scheduler (scheduling strategy FLEX_START): the job waits "
+        "until every GPU it asks for is available, then starts all nodes together.",
     )
-    flex_start: bool = field(
-        default=False,
-        metadata={
-            "help": "Dynamic Workload Scheduler (scheduling strategy FLEX_START): the job waits "
-            "until every GPU it asks for is available, then starts all nodes together."
-        },
+    max_wait_hours: int | None = flag(
+        None,
+        "With --flex_start or --spot: hours Vertex AI may wait for the GPUs "
+        f"(maxWaitDuration; FLEX_START's default {DEFAULT_MAX_WAIT_HOURS}, 0 waits without "
+        "limit; with --spot not written unless given).",
     )
-    max_wait_hours: int | None = field(
-        default=None,
-        metadata={
-            "help": "With --flex_start or --spot: hours Vertex AI may wait for the GPUs "
-            f"(maxWaitDuration; FLEX_START's default {DEFAULT_MAX_WAIT_HOURS}, 0 waits without "
-            "limit; with --spot not written unless given)."
-        },
+    base_output_dir: str = flag(
+        "gs://BUCKET/whisper-small-sr",
+        "gs:// prefix of checkpoints, logs and model (baseOutputDirectory).",
     )
-    base_output_dir: str = field(
-        default="gs://BUCKET/whisper-small-sr",
-        metadata={"help": "gs:// prefix of checkpoints, logs and model (baseOutputDirectory)."},
+    boot_disk_size_gb: int = flag(200, "Per machine: the image, caches and local checkpoints.")
+    timeout_hours: int = flag(24, "Vertex stops the job after this.")
+    recipe: str = flag(
+        "whisper-small.yaml", "Recipe shipped in the image (trainer/recipes/) or a /gcs/ path."
     )
-    boot_disk_size_gb: int = field(
-        default=200, metadata={"help": "Per machine: the image, caches and local checkpoints."}
+    deepspeed: str = flag("zero2", "DeepSpeed preset or JSON path.")
+    env: list[str] = flag([], "Extra NAME=VALUE variables for every node.")
+    skip_hub_check: bool = flag(
+        False, "Do not ask the Hugging Face Hub whether the model and dataset exist."
     )
-    timeout_hours: int = field(default=24, metadata={"help": "Vertex stops the job after this."})
-    recipe: str = field(
-        default="whisper-small.yaml",
-        metadata={"help": "Recipe shipped in the image (trainer/recipes/) or a /gcs/ path."},
+    accept_tcp_between_nodes: bool = flag(
+        False,
+        "Allow a multi-node job on A3 machines although this image configures no "
+        "GPUDirect-TCPX/TCPXO: NCCL then runs over TCP between nodes (a few GB/s instead of "
+        "hundreds); every multi-node run prints its measured all-reduce bandwidth.",
     )
-    deepspeed: str = field(default="zero2", metadata={"help": "DeepSpeed preset or JSON path."})
-    env: list[str] = field(
-        default_factory=list, metadata={"help": "Extra NAME=VALUE variables for every node."}
+    service_account: str | None = flag(
+        None,
+        "The service account email every node runs as (serviceAccount): it reads "
+        "the --secret references, the bucket and a --tensorboard instance. Default: "
+        "Vertex AI's own service agent.",
     )
-    skip_hub_check: bool = field(
-        default=False,
-        metadata={"help": "Do not ask the Hugging Face Hub whether the model and dataset exist."},
+    tensorboard: str | None = flag(
+        None,
+        "A Vertex AI TensorBoard instance for the job's logs: "
+        "projects/P/locations/L/tensorboards/ID (needs --service_account).",
     )
-    accept_tcp_between_nodes: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a multi-node job on A3 machines although this image configures no "
-            "GPUDirect-TCPX/TCPXO: NCCL then runs over TCP between nodes (a few GB/s instead of "
-            "hundreds); every multi-node run prints its measured all-reduce bandwidth."
-        },
+    enable_web_access: bool = flag(
+        False, "An interactive shell into every node, e.g. to look into a hang."
     )
-    service_account: str | None = field(
-        default=None,
-        metadata={
-            "help": "The service account email every node runs as (serviceAccount): it reads "
-            "the --secret references, the bucket and a --tensorboard instance. Default: "
-            "Vertex AI's own service agent."
-        },
+    network: str | None = flag(
+        None, "A peered VPC network for the nodes: projects/PROJECT_NUMBER/global/networks/NAME."
     )
-    tensorboard: str | None = field(
-        default=None,
-        metadata={
-            "help": "A Vertex AI TensorBoard instance for the job's logs: "
-            "projects/P/locations/L/tensorboards/ID (needs --service_account)."
-        },
+    reservation: str | None = flag(
+        None,
+        "Compute Engine reservation to draw the machines from: "
+        "projects/P/zones/Z/reservations/NAME, or 'any' for any matching one.",
     )
-    enable_web_access: bool = field(
-        default=False,
-        metadata={"help": "An interactive shell into every node, e.g. to look into a hang."},
+    persistent_resource_id: str | None = flag(
+        None, "Run on this Vertex AI persistent resource (already provisioned)."
     )
-    network: str | None = field(
-        default=None,
-        metadata={
-            "help": "A peered VPC network for the nodes: projects/PROJECT_NUMBER/global/"
-            "networks/NAME."
-        },
+    python_package: bool = flag(
+        False,
+        "Run this checkout's code on --image without rebuilding it: build its "
+        "sdist, upload it under --base_output_dir/packages/ and write every pool as a "
+        "pythonPackageSpec (executor: --image; --check builds but uploads nothing).",
     )
-    reservation: str | None = field(
-        default=None,
-        metadata={
-            "help": "Compute Engine reservation to draw the machines from: "
-            "projects/P/zones/Z/reservations/NAME, or 'any' for any matching one."
-        },
+    python_package_command: bool = flag(
+        False,
+        "With --python_package: write every pool as a containerSpec of --image "
+        "whose command installs the sdist from Cloud Storage FUSE (/gcs/...) and then "
+        "runs python -m trainer, as the Vertex AI SDK does for an image that is not a "
+        "prebuilt one, instead of a pythonPackageSpec (docs/deploy.md says when).",
     )
-    persistent_resource_id: str | None = field(
-        default=None,
-        metadata={"help": "Run on this Vertex AI persistent resource (already provisioned)."},
-    )
-    python_package: bool = field(
-        default=False,
-        metadata={
-            "help": "Run this checkout's code on --image without rebuilding it: build its "
-            "sdist, upload it under --base_output_dir/packages/ and write every pool as a "
-            "pythonPackageSpec (executor: --image; --check builds but uploads nothing)."
-        },
-    )
-    python_package_command: bool = field(
-        default=False,
-        metadata={
-            "help": "With --python_package: write every pool as a containerSpec of --image "
-            "whose command installs the sdist from Cloud Storage FUSE (/gcs/...) and then "
-            "runs python -m trainer, as the Vertex AI SDK does for an image that is not a "
-            "prebuilt one, instead of a pythonPackageSpec (docs/deploy.md says when)."
-        },
-    )
-    max_trial_count: int = field(default=8, metadata={"help": "Tuning: trials in total."})
-    parallel_trial_count: int = field(default=2, metadata={"help": "Tuning: trials at once."})
+    max_trial_count: int = flag(8, "Tuning: trials in total.")
+    parallel_trial_count: int = flag(2, "Tuning: trials at once.")
 
 
 @dataclass
 class FileArguments:
     """Where the files go; not part of the spec, so not recorded in the files' header."""
 
-    dest: str = field(default=".", metadata={"help": "Directory the two files are written to."})
-    check: bool = field(
-        default=False,
-        metadata={
-            "help": "Write nothing (and upload nothing); exit 1 if the files on disk differ."
-        },
+    dest: str = flag(".", "Directory the two files are written to.")
+    check: bool = flag(
+        False, "Write nothing (and upload nothing); exit 1 if the files on disk differ."
     )
 
 
@@ -416,10 +377,6 @@ def check_the_run(
             f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
             "nor a /gcs/BUCKET/... path the nodes can read."
         )
-    launcher_flags, _ = FlagParser([LauncherArguments]).parse_known_args(training_flags)
-    parse_references(launcher_flags.secret)
-    if launcher_flags.dry_run:
-        raise UserError("--dry-run in a job spec would make every node exit without training.")
     recipe = options.recipe
     if not recipe.startswith("/gcs/") and (
         Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file()
@@ -436,6 +393,8 @@ def check_the_run(
         recipe, _, deepspeed, *flags = container_args(options, training_flags)
         argv = [read_here(recipe, scratch), "--deepspeed", read_here(deepspeed, scratch), *flags]
         config = resolve_run(argv, chief_env, hardware)
+        if config.launcher.dry_run:
+            raise UserError("--dry-run in a job spec would make every node exit without training.")
         skip_hub_check = options.skip_hub_check or config.launcher.skip_hub_check
         config = replace(config, launcher=replace(config.launcher, skip_hub_check=skip_hub_check))
         check_run(config, chief_env, on_node=False)
@@ -450,11 +409,13 @@ def read_here(path: str, scratch: Path) -> str:
     folder, name = path.rsplit("/", 1)
     try:
         text = open_store(folder).read_text(name)
-    except Exception as error:  # noqa: BLE001 - any storage or credentials failure
+    except UserError as error:  # no credentials: its line says what to do
+        raise UserError(f"{path} cannot be read from here to check the job: {error}") from None
+    except Exception as error:  # noqa: BLE001 - any storage failure
         raise UserError(
             f"{path} cannot be read from here to check the job ({brief(error)}): the nodes "
-            "read it through the bucket's mount; check that your credentials can read it "
-            "(gcloud auth application-default login)."
+            "read it through the bucket's mount; check that it exists and your credentials "
+            "can read it."
         ) from None
     if text is None:
         raise UserError(
@@ -629,7 +590,6 @@ def render(
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
-    accelerator(options)
     run = check_the_run(options, training_flags, os.environ if env is None else env)
     package_uri = stage_package(options.base_output_dir, upload) if options.python_package else None
     command = _command(argv)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainer.command_line.parser import FlagParser
 from trainer.common.errors import UserError
+from trainer.common.flag_fields import flag
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 EXCLUDES = [".git", ".venv", "outputs", "**/__pycache__", ".pytest_cache", ".ci-cache"]
@@ -30,9 +31,8 @@ class SubmitArguments:
     address: str = field(
         metadata={"help": "vertex_ray://DASHBOARD, http://HOST:8265 or ray://HOST:10001."}
     )
-    env_var: list[str] = field(
-        default_factory=lambda: ["HF_TOKEN"],
-        metadata={"help": "Variables of this shell passed to the job (values not printed)."},
+    env_var: list[str] = flag(
+        ["HF_TOKEN"], "Variables of this shell passed to the job (values not printed)."
     )
 
 

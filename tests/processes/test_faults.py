@@ -3,13 +3,18 @@
 Each test plants one fault (a metric that raises, a SIGTERM at a chosen moment, storage
 that refuses or slows chosen requests through tests/support/gcs_emulator.py's proxy, a full local
 disk on a small tmpfs), then checks what a user would: the exit code, the one line the run
-printed and that it is true, what is complete in the store, and that a restart resumes
-from it rather than from step 1. docs/restarts.md ("Faults") lists what each shows.
+printed and that it is true, what is complete in the store, and, where the fault could
+leave something a restart trips on (an older checkpoint as the resume point, one rank's
+failed evaluation), that a restart resumes from it rather than from step 1; a restart from
+an intact store is proven there and in tests/processes/test_resume.py. A failing metric at
+the last step's evaluation is tests/processes/test_run_records_runs.py's first attempt.
+docs/restarts.md ("Faults") lists what each shows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
 import uuid
@@ -17,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checkpoint_files import contents, saved_world_size_of_store
 from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
-    FAILING_METRICS,
     SLOW_STEPS,
     assert_manifest_matches_store,
     complete_from,
@@ -38,6 +43,7 @@ from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import MANIFEST, complete_checkpoints
 from trainer.storage.store import open_store
+from trainer.training.world_size import saved_world_size
 
 pytestmark = pytest.mark.slow
 
@@ -151,9 +157,10 @@ Trainer.get_eval_dataloader = _failing_loader
 class Job:
     """One job's outputs in the emulator, and how to run the trainer on them."""
 
-    def __init__(self, tmp_path: Path, demo_assets, storage_host: str, bucket: str = BUCKET):
+    def __init__(self, tmp_path: Path, demo_assets, storage_host: str, bucket: str = BUCKET,
+                 base: str | None = None):  # fmt: skip
         self.tmp_path = tmp_path
-        self.base = f"gs://{bucket}/{uuid.uuid4().hex}"
+        self.base = base or f"gs://{bucket}/{uuid.uuid4().hex}"
         self.checkpoints = open_store(f"{self.base}/checkpoints")
         self.model = open_store(f"{self.base}/model")
         self.inputs = ["--model_name_or_path", str(demo_assets.model_dir),
@@ -223,42 +230,63 @@ def proxied_job(tmp_path, demo_assets, gcs):
         proxy.close()
 
 
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory, demo_assets, gcs_emulator) -> Job:
+    """A job of 2 processes that finished its 4 steps (checkpoint-2 and checkpoint-4
+    complete in the store, the model delivered), run once for the tests that start
+    from one. They only read it: its store and its machine (`first`) stay as it left them."""
+    job = Job(tmp_path_factory.mktemp("finished-job"), demo_assets, gcs_emulator)
+    code, output = job.run("first", "--eval_strategy", "no", nproc=2)
+    assert code == 0, output[-3000:]
+    return job
+
+
+def restart_of(finished: Job, tmp_path: Path, demo_assets, storage_host: str) -> Job:
+    """The finished job restarted on new machines (under `tmp_path`), its requests going
+    to `storage_host`."""
+    return Job(tmp_path, demo_assets, storage_host, base=finished.base)
+
+
 @pytest.mark.parametrize(
-    ("hook", "where", "cause"),
+    ("hook", "cause", "restart"),
     [
-        (FAILING_METRICS, "", "ValueError: metric backend exploded"),
-        (ONE_RANKS_PREDICTION_FAILS, " on rank 1 of 2", "ValueError: clip decoder crashed"),
-        (ONE_RANKS_BATCH_UNREADABLE, " on rank 1 of 2",
-         "OSError: clip-3.wav: Invalid data found when processing input"),
+        (ONE_RANKS_PREDICTION_FAILS, "ValueError: clip decoder crashed", False),
+        (ONE_RANKS_BATCH_UNREADABLE,
+         "OSError: clip-3.wav: Invalid data found when processing input", True),
     ],
-    ids=["metric", "one-ranks-prediction", "one-ranks-loader"],
+    ids=["one-ranks-prediction", "one-ranks-loader"],
 )  # fmt: skip
 def test_a_failing_last_step_evaluation_keeps_the_step_and_delivers_the_model(
-    job, hook, where, cause
+    job, hook, cause, restart
 ):
-    """Fault 1: the evaluation at the last step fails: its metric on every rank, or one
-    rank's batch inside the evaluation loop while the other rank's succeed (the ranks
-    agree on that before the batch's gathers, so no rank is left waiting in one). The step
-    is still saved and uploaded, the model delivered with its manifest, and the one line
-    says so, naming the rank where one failed alone; a restart resumes from that step."""
+    """Fault 1: the evaluation at the last step fails: one rank's batch inside the
+    evaluation loop while the other rank's succeed (the ranks agree on that before the
+    batch's gathers, so no rank is left waiting in one). The step is still saved and
+    uploaded, the model delivered with its manifest, and the one line says so, naming the
+    rank where it failed; a restart resumes from that step (checked once: the two faults
+    leave the same store). Its metric failing on every rank: the first attempt of
+    tests/processes/test_run_records_runs.py."""
     code, output = job.run("first", hook=hook)
 
     assert code == 1, output[-3000:]
     line = the_line(output, "error:")
     assert line == (
-        f"error: the evaluation at step {STEPS} failed{where} ({cause}); the newest complete "
-        f"checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a restart resumes; "
-        f"the trained model is saved at {job.base}/model/ (load it with from_pretrained)"
+        f"error: the evaluation at step {STEPS} failed on rank 1 of 2 ({cause}); the newest "
+        f"complete checkpoint is {job.base}/checkpoints/checkpoint-{STEPS}, where a restart "
+        f"resumes; the trained model is saved at {job.base}/model/ (load it with "
+        "from_pretrained)"
     ), output[-3000:]
     assert job.complete() == ["checkpoint-2", f"checkpoint-{STEPS}"]
     assert_manifest_matches_store(job.checkpoints.child(f"checkpoint-{STEPS}"))
     assert_manifest_matches_store(job.model)
-    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
+    if restart:
+        job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
 
 
 def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
     """Fault 1 (SIGTERM): a stop during the last step's evaluation abandons the evaluation,
-    saves the step on every rank and ends with one `preempted:` line."""
+    saves the step on every rank (complete in the store, where a restart resumes) and ends
+    with one `preempted:` line."""
     run = job.start("first", hook=SLOW_EVALUATION)
     code, output = stop_once_logged(run, "evaluation batch", "the last step's evaluation")
 
@@ -267,7 +295,6 @@ def test_sigterm_during_the_last_step_evaluation_saves_that_step(job):
     assert re.match(rf"preempted: SIGTERM on node 0 .*: checkpoint-{STEPS} is complete in "
                     rf"{job.base}/checkpoints/", line), line  # fmt: skip
     assert f"checkpoint-{STEPS}" in job.complete()
-    job.assert_resumes_from("restart", f"checkpoint-{STEPS}")
 
 
 def test_sigterm_while_the_model_uploads_ends_with_the_model_and_the_checkpoint(proxied_job):
@@ -297,19 +324,21 @@ def test_sigterm_while_the_model_uploads_ends_with_the_model_and_the_checkpoint(
     assert_manifest_matches_store(job.model)
 
 
-def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(proxied_job):
+def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(
+    finished_job, tmp_path, demo_assets, gcs
+):
     """Fault 3: complete checkpoints exist but their files' downloads are refused (403).
-    The run stops before training with one line; nothing is trained or deleted; once
-    storage answers again, a restart resumes from the newest one."""
-    job, proxy = proxied_job
-    code, output = job.run("first", "--eval_strategy", "no", nproc=1)
-    assert code == 0, output[-3000:]
-    before = job.checkpoints.list_files()
-
-    refused = proxy.fault("GET", r"/checkpoints/checkpoint-\d+/(?!manifest)\S*alt=media",
-                          refuse=True)  # fmt: skip
-    code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
-    proxy.clear()
+    The run stops before training with one line; nothing is trained or deleted: the store
+    a restart resumes from once storage answers again is as the job left it."""
+    proxy = FlakyProxy(gcs)
+    try:
+        job = restart_of(finished_job, tmp_path, demo_assets, proxy.url)
+        before = job.checkpoints.list_files()
+        refused = proxy.fault("GET", r"/checkpoints/checkpoint-\d+/(?!manifest)\S*alt=media",
+                              refuse=True)  # fmt: skip
+        code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
+    finally:
+        proxy.close()
 
     assert code == 1, output[-3000:]
     assert refused.hits > 0, "no download was refused: the test proved nothing"
@@ -322,14 +351,14 @@ def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(pro
                          "checkpoints/ can be read"), line  # fmt: skip
     assert not STEP_LINE.findall(output), "it trained"
     assert job.checkpoints.list_files() == before, "something was written or deleted"
-    job.assert_resumes_from("restart", f"checkpoint-{STEPS}", nproc=1)
 
 
-def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(job, tmp_path):
+def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(
+    finished_job, tmp_path, demo_assets, gcs
+):
     """Fault 3 (disk): the new machine's disk cannot hold the checkpoint: one line names
     the disk, its free space and the checkpoint; nothing is trained or deleted."""
-    code, output = job.run("first", "--eval_strategy", "no", nproc=1)
-    assert code == 0, output[-3000:]
+    job = restart_of(finished_job, tmp_path, demo_assets, gcs)
     before = job.checkpoints.list_files()
 
     with small_disk(tmp_path / "second" / "out", 8) as out:
@@ -501,17 +530,33 @@ def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is
     )
 
 
-def test_a_restart_with_another_process_count_converts_the_checkpoint_and_resumes(job):
-    """Fault 14: a ZeRO checkpoint saved by 2 processes, a restart with 1. DeepSpeed alone
-    would fail on every restart; the run converts the checkpoint to DeepSpeed's universal
-    form, says so, and trains on from it."""
-    code, output = job.run("first", "--eval_strategy", "no", nproc=2)
-    assert code == 0, output[-3000:]
+def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(finished_job, job):
+    """Fault 14: a ZeRO checkpoint saved by 2 processes, resumed by 1 (`--resume` naming it
+    on the machine that saved it, another output location). DeepSpeed alone would fail on
+    every restart; the run converts the checkpoint to DeepSpeed's universal form beside its
+    own output (the Trainer's files hard-linked from the original), says so, trains on from
+    its step and saves checkpoints of its own count; the original is left as it was. (A
+    job restarted with more processes, each node converting its download from Cloud
+    Storage: tests/processes/test_world_size_runs.py.)"""
+    original = finished_job.tmp_path / "first" / "out" / f"checkpoint-{STEPS}"
+    assert saved_world_size(original) == 2
+    before = contents(original)
 
-    code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
+    code, output = job.run("second", "--resume", str(original), "--max_steps", "6",
+                           "--eval_strategy", "no", nproc=1)  # fmt: skip
     assert code == 0, output[-3000:]
+    assert f"resuming from {original}\n" in output, "it resumed a copy, not the original"
     assert re.search(rf"^checkpoint-{STEPS} was saved by 2 processes: converted to DeepSpeed's "
-                     r"universal checkpoint \(.*\), resuming with 1$", output, re.MULTILINE), (
-        output[-3000:]
-    )  # fmt: skip
+                     rf"universal checkpoint \([\d.]+ s, out/\.universal/checkpoint-{STEPS}\), "
+                     r"resuming with 1$", output, re.MULTILINE), output[-3000:]  # fmt: skip
     assert sorted(int(step) for step, _ in STEP_LINE.findall(output)) == [5, 6]
+    assert contents(original) == before, "the original checkpoint was changed"
+    # this run's own checkpoint, in its own count; the conversion stayed local
+    assert job.complete() == ["checkpoint-6"]
+    saved = job.checkpoints.child("checkpoint-6")
+    assert_manifest_matches_store(saved)
+    assert saved_world_size_of_store(saved) == 1
+    assert json.loads(saved.read_text("trainer_state.json"))["global_step"] == 6
+    assert not [path for path in job.checkpoints.list_files() if ".universal" in path]
+    assert "model.safetensors" in job.model.list_files()
+    assert_manifest_matches_store(job.model)

@@ -4,7 +4,8 @@ from Cloud Storage.
 Two simulated nodes (separate processes, directories and CLUSTER_SPECs) write
 checkpoints, TensorBoard logs and the model to a real GCS emulator through the real
 google-cloud-storage client, with the output locations Vertex AI derives from
-`baseOutputDirectory`.
+`baseOutputDirectory`. The model is the demo's tiny Whisper, the data tone clips
+(tests/support/tiny_assets.py): what is compared is weights and steps, not what it learns.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ from trainer.storage.store import open_store
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 40
+MAX_STEPS = 20
+INTERRUPT_FROM = 5
+"""The tests interrupt a run once a checkpoint of this step or later is complete: a
+quarter into it, with most of the run still to go however fast its steps are."""
 RUN = [
     *DEMO_SPEECH_FLAGS,
     "--deepspeed", "zero2",
@@ -59,7 +63,7 @@ RUN = [
     "--save_total_limit", "2",
     "--logging_steps", "1",  # a line per step: the steps lost are counted exactly
     "--eval_strategy", "steps",
-    "--eval_steps", "20",
+    "--eval_steps", "10",
     "--max_eval_samples", "4",
     "--per_device_eval_batch_size", "4",
     "--per_device_train_batch_size", "4",
@@ -86,17 +90,23 @@ most --stop_grace_seconds (25 s in the test, 8 s by default) of uploads and torc
 margin, on a busy 2-core machine. The bound a real stop must meet is 15 s (docs/restarts.md)."""
 
 
+def tone_speech(demo_assets) -> list[str]:
+    """The flags that train the demo's tiny Whisper on the tone clips."""
+    return ["--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS]  # fmt: skip
+
+
 def steps_logged(log: str) -> list[int]:
     return [int(step) for step in STEP_LINE.findall(log)]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(gcs_emulator, spoken_assets, tmp_path_factory) -> tuple[str, float, float]:
+def uninterrupted(gcs_emulator, demo_assets, tmp_path_factory) -> tuple[str, float, float]:
     """The reference: the job of RUN, never interrupted (run once for the tests below).
     Its outputs' base URI, its seconds per training step and its final WER."""
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}/uninterrupted"
     root = tmp_path_factory.mktemp("uninterrupted")
-    finish_all(start_nodes(root, spoken_assets.model_dir, spoken_assets.dataset_dir, RUN,
+    finish_all(start_nodes(root, demo_assets.model_dir, demo_assets.dataset_dir, RUN,
                            STORAGE_EMULATOR_HOST=gcs_emulator, **vertex_outputs(base)))  # fmt: skip
     runtime = json.loads((root / "node0" / "out" / "train_results.json").read_text())
     evaluation = json.loads((root / "node0" / "out" / "eval_results.json").read_text())
@@ -112,7 +122,7 @@ def assert_same_weights(reference: str, resumed: str, tmp_path) -> float:
 
 
 def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uninterrupted(
-    tmp_path, spoken_assets, gcs, uninterrupted
+    tmp_path, demo_assets, gcs, uninterrupted
 ):
     """Vertex AI restarts a failed worker with the same hostname, at once, while the other
     nodes are mid-collective; with restartJobOnWorkerRestart it then restarts every node.
@@ -121,14 +131,14 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
     reference, seconds_per_step, reference_wer = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
-    inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
+    inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
     checkpoints = open_store(f"{base}/checkpoints")
     port = free_port()
 
-    # 1. The job runs; node 1's machine fails once checkpoint-10 is complete.
+    # 1. The job runs; node 1's machine fails once checkpoint-5 is complete.
     nodes = start_nodes(tmp_path / "job", *inputs, RUN, port=port, **env)
-    wait_while_running(nodes, lambda: complete_from(checkpoints, 10), 400,
-                       "a complete checkpoint of step 10 or later")  # fmt: skip
+    wait_while_running(nodes, lambda: complete_from(checkpoints, INTERRUPT_FROM), 400,
+                       f"a complete checkpoint of step {INTERRUPT_FROM} or later")  # fmt: skip
     nodes[1].kill_node()
     killed_at = time.monotonic()
     nodes[1].process.wait()
@@ -212,7 +222,7 @@ class WedgedChief:
 
 
 def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeout(
-    tmp_path, spoken_assets
+    tmp_path, demo_assets
 ):
     """A worker restarted alone (or started) while its chief is wedged must not hold its
     machine for ever: it exits 1 with one line once --rdzv_timeout plus the margin has passed
@@ -223,7 +233,7 @@ def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeou
     started = time.monotonic()
     try:
         flags = [*RUN, "--rdzv_timeout", str(rdzv_timeout)]
-        inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
+        inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
         worker = start_node(tmp_path, 1, 2, chief.port, *inputs, flags)
         code, log = worker.finish(timeout=START_GIVE_UP_BOUND)
     finally:
@@ -248,7 +258,7 @@ PREEMPTED_LINE = re.compile(r"^preempted: SIGTERM on node (\d+) .*?: (checkpoint
 
 
 def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resumes_there(
-    tmp_path, spoken_assets, gcs, uninterrupted
+    tmp_path, demo_assets, gcs, uninterrupted
 ):
     """A Spot preemption notice (SIGTERM to node 1's container): both nodes finish the step
     in flight, save it, upload it and exit with code 75 and one line; the restarted job
@@ -256,7 +266,7 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
     reference, _, _ = uninterrupted
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     env = {"STORAGE_EMULATOR_HOST": gcs, **vertex_outputs(base)}
-    inputs = (spoken_assets.model_dir, spoken_assets.dataset_dir)
+    inputs = (demo_assets.model_dir, demo_assets.dataset_dir)
     checkpoints = open_store(f"{base}/checkpoints")
 
     # A real node's 8 s default is for real storage; on this busy 2-core machine the
@@ -264,8 +274,8 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
     # is the test after this one.
     stop_run = [*RUN, "--stop_grace_seconds", "25"]
     nodes = start_nodes(tmp_path / "job", *inputs, stop_run, **env)
-    wait_while_running(nodes, lambda: complete_from(checkpoints, 10), 400,
-                       "a complete checkpoint of step 10 or later")  # fmt: skip
+    wait_while_running(nodes, lambda: complete_from(checkpoints, INTERRUPT_FROM), 400,
+                       f"a complete checkpoint of step {INTERRUPT_FROM} or later")  # fmt: skip
     nodes[1].terminate()
     signalled_at = time.monotonic()
     completed_at: dict[str, float] = {}  # when each checkpoint's manifest appeared
@@ -310,7 +320,7 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
 
 
 def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoint(
-    tmp_path, demo_cache, gcs
+    tmp_path, demo_assets, gcs
 ):
     """SIGTERM while storage is too slow for the grace period: the process still exits in
     time, its stop checkpoint has no manifest, and the newest complete one stays the
@@ -320,11 +330,13 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
     checkpoints = open_store(f"{base}/checkpoints")
     try:
         run = start_trainer(
-            ["--nproc_per_node", "2", "--max_steps", "60", "--save_steps", "3",
+            ["--nproc_per_node", "2", *tone_speech(demo_assets),
+             "--per_device_train_batch_size", "2", "--max_steps", "200", "--save_steps", "3",
              "--eval_strategy", "no", "--logging_steps", "1", "--stop_grace_seconds", "2",
-             "--output_dir", "out"],
+             "--output_dir", "out"],  # stopped long before step 200
             cwd=tmp_path,
-            env=trainer_env(demo_cache, STORAGE_EMULATOR_HOST=proxy.url, **vertex_outputs(base)),
+            env=trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=proxy.url,
+                            **vertex_outputs(base)),
         )  # fmt: skip
         wait_while_running([run], lambda: complete_checkpoints(checkpoints), 400,
                            "a complete checkpoint")  # fmt: skip
@@ -348,22 +360,25 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
     print(f"stop without time to upload: {name} left incomplete, resume point {complete[-1]}")
 
 
-def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, gcs):
+def test_training_completes_while_storage_fails_requests(tmp_path, demo_assets, gcs):
     proxy = FlakyProxy(gcs, failure_rate=0.15, seed=3)
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     try:
         code, output = run_trainer(
-            ["--nproc_per_node", "2", "--max_steps", "6", "--save_steps", "2",
-             "--eval_strategy", "no", "--logging_steps", "2", "--output_dir", "out"],
+            ["--nproc_per_node", "2", *tone_speech(demo_assets),
+             "--per_device_train_batch_size", "2", "--max_steps", "6", "--save_steps", "2",
+             "--save_total_limit", "2", "--eval_strategy", "no", "--logging_steps", "2",
+             "--output_dir", "out"],
             cwd=tmp_path,
-            env=trainer_env(demo_cache, STORAGE_EMULATOR_HOST=proxy.url, **vertex_outputs(base)),
+            env=trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=proxy.url,
+                            **vertex_outputs(base)),
         )  # fmt: skip
     finally:
         proxy.close()
     assert code == 0, output[-3000:]
     assert proxy.failures > 0, "no fault was injected: the test proved nothing"
     checkpoints = open_store(f"{base}/checkpoints")
-    # the demo recipe's save_total_limit (2) applies in GCS too
+    # --save_total_limit 2 applies in GCS too
     assert complete_checkpoints(checkpoints) == ["checkpoint-4", "checkpoint-6"]
     assert "checkpoint-2" not in checkpoints.list_dirs()
     for name in complete_checkpoints(checkpoints):
@@ -373,7 +388,7 @@ def test_training_completes_while_storage_fails_requests(tmp_path, demo_cache, g
     print(f"storage proxy failed {proxy.failures} of {proxy.requests} requests")
 
 
-def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_assets, gcs):
+def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_assets, gcs):
     """Training ends, then the final evaluation fails: the model is already in the bucket,
     the run exits non-zero, and one error line says what failed and where the model is."""
     run_dir = tmp_path / "run"
@@ -382,9 +397,8 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_ass
     env = trainer_env(tmp_path / "cache", STORAGE_EMULATOR_HOST=gcs, **vertex_outputs(base))
     env = with_start_hook(env, tmp_path / "hooks", FAILING_METRICS)
     code, output = run_trainer(
-        ["--nproc_per_node", "2", "--model_name_or_path", str(spoken_assets.model_dir),
-         "--dataset_name", str(spoken_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
-         "--max_steps", "2", "--per_device_train_batch_size", "2", "--eval_strategy", "no",
+        ["--nproc_per_node", "2", *tone_speech(demo_assets), "--max_steps", "2",
+         "--per_device_train_batch_size", "2", "--eval_strategy", "no",
          "--do_eval", "true", "--save_strategy", "no", "--max_eval_samples", "2",
          "--generation_max_length", "4",
          "--output_dir", "out"],
@@ -406,7 +420,7 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, spoken_ass
     open_store(f"{base}/model").download(local)
     model = WhisperForConditionalGeneration.from_pretrained(local)
     WhisperProcessor.from_pretrained(local)
-    initial = WhisperForConditionalGeneration.from_pretrained(spoken_assets.model_dir).state_dict()
+    initial = WhisperForConditionalGeneration.from_pretrained(demo_assets.model_dir).state_dict()
     trained = model.state_dict()
     changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
     assert len(changed) > len(initial) // 2, "the delivered weights are not the trained ones"

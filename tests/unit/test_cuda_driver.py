@@ -1,6 +1,6 @@
 """The launcher's first check: does this node's NVIDIA driver run torch's CUDA? The decision
 is fed made-up driver versions (the /proc/driver/nvidia/version line of each branch);
-tests/test_launch_guards.py runs the launcher itself with a faked driver file."""
+tests/unit/test_launch_guards.py runs the launcher itself with a faked driver file."""
 
 from __future__ import annotations
 

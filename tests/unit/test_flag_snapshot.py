@@ -1,11 +1,11 @@
-"""The project's own flags, with their types and defaults, against tests/flag_snapshot.json.
+"""The project's own flags, with their types and defaults, against tests/unit/flag_snapshot.json.
 
 A flag renamed, removed, retyped or given a new default changes what every recipe, job spec
 and command line out there means, so it must be deliberate: this test fails on any change
 and says which flags changed. To accept a change, rewrite the snapshot and commit it with
 the change:
 
-    UPDATE_FLAG_SNAPSHOT=1 pytest tests/test_flag_snapshot.py
+    UPDATE_FLAG_SNAPSHOT=1 pytest tests/unit/test_flag_snapshot.py
 
 Covered: the launcher's, task selector's, model's, data's and outputs' dataclasses, every
 task's own flags, and the defaults this project sets for Hugging Face training flags
@@ -150,7 +150,7 @@ def test_the_projects_flags_match_the_snapshot(capsys):
             f"The project's flags differ from {SNAPSHOT.relative_to(SNAPSHOT.parent.parent)}:\n"
             + "\n".join(f"  {line}" for line in changes)
             + "\nIf this is deliberate, rewrite the snapshot and commit it with the change:\n"
-            f"  {UPDATE_VARIABLE}=1 pytest tests/test_flag_snapshot.py",
+            f"  {UPDATE_VARIABLE}=1 pytest tests/unit/test_flag_snapshot.py",
             pytrace=False,
         )
 

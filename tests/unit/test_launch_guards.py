@@ -1,5 +1,5 @@
 """Checks the launcher makes about the node itself before it launches anything: an NVIDIA
-driver too old for torch's CUDA (tests/test_cuda_driver.py has the decision), GPUs torch
+driver too old for torch's CUDA (tests/unit/test_cuda_driver.py has the decision), GPUs torch
 cannot use, a chief whose name does not resolve, and a /dev/shm too small for the loader
 workers. The decisions are pure functions fed made-up inputs; one run of the real
 launcher per guard shows it ends in one `error:` line (or a warning) before any launch.

@@ -3,7 +3,7 @@
 On Vertex AI every line a process prints is a Cloud Logging entry, per process, per node:
 a harmless deprecation repeated by 16 ranks at every checkpoint buries the lines that
 matter. Only what is listed here is hidden; any other warning still shows, and a test
-(tests/test_quiet_logs.py) fails on warning-looking output that is not on this list.
+(tests/unit/test_quiet_logs.py) fails on warning-looking output that is not on this list.
 `silence_known_noise()` runs first in every training process and in the launcher.
 """
 

@@ -43,7 +43,7 @@ HUB_TOKEN_VARIABLE = "HF_TOKEN"
 SECRET_FLAG_VARIABLES = {"hub_token": HUB_TOKEN_VARIABLE}
 """Every secret-looking training flag -> the environment variable its library reads instead.
 The launcher hands the flag's value to the training processes in that variable, so it never
-travels in the run configuration (tests/test_secrets.py fails for a secret-looking flag
+travels in the run configuration (tests/unit/test_secrets.py fails for a secret-looking flag
 that is missing here)."""
 
 REFERENCE = re.compile(

@@ -3,52 +3,40 @@ cluster. Read once by `python -m trainer.ray`; every other flag is a training fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainer.command_line.parser import FlagParser
 from trainer.common.errors import UserError
+from trainer.common.flag_fields import flag
 
 
 @dataclass
 class RayArguments:
-    address: str = field(
-        default="auto",
-        metadata={
-            "help": "The Ray cluster: host:port of its head (GCS), ray://host:10001, or auto "
-            "(this node's cluster, or $RAY_ADDRESS, as inside a submitted job)."
-        },
+    address: str = flag(
+        "auto",
+        "The Ray cluster: host:port of its head (GCS), ray://host:10001, or auto "
+        "(this node's cluster, or $RAY_ADDRESS, as inside a submitted job).",
     )
-    num_workers: int | None = field(
-        default=None,
-        metadata={
-            "help": "Ray Train workers, one training process each (default: one per GPU of "
-            "the cluster with --use_gpu, else one per node that has CPUs)."
-        },
+    num_workers: int | None = flag(
+        None,
+        "Ray Train workers, one training process each (default: one per GPU of "
+        "the cluster with --use_gpu, else one per node that has CPUs).",
     )
-    use_gpu: bool | None = field(
-        default=None,
-        metadata={"help": "Give each worker GPUs (default: true when the cluster has GPUs)."},
+    use_gpu: bool | None = flag(
+        None, "Give each worker GPUs (default: true when the cluster has GPUs)."
     )
-    cpus_per_worker: float = field(
-        default=1, metadata={"help": "CPUs Ray reserves for each worker."}
+    cpus_per_worker: float = flag(1, "CPUs Ray reserves for each worker.")
+    gpus_per_worker: float = flag(1, "GPUs Ray reserves for each worker, with --use_gpu.")
+    max_failures: int = flag(
+        3,
+        "How often Ray restarts the workers after one fails (FailureConfig); the "
+        "run resumes from the last complete checkpoint each time. -1: without limit.",
     )
-    gpus_per_worker: float = field(
-        default=1, metadata={"help": "GPUs Ray reserves for each worker, with --use_gpu."}
-    )
-    max_failures: int = field(
-        default=3,
-        metadata={
-            "help": "How often Ray restarts the workers after one fails (FailureConfig); the "
-            "run resumes from the last complete checkpoint each time. -1: without limit."
-        },
-    )
-    ray_storage_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Ray Train's own run state and results (RunConfig.storage_path; default: "
-            "~/ray_results on the node running this). Checkpoints and the model go to "
-            "--checkpoint_dir and --model_dir, as in a CustomJob."
-        },
+    ray_storage_path: str | None = flag(
+        None,
+        "Ray Train's own run state and results (RunConfig.storage_path; default: "
+        "~/ray_results on the node running this). Checkpoints and the model go to "
+        "--checkpoint_dir and --model_dir, as in a CustomJob.",
     )
 
     def __post_init__(self) -> None:

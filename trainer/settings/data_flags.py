@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trainer.common.errors import UserError
+from trainer.common.flag_fields import flag
 
 DEFAULT_MAX_BAD_EXAMPLES = "1%"
 """A handful of broken clips in a real corpus is far below 1%; a broken copy is far above."""
@@ -13,66 +14,41 @@ DEFAULT_MAX_BAD_EXAMPLES = "1%"
 
 @dataclass(frozen=True)
 class DataArguments:
-    dataset_name: str | None = field(
-        default=None,
-        metadata={"help": "Hub dataset id, or a local directory (see the task's data formats)."},
+    dataset_name: str | None = flag(
+        None, "Hub dataset id, or a local directory (see the task's data formats)."
     )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "Dataset configuration, e.g. a language code."}
+    dataset_config_name: str | None = flag(None, "Dataset configuration, e.g. a language code.")
+    train_split_name: str = flag("train", "Training split(s); join several with '+'.")
+    eval_split_name: str = flag("test", "Evaluation split(s); join several with '+'.")
+    train_val_split: float | None = flag(
+        None,
+        "Evaluate on this fraction of the training split, drawn with --seed (for "
+        "datasets with only a train split); leave --eval_split_name out.",
     )
-    train_split_name: str = field(
-        default="train", metadata={"help": "Training split(s); join several with '+'."}
+    max_train_samples: int | None = flag(None, "Keep only this many training examples (debugging).")
+    max_eval_samples: int | None = flag(None, "Keep only this many evaluation examples.")
+    preprocessing_num_workers: int | None = flag(None, "Processes for dataset filtering passes.")
+    max_bad_examples: str = flag(
+        DEFAULT_MAX_BAD_EXAMPLES,
+        "Undecodable clips or images are skipped and counted, up to this many per "
+        "split (a count, or a share of it with a percent sign); past it the run stops, "
+        "naming the first bad files (a stream: as it is read; docs/storage.md).",
     )
-    eval_split_name: str = field(
-        default="test", metadata={"help": "Evaluation split(s); join several with '+'."}
+    streaming: bool = flag(
+        False,
+        "Stream the training split (a shard set of python -m trainer.shards, a hub "
+        "dataset or a local directory) instead of copying it; needs --max_steps.",
     )
-    train_val_split: float | None = field(
-        default=None,
-        metadata={
-            "help": "Evaluate on this fraction of the training split, drawn with --seed (for "
-            "datasets with only a train split); leave --eval_split_name out."
-        },
+    shuffle_buffer_size: int = flag(
+        500, "Examples in the shuffle buffer of a stream (shard order is shuffled too)."
     )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only this many training examples (debugging)."}
+    interleave_probabilities: str | None = flag(
+        None,
+        "Mix the streams of --dataset_name A,B with one probability each, e.g. "
+        "0.7,0.3 (evaluation uses the first).",
     )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep only this many evaluation examples."}
-    )
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for dataset filtering passes."}
-    )
-    max_bad_examples: str = field(
-        default=DEFAULT_MAX_BAD_EXAMPLES,
-        metadata={
-            "help": "Undecodable clips or images are skipped and counted, up to this many per "
-            "split (a count, or a share of it with a percent sign); past it the run stops, "
-            "naming the first bad files (a stream: as it is read; docs/storage.md)."
-        },
-    )
-    streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "Stream the training split (a shard set of python -m trainer.shards, a hub "
-            "dataset or a local directory) instead of copying it; needs --max_steps."
-        },
-    )
-    shuffle_buffer_size: int = field(
-        default=500,
-        metadata={
-            "help": "Examples in the shuffle buffer of a stream (shard order is shuffled too)."
-        },
-    )
-    interleave_probabilities: str | None = field(
-        default=None,
-        metadata={
-            "help": "Mix the streams of --dataset_name A,B with one probability each, e.g. "
-            "0.7,0.3 (evaluation uses the first)."
-        },
-    )
-    stream_audit_dir: str | None = field(
-        default=None,
-        metadata={"help": "Append each trained example's id and step to DIR/rank-R.txt."},
+    stream_audit_dir: str | None = flag(
+        None, "Append each trained example's id and step to DIR/rank-R.txt."
     )
 
     def __post_init__(self) -> None:

@@ -3,58 +3,45 @@ training processes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from trainer.common.flag_fields import flag
 
 
 @dataclass(frozen=True)
 class LauncherArguments:
-    nproc_per_node: int | None = field(
-        default=None,
-        metadata={"help": "Processes per node (default: one per GPU; 1 on a CPU-only node)."},
+    nproc_per_node: int | None = flag(
+        None, "Processes per node (default: one per GPU; 1 on a CPU-only node)."
     )
-    deepspeed: str = field(
-        default="zero2",
-        metadata={
-            "help": "DeepSpeed preset (zero2, zero3, zero3-offload), the path of a DeepSpeed "
-            "JSON config, or none for plain DDP."
-        },
+    deepspeed: str = flag(
+        "zero2",
+        "DeepSpeed preset (zero2, zero3, zero3-offload), the path of a DeepSpeed "
+        "JSON config, or none for plain DDP.",
     )
-    master_port: int | None = field(
-        default=None,
-        metadata={
-            "help": "Rendezvous port on the chief (default: the port in CLUSTER_SPEC, 2222 on "
-            "Vertex AI; 29500 for a single node). Give every node the same value."
-        },
+    master_port: int | None = flag(
+        None,
+        "Rendezvous port on the chief (default: the port in CLUSTER_SPEC, 2222 on "
+        "Vertex AI; 29500 for a single node). Give every node the same value.",
     )
-    rdzv_timeout: int = field(
-        default=1800,
-        metadata={
-            "help": "Seconds the nodes wait for each other at start-up (replicas may start "
-            "minutes apart); a node still waiting 30 s after that exits 1."
-        },
+    rdzv_timeout: int = flag(
+        1800,
+        "Seconds the nodes wait for each other at start-up (replicas may start "
+        "minutes apart); a node still waiting 30 s after that exits 1.",
     )
-    chief_resolve_timeout: int = field(
-        default=300,
-        metadata={
-            "help": "Seconds a worker node retries resolving the chief's name before giving up."
-        },
+    chief_resolve_timeout: int = flag(
+        300, "Seconds a worker node retries resolving the chief's name before giving up."
     )
-    skip_hub_check: bool = field(
-        default=False,
-        metadata={
-            "help": "Ask the Hugging Face Hub nothing before launch (whether the ids exist, "
-            "the model's config for the plan): for a node that cannot reach it."
-        },
+    skip_hub_check: bool = flag(
+        False,
+        "Ask the Hugging Face Hub nothing before launch (whether the ids exist, "
+        "the model's config for the plan): for a node that cannot reach it.",
     )
-    secret: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "NAME=projects/P/secrets/S/versions/V: that Secret Manager secret in the "
-            "training processes' variable NAME; repeatable, never printed (docs/deploy.md).",
-            "action": "extend",
-        },
+    secret: list[str] = flag(
+        [],
+        "NAME=projects/P/secrets/S/versions/V: that Secret Manager secret in the "
+        "training processes' variable NAME; repeatable, never printed (docs/deploy.md).",
+        action="extend",
     )
-    dry_run: bool = field(
-        default=False,
-        metadata={"help": "Print the resolved topology and launch command as JSON; start nothing."},
+    dry_run: bool = flag(
+        False, "Print the resolved topology and launch command as JSON; start nothing."
     )

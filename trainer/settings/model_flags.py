@@ -3,64 +3,47 @@ much of it trains (`--peft lora` and its settings, trainer/tasks/lora_adapters.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from trainer.common.flag_fields import flag
 
 
 @dataclass(frozen=True)
 class ModelArguments:
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub id or local folder of the pretrained model. Leave it and "
-            "--dataset_name out to run the built-in demo."
-        },
+    model_name_or_path: str | None = flag(
+        None,
+        "Hub id or local folder of the pretrained model. Leave it and "
+        "--dataset_name out to run the built-in demo.",
     )
-    cache_dir: str | None = field(
-        default=None, metadata={"help": "Where downloaded models and datasets are cached."}
+    cache_dir: str | None = flag(None, "Where downloaded models and datasets are cached.")
+    attn_implementation: str | None = flag(
+        None,
+        "Attention kernels: sdpa (PyTorch's fused attention; the default for every "
+        "model that supports it), eager, or flash_attention_2 (needs the flash-attn package).",
     )
-    attn_implementation: str | None = field(
-        default=None,
-        metadata={
-            "help": "Attention kernels: sdpa (PyTorch's fused attention; the default for every "
-            "model that supports it), eager, or flash_attention_2 (needs the flash-attn package)."
-        },
+    peft: Literal["none", "lora"] = flag(
+        "none",
+        "lora: train low-rank adapters (PEFT) instead of every weight; the delivered "
+        "model is the merged full model. none: full fine-tuning.",
     )
-    peft: Literal["none", "lora"] = field(
-        default="none",
-        metadata={
-            "help": "lora: train low-rank adapters (PEFT) instead of every weight; the delivered "
-            "model is the merged full model. none: full fine-tuning."
-        },
+    lora_r: int = flag(16, "LoRA rank (with --peft lora).")
+    lora_alpha: int = flag(32, "LoRA scaling numerator: updates are scaled by alpha/r.")
+    lora_dropout: float = flag(0.05, "Dropout on the LoRA branch's input.")
+    lora_target_modules: str | None = flag(
+        None,
+        "Comma-separated module names that get adapters (default per model type: "
+        "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's q_proj,v_proj; "
+        "BERT's query,value).",
     )
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank (with --peft lora)."})
-    lora_alpha: int = field(
-        default=32, metadata={"help": "LoRA scaling numerator: updates are scaled by alpha/r."}
+    load_in_8bit: bool = flag(
+        False,
+        "Load the frozen base model in 8 bits (bitsandbytes; with --peft lora, on a "
+        "CUDA GPU of compute capability 7.5+ only).",
     )
-    lora_dropout: float = field(
-        default=0.05, metadata={"help": "Dropout on the LoRA branch's input."}
-    )
-    lora_target_modules: str | None = field(
-        default=None,
-        metadata={
-            "help": "Comma-separated module names that get adapters (default per model type: "
-            "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's q_proj,v_proj; "
-            "BERT's query,value)."
-        },
-    )
-    load_in_8bit: bool = field(
-        default=False,
-        metadata={
-            "help": "Load the frozen base model in 8 bits (bitsandbytes; with --peft lora, on a "
-            "CUDA GPU of compute capability 7.5+ only)."
-        },
-    )
-    save_adapter_only: bool = field(
-        default=False,
-        metadata={
-            "help": "With --peft lora, deliver only the adapter and processor, not the merged "
-            "full model."
-        },
+    save_adapter_only: bool = flag(
+        False,
+        "With --peft lora, deliver only the adapter and processor, not the merged full model.",
     )
 
     def __post_init__(self) -> None:

@@ -4,7 +4,9 @@ resolves the locations)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from trainer.common.flag_fields import flag
 
 STOP_GRACE_SECONDS = 8
 """How long uploads get after SIGTERM by default. Compute Engine switches a Spot VM off 30 s
@@ -17,50 +19,43 @@ checkpoints fit: docs/restarts.md ("From SIGTERM to a complete checkpoint")."""
 
 @dataclass(frozen=True)
 class OutputArguments:
-    checkpoint_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where complete checkpoints are kept and resumed from: gs://, /gcs/ or a "
-            "local directory (default: $AIP_CHECKPOINT_DIR, else --output_dir)."
-        },
+    checkpoint_dir: str | None = flag(
+        None,
+        "Where complete checkpoints are kept and resumed from: gs://, /gcs/ or a "
+        "local directory (default: $AIP_CHECKPOINT_DIR, else --output_dir).",
     )
-    model_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where the final model goes (default: $AIP_MODEL_DIR, else "
-                  "OUTPUT_DIR/model)."},
-    )  # fmt: skip
-    tensorboard_dir: str | None = field(
-        default=None,
-        metadata={"help": "Where TensorBoard logs are synced during training (default: "
-                  "$AIP_TENSORBOARD_LOG_DIR; else they stay in OUTPUT_DIR/runs)."},
-    )  # fmt: skip
-    resume: str = field(
-        default="auto",
-        metadata={"help": "auto (the newest complete checkpoint, if any), never, or the path "
-                  "or gs:// URI of one checkpoint."},
-    )  # fmt: skip
-    resume_from_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Continue the run of the other Vertex AI job that owns this "
-                  "output directory (refused without it; docs/storage.md)."},
-    )  # fmt: skip
-    tensorboard_sync_seconds: int = field(
-        default=60, metadata={"help": "How often TensorBoard logs are synced."}
+    model_dir: str | None = flag(
+        None, "Where the final model goes (default: $AIP_MODEL_DIR, else OUTPUT_DIR/model)."
     )
-    peer_upload_timeout: int = field(
-        default=1800,
-        metadata={"help": "Seconds the chief waits for the other nodes' part of a checkpoint."},
-    )  # fmt: skip
-    save_interval_minutes: float | None = field(
-        default=None,
-        metadata={"help": "Also save when this many minutes passed since the last save: "
-                  "bounds the work a crash loses."},
-    )  # fmt: skip
-    stop_grace_seconds: float = field(
-        default=STOP_GRACE_SECONDS,
-        metadata={"help": "On SIGTERM every rank saves its step; uploads get this long "
-                  "before the process exits (docs/restarts.md)."},
-    )  # fmt: skip
+    tensorboard_dir: str | None = flag(
+        None,
+        "Where TensorBoard logs are synced during training (default: "
+        "$AIP_TENSORBOARD_LOG_DIR; else they stay in OUTPUT_DIR/runs).",
+    )
+    resume: str = flag(
+        "auto",
+        "auto (the newest complete checkpoint, if any), never, or the path "
+        "or gs:// URI of one checkpoint.",
+    )
+    resume_from_output_dir: bool = flag(
+        False,
+        "Continue the run of the other Vertex AI job that owns this "
+        "output directory (refused without it; docs/storage.md).",
+    )
+    tensorboard_sync_seconds: int = flag(60, "How often TensorBoard logs are synced.")
+    peer_upload_timeout: int = flag(
+        1800, "Seconds the chief waits for the other nodes' part of a checkpoint."
+    )
+    save_interval_minutes: float | None = flag(
+        None,
+        "Also save when this many minutes passed since the last save: "
+        "bounds the work a crash loses.",
+    )
+    stop_grace_seconds: float = flag(
+        STOP_GRACE_SECONDS,
+        "On SIGTERM every rank saves its step; uploads get this long "
+        "before the process exits (docs/restarts.md).",
+    )
 
     def __post_init__(self) -> None:
         if self.save_interval_minutes is not None and self.save_interval_minutes <= 0:

@@ -9,25 +9,24 @@ to `TASK_FLAGS`, and its module in trainer/tasks/ (docs/tasks.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from trainer.common.flag_fields import flag
 
 DEFAULT_TASK = "speech-recognition"
 
 
 @dataclass(frozen=True)
 class ClassificationArguments:
-    label_column_name: str = field(
-        default="label",
-        metadata={"help": "Column with the class: a ClassLabel, or values such as positive."},
+    label_column_name: str = flag(
+        "label", "Column with the class: a ClassLabel, or values such as positive."
     )
-    class_weights: str | None = field(
-        default=None,
-        metadata={
-            "help": "Weight the loss per class: balanced (inverse frequency in the training "
-            "split), or one weight per label in label-id order, e.g. 1,2.5,1."
-        },
+    class_weights: str | None = flag(
+        None,
+        "Weight the loss per class: balanced (inverse frequency in the training "
+        "split), or one weight per label in label-id order, e.g. 1,2.5,1.",
     )
 
     def __post_init__(self) -> None:
@@ -52,49 +51,33 @@ def parse_class_weights(text: str) -> str | tuple[float, ...]:
 
 @dataclass(frozen=True)
 class ImageArguments(ClassificationArguments):
-    image_column_name: str = field(default="image", metadata={"help": "Column with the image."})
-    augment: bool = field(
-        default=False,
-        metadata={"help": "Random resized crop and horizontal flip of training images."},
-    )
+    image_column_name: str = flag("image", "Column with the image.")
+    augment: bool = flag(False, "Random resized crop and horizontal flip of training images.")
 
 
 @dataclass(frozen=True)
 class TextArguments(ClassificationArguments):
-    text_column_name: str = field(
-        default="text",
-        metadata={
-            "help": "Column with the text; two columns separated by a comma are a sentence "
-            "pair (GLUE's sentence1,sentence2), tokenised as a pair unless "
-            "--text_column_delimiter joins them."
-        },
+    text_column_name: str = flag(
+        "text",
+        "Column with the text; two columns separated by a comma are a sentence "
+        "pair (GLUE's sentence1,sentence2), tokenised as a pair unless "
+        "--text_column_delimiter joins them.",
     )
-    text_column_delimiter: str | None = field(
-        default=None,
-        metadata={
-            "help": "Join the columns of --text_column_name into one text with this "
-            "separator (run_classification.py's way to use several columns)."
-        },
+    text_column_delimiter: str | None = flag(
+        None,
+        "Join the columns of --text_column_name into one text with this "
+        "separator (run_classification.py's way to use several columns).",
     )
-    max_seq_length: int = field(
-        default=128,
-        metadata={"help": "Longer texts are truncated to this many tokens."},
+    max_seq_length: int = flag(128, "Longer texts are truncated to this many tokens.")
+    train_file: str | None = flag(
+        None,
+        "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
+        "place of --dataset_name (run_glue.py's flag): the split train.",
     )
-    train_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .csv, .tsv, .jsonl, .json or .parquet file of training examples, in "
-            "place of --dataset_name (run_glue.py's flag): the split train."
-        },
+    validation_file: str | None = flag(
+        None, "With --train_file: the evaluation examples (the split validation)."
     )
-    validation_file: str | None = field(
-        default=None,
-        metadata={"help": "With --train_file: the evaluation examples (the split validation)."},
-    )
-    test_file: str | None = field(
-        default=None,
-        metadata={"help": "With --train_file: more examples, the split test."},
-    )
+    test_file: str | None = flag(None, "With --train_file: more examples, the split test.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,48 +105,32 @@ class TextArguments(ClassificationArguments):
 
 @dataclass(frozen=True)
 class SpeechArguments:
-    audio_column_name: str = field(default="audio", metadata={"help": "Column with the audio."})
-    text_column_name: str = field(
-        default="text", metadata={"help": "Column with the transcription (Common Voice: sentence)."}
+    audio_column_name: str = flag("audio", "Column with the audio.")
+    text_column_name: str = flag("text", "Column with the transcription (Common Voice: sentence).")
+    language: str | None = flag(
+        None,
+        "Spoken language, by name or code (english, en, ...); without it, "
+        "generate() detects each clip's (English-only checkpoints need none).",
     )
-    language: str | None = field(
-        default=None,
-        metadata={
-            "help": "Spoken language, by name or code (english, en, ...); without it, "
-            "generate() detects each clip's (English-only checkpoints need none)."
-        },
+    whisper_task: Literal["transcribe", "translate"] = flag(
+        "transcribe",
+        "Whisper's own task: transcribe or translate (multilingual checkpoints; "
+        "English-only *.en checkpoints only transcribe, with no task token).",
     )
-    whisper_task: Literal["transcribe", "translate"] = field(
-        default="transcribe",
-        metadata={
-            "help": "Whisper's own task: transcribe or translate (multilingual checkpoints; "
-            "English-only *.en checkpoints only transcribe, with no task token)."
-        },
+    max_duration_in_seconds: float | None = flag(
+        None, "Drop longer clips (default: the model's input window, 30 s for Whisper)."
     )
-    max_duration_in_seconds: float | None = field(
-        default=None,
-        metadata={
-            "help": "Drop longer clips (default: the model's input window, 30 s for Whisper)."
-        },
+    min_duration_in_seconds: float = flag(0.0, "Drop shorter clips.")
+    do_lower_case: bool = flag(False, "Lower-case training targets.")
+    do_remove_punctuation: bool = flag(False, "Remove punctuation from training targets.")
+    do_normalize_eval: bool = flag(
+        True, "Normalise predictions and references (Whisper's normaliser) for WER."
     )
-    min_duration_in_seconds: float = field(default=0.0, metadata={"help": "Drop shorter clips."})
-    do_lower_case: bool = field(default=False, metadata={"help": "Lower-case training targets."})
-    do_remove_punctuation: bool = field(
-        default=False, metadata={"help": "Remove punctuation from training targets."}
-    )
-    do_normalize_eval: bool = field(
-        default=True,
-        metadata={"help": "Normalise predictions and references (Whisper's normaliser) for WER."},
-    )
-    freeze_encoder: bool = field(
-        default=False, metadata={"help": "Train the decoder only (keeps the audio encoder fixed)."}
-    )
-    log_mel_on: Literal["auto", "loader", "device"] = field(
-        default="auto",
-        metadata={
-            "help": "Where log-mel features are computed: in the data loader, on the "
-            "training process's device, or auto (the device when it is a GPU)."
-        },
+    freeze_encoder: bool = flag(False, "Train the decoder only (keeps the audio encoder fixed).")
+    log_mel_on: Literal["auto", "loader", "device"] = flag(
+        "auto",
+        "Where log-mel features are computed: in the data loader, on the "
+        "training process's device, or auto (the device when it is a GPU).",
     )
 
     def __post_init__(self) -> None:

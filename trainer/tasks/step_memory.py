@@ -5,7 +5,7 @@ and the training processes (the gradient checkpointing decision,
 trainer/training/gradient_checkpointing.py).
 
 Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with
-and without LoRA (tests/test_memory_estimate.py; the table is in docs/benchmarks.md).
+and without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
 """
 
 from __future__ import annotations

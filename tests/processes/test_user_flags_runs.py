@@ -1,0 +1,41 @@
+"""A job as users bring it from the Hugging Face examples, through the real
+`python -m trainer` with two processes over gloo (as on a node with two GPUs): no --task
+(inferred from the model), a sentence pair (MRPC's shape: sentence1, sentence2, label), and
+a dataset with a training split only, evaluated on the part `--train_val_split` draws from
+it. The flags themselves, in this process: tests/unit/test_user_flags.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.support.helpers import run_trainer, trainer_env
+from tests.support.tiny_assets import write_paraphrase_csv
+
+
+@pytest.mark.slow
+def test_a_train_only_sentence_pair_job_trains_with_two_processes_and_train_val_split(
+    text_assets, tmp_path
+):
+    """Pairs and the split drawn from train are two flags of one code path (the text
+    task's datasets), so one run shows both: the pair set's 60 training rows lose 9 to
+    the evaluation split, on which the model is evaluated."""
+    data = tmp_path / "train-only-pairs"
+    write_paraphrase_csv(data, splits=("train",))
+    assert sorted(path.name for path in data.iterdir()) == ["train.csv"]
+    args = ["--nproc_per_node", "2", "--deepspeed", "none",
+            "--model_name_or_path", str(text_assets[0]), "--dataset_name", str(data),
+            "--text_column_name", "sentence1,sentence2", "--train_val_split", "0.15",
+            "--max_steps", "6", "--per_device_train_batch_size", "8",
+            "--per_device_eval_batch_size", "8", "--learning_rate", "3e-3",
+            "--max_seq_length", "32", "--output_dir", "out"]  # fmt: skip
+    code, output = run_trainer(args, cwd=tmp_path, env=trainer_env(tmp_path / "cache"))
+    assert code == 0, output[-3000:]
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert "task: text-classification (no --task; " in output
+    assert "labels from split train of" in output and "0 0, 1 1" in output
+    assert "evaluation split: 0.15 of split train, drawn with seed 42" in output
+    assert "on 9 eval examples" in output and 0 <= results["eval_accuracy"] <= 1, results
+    assert re.findall(r"step (\d+)/6", output)[-1] == "6"

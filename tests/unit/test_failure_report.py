@@ -1,0 +1,128 @@
+"""A training process fails: one `error:` line naming its rank, node and exception, and
+its traceback once; not a traceback per rank plus torchrun's ChildFailedError box. Here the
+reports themselves, in this process; real runs whose process fails or is killed:
+tests/processes/test_failure_report_runs.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.config.resolve import resolve_run
+from trainer.launcher import accelerate_launch
+from trainer.settings.run_config import Hardware
+from trainer.storage.checkpoints import write_manifest
+from trainer.storage.store import open_store
+from trainer.training.failures import is_peer_failure, report_failure
+
+
+class Failure:
+    def __init__(self, exitcode: int, local_rank: int = 1) -> None:
+        self.exitcode, self.local_rank = exitcode, local_rank
+
+    def signal_name(self) -> str:
+        return "SIGKILL"
+
+
+class ChildFailed:
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+
+    def get_first_failure(self):
+        return 3, self.failure
+
+
+@pytest.mark.parametrize("exitcode", [1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE])
+def test_a_process_that_reported_itself_gets_no_second_line(exitcode, capsys):
+    assert accelerate_launch.report(ChildFailed(Failure(exitcode)), node_rank=1) == exitcode
+    assert capsys.readouterr().err == ""
+
+
+def test_a_killed_process_gets_one_line_naming_rank_node_and_signal(capsys):
+    assert accelerate_launch.report(ChildFailed(Failure(-9)), node_rank=1) == 1
+    assert capsys.readouterr().err == (
+        "error: training process rank 3 (node 1, local rank 1) was killed by SIGKILL "
+        "(out of memory? the kernel's OOM killer sends SIGKILL)\n"
+    )
+
+
+def test_a_killed_process_s_line_says_where_the_newest_complete_checkpoint_is(
+    tmp_path, capsys, monkeypatch
+):
+    """A process killed by a signal (the OOM killer) cannot say what is kept: its node's
+    launcher does, from the configuration handed over to the run and the store itself
+    (checkpoint-4 has no manifest: not complete)."""
+    checkpoints = open_store(str(tmp_path / "checkpoints"))
+    for name in ("checkpoint-2", "checkpoint-4"):
+        checkpoints.child(name).write_text("trainer_state.json", "{}")
+    write_manifest(checkpoints.child("checkpoint-2"), {"files": []})
+    hardware = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
+    argv = ["--model_name_or_path", "org/model", "--dataset_name", "org/data",
+            "--checkpoint_dir", str(tmp_path / "checkpoints")]  # fmt: skip
+    config = resolve_run(argv, {}, hardware)
+    monkeypatch.setenv(RUN_CONFIG_VARIABLE, config.to_json())
+
+    assert accelerate_launch.report(ChildFailed(Failure(-9)), node_rank=1) == 1
+    assert capsys.readouterr().err == (
+        "error: training process rank 3 (node 1, local rank 1) was killed by SIGKILL "
+        "(out of memory? the kernel's OOM killer sends SIGKILL); the newest complete "
+        f"checkpoint is {tmp_path / 'checkpoints' / 'checkpoint-2'}, where a restart resumes\n"
+    )
+
+
+def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch):
+    """An echo of another process's failure waits (torchrun stops it if the cause was on
+    its node), then its node's local rank 0 alone says so, without a traceback; a cause
+    reports at once, with its traceback."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    waits = []
+    echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    assert is_peer_failure(echo)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    report_failure(echo, sleep=waits.append)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    report_failure(echo, sleep=waits.append)
+    assert capsys.readouterr().err.startswith(
+        "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
+    )
+    assert len(waits) == 2
+
+    try:
+        raise ValueError("bad\nclip")
+    except ValueError as raised:
+        cause = raised
+    assert not is_peer_failure(cause)
+    report_failure(cause, sleep=waits.append)
+    assert len(waits) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" in err
+    assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")
+
+
+def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypatch):
+    """Training notes on the exception where the newest complete checkpoint is (a dead
+    node or a crash on one rank, like every other failure, says where a restart resumes);
+    the line ends with it, secrets masked."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
+    kept = (
+        "the newest complete checkpoint is gs://b/checkpoints/checkpoint-8, where a restart resumes"
+    )
+    echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    echo.add_note(kept)
+    line = report_failure(echo, sleep=lambda seconds: None)
+    assert line.endswith(f"the cause is in that node's log; {kept}"), line
+    assert capsys.readouterr().err == f"error: {line}\n"
+
+    crash = ValueError("a NaN on this rank")
+    crash.add_note("there is no complete checkpoint in gs://b/hf_secretvalue123/checkpoints")
+    line = report_failure(crash)
+    assert line == ("rank 0 of 2 (node 0, local rank 0) failed: ValueError: a NaN on this rank; "
+                    "there is no complete checkpoint in gs://b/***/checkpoints"), line  # fmt: skip
+    assert "hf_secretvalue123" not in capsys.readouterr().err

@@ -1,0 +1,449 @@
+"""Flags users bring from elsewhere (trainer/command_line/foreign_flags.py), mistyped and repeated
+flags, --task inference, train-only datasets, --train_val_split, .json/.parquet tables and
+--train_file, and sentence pairs, through the launcher (`--dry-run`, in-process) and the
+tasks as the training processes build them. A real two-process run of a train-only
+sentence-pair set: tests/processes/test_user_flags_runs.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+from datasets import load_dataset
+
+from tests.support.helpers import checked_task, speech_task, task_of
+from tests.support.tiny_assets import (
+    build_tiny_bert,
+    build_tiny_vit,
+    sentiment_sentences,
+    write_colour_images,
+    write_paraphrase_csv,
+    write_sentiment_csv,
+)
+from trainer.command_line.foreign_flags import (
+    DOC,
+    FOREIGN_FLAGS,
+    documented_table,
+    markdown_table,
+)
+from trainer.command_line.parser import known_flags
+from trainer.launcher import main as launch
+
+# Every dataclass field of the Hugging Face example scripts (examples/pytorch/..., current
+# and earlier revisions), the Whisper event's additions, transformers 4.57's
+# TrainingArguments fields that 5 removed (plus evaluation_strategy and use_ipex, gone in
+# 4.4x), the launchers' flags and the seed recipes' settings.
+SEQ2SEQ_FLAGS = """model_name_or_path config_name tokenizer_name feature_extractor_name cache_dir
+    use_fast_tokenizer model_revision token use_auth_token trust_remote_code
+    freeze_feature_encoder freeze_encoder forced_decoder_ids suppress_tokens apply_spec_augment
+    dataset_name dataset_config_name text_column overwrite_cache preprocessing_num_workers
+    max_train_samples max_eval_samples audio_column_name text_column_name
+    max_duration_in_seconds min_duration_in_seconds preprocessing_only train_split_name
+    eval_split_name do_lower_case language task"""
+EVENT_FLAGS = """model_index_name streaming shuffle_buffer_size do_remove_punctuation
+    do_normalize_eval"""
+IMAGE_FLAGS = """dataset_name dataset_config_name train_dir validation_dir train_val_split
+    max_train_samples max_eval_samples image_column_name label_column_name model_name_or_path
+    model_type config_name cache_dir model_revision feature_extractor_name
+    image_processor_name token use_auth_token trust_remote_code ignore_mismatched_sizes"""
+GLUE_FLAGS = """task_name dataset_name dataset_config_name max_seq_length overwrite_cache
+    pad_to_max_length max_train_samples max_eval_samples max_predict_samples train_file
+    validation_file test_file model_name_or_path config_name tokenizer_name cache_dir
+    use_fast_tokenizer model_revision token trust_remote_code ignore_mismatched_sizes"""
+CLASSIFICATION_FLAGS = """dataset_name dataset_config_name do_regression text_column_names
+    text_column_delimiter train_split_name validation_split_name test_split_name remove_splits
+    remove_columns label_column_name max_seq_length preprocessing_num_workers overwrite_cache
+    pad_to_max_length shuffle_train_dataset shuffle_seed max_train_samples max_eval_samples
+    max_predict_samples metric_name train_file validation_file test_file"""
+TRANSFORMERS_4_FLAGS = """adafactor fp16_backend fp16_opt_level fsdp_min_num_params
+    fsdp_transformer_layer_cls_to_wrap group_by_length half_precision_backend
+    include_inputs_for_metrics include_tokens_per_second jit_mode_eval logging_dir
+    mp_parameters no_cuda overwrite_output_dir past_index per_gpu_eval_batch_size
+    per_gpu_train_batch_size push_to_hub_model_id push_to_hub_organization push_to_hub_token
+    ray_scope save_safetensors torchdynamo tpu_metrics_debug tpu_num_cores
+    use_legacy_prediction_loop use_mps_device warmup_ratio evaluation_strategy use_ipex"""
+LAUNCHER_FLAGS = """nproc_per_node nnodes node_rank master_addr master_port rdzv_backend
+    rdzv_endpoint rdzv_id rdzv_conf rdzv_timeout max_restarts standalone monitor_interval
+    num_processes num_machines machine_rank main_process_ip main_process_port mixed_precision
+    multi_gpu use_deepspeed deepspeed_config_file zero_stage offload_optimizer_device
+    offload_param_device deepspeed_multinode_launcher config_file gpu_ids
+    num_cpu_threads_per_process dynamo_backend cpu same_network gradient_accumulation_steps
+    num_gpus num_nodes hostfile include exclude launcher deepspeed deepspeed_config
+    no_local_rank force_multi local_rank"""
+SEED_RECIPE_FLAGS = "model_size use_gpu num_workers max_input_length epochs batch_size"
+
+ALL_FOREIGN_SOURCES = [SEQ2SEQ_FLAGS, EVENT_FLAGS, IMAGE_FLAGS, GLUE_FLAGS, CLASSIFICATION_FLAGS,
+                       TRANSFORMERS_4_FLAGS, LAUNCHER_FLAGS, SEED_RECIPE_FLAGS]  # fmt: skip
+
+
+def test_every_flag_users_bring_is_ours_or_answered():
+    names = {f"--{name}" for source in ALL_FOREIGN_SOURCES for name in source.split()}
+    unanswered = sorted(names - set(known_flags()))
+    assert not unanswered
+    ours_and_foreign = sorted(set(FOREIGN_FLAGS) & (set(known_flags()) - set(FOREIGN_FLAGS)))
+    assert not ours_and_foreign, "a foreign flag's answer would hide our own flag"
+
+
+def test_the_documented_table_is_the_codes():
+    """docs/launching.md holds the table generated from FOREIGN_FLAGS; regenerate it with
+    python -m trainer.command_line.foreign_flags --write."""
+    assert documented_table(DOC.read_text()) == markdown_table()
+
+
+def dry_run(args: list[str], capsys) -> tuple[int, dict | None, str]:
+    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
+    the plan's configuration, stderr)."""
+    try:
+        launch.main(["--dry-run", "--skip_hub_check", *args])
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, json.loads(out)["config"] if code == 0 else None, err
+
+
+@pytest.fixture(scope="module")
+def bert_and_tables(tmp_path_factory):
+    """A tiny BERT (BertConfig's real shape, shrunk), the sentiment CSVs, and an MRPC-shaped
+    pair set (sentence1, sentence2, label)."""
+    root = tmp_path_factory.mktemp("user-flags")
+    texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
+    build_tiny_bert(root / "bert", texts)
+    write_sentiment_csv(root / "sentiment")
+    write_paraphrase_csv(root / "mrpc")
+    return root
+
+
+def text_args(root, dataset="sentiment") -> list[str]:
+    return ["--model_name_or_path", str(root / "bert"), "--dataset_name", str(root / dataset)]
+
+
+SENTIMENT_COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentiment"]
+
+
+@pytest.mark.parametrize(
+    "flag", sorted(name for name, flag in FOREIGN_FLAGS.items() if flag.kind == "refused")
+)
+def test_a_refused_flag_is_one_line_naming_what_to_use(flag, bert_and_tables, capsys):
+    value = ["VALUE"] if FOREIGN_FLAGS[flag].takes_value else []
+    code, _, err = dry_run([*text_args(bert_and_tables), flag, *value], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {flag} is not a flag of this trainer (")
+    assert FOREIGN_FLAGS[flag].answer in err and "VALUE" not in err
+
+
+@pytest.mark.parametrize(
+    "flag", sorted(name for name, flag in FOREIGN_FLAGS.items() if flag.kind == "ignored")
+)
+def test_an_ignored_flag_is_dropped_with_one_notice(flag, bert_and_tables, capsys):
+    value = ["SECRETVALUE"] if FOREIGN_FLAGS[flag].takes_value else []
+    args = [*text_args(bert_and_tables), "--task", "text-classification", *SENTIMENT_COLUMNS]
+    code, config, err = dry_run([*args, flag, *value], capsys)
+    assert code == 0, err
+    assert f"{flag} ignored: {FOREIGN_FLAGS[flag].answer}" in err.splitlines()
+    assert flag not in config["given"] and "SECRETVALUE" not in err + json.dumps(config)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("--warmup_ratio 0.1", {"training": {"warmup_steps": 0.1}}),
+        ("--group_by_length", {"training": {"train_sampling_strategy": "group_by_length"}}),
+        ("--group_by_length false", {"training": {"train_sampling_strategy": "random"}}),
+        ("--logging_dir /tmp/tb", {"outputs": {"tensorboard_dir": "/tmp/tb"}}),
+        ("--per_gpu_train_batch_size 4", {"training": {"per_device_train_batch_size": 4}}),
+        ("--no_cuda", {"training": {"use_cpu": True}}),
+        ("--adafactor", {"training": {"optim": "adafactor"}}),
+        ("--mixed_precision no", {"training": {"bf16": False, "fp16": False}}),
+        ("--epochs 7", {"training": {"num_train_epochs": 7.0}}),
+        ("--num_workers 0", {"training": {"dataloader_num_workers": 0}}),
+        ("--text_column_names sentence", {"task_options": {"text_column_name": "sentence"}}),
+        ("--validation_split_name test", {"data": {"eval_split_name": "test"}}),
+        ("--evaluation_strategy=epoch", {"training": {"eval_strategy": "epoch"}}),
+        ("--push_to_hub_token SECRETVALUE", {"training": {"hub_token": "***"}}),  # masked
+    ],
+)
+def test_a_foreign_spelling_is_read_as_ours(given, expected, bert_and_tables, capsys):
+    columns = SENTIMENT_COLUMNS[2:] if "text_column" in given else SENTIMENT_COLUMNS
+    args = [*text_args(bert_and_tables), *columns, "--task", "text-classification"]
+    code, config, err = dry_run([*args, *shlex.split(given)], capsys)
+    assert code == 0, err
+    name = given.split()[0].split("=")[0]
+    notices = [line for line in err.splitlines() if re.match(f"{name} (.* )?read as --", line)]
+    assert len(notices) == (0 if given.endswith("false") else 1), err  # false asks nothing
+    assert "SECRETVALUE" not in err + json.dumps(config)
+    for group, values in expected.items():
+        for key, value in values.items():
+            assert str(config["flags"][group][key]) == str(value), (key, config["flags"][group])
+
+
+def test_launcher_spellings_reach_the_launcher(bert_and_tables, capsys):
+    args = [*text_args(bert_and_tables), *SENTIMENT_COLUMNS, "--num_gpus", "2",
+            "--deepspeed_config_file", "zero3", "--main_process_port", "29999"]  # fmt: skip
+    try:
+        launch.main(["--dry-run", "--skip_hub_check", *args])
+    finally:
+        out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["topology"]["nproc_per_node"] == 2 and plan["topology"]["master_port"] == 29999
+    assert plan["config"]["flags"]["training"]["deepspeed"].endswith("zero3.json")
+
+
+def test_the_seed_recipes_whisper_size_names_the_checkpoint(capsys):
+    code, config, err = dry_run(["--model_size", "small", "--dataset_name", "x/y"], capsys)
+    assert code == 0, err
+    assert config["flags"]["model"]["model_name_or_path"] == "openai/whisper-small"
+    code, _, err = dry_run(["--model_size", "huge", "--dataset_name", "x/y"], capsys)
+    assert code == 2 and err.startswith("error: --model_size takes one of tiny, base, small")
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"),
+    [("--learning_rte 1e-4", "--learning_rate"), ("--num_train_epoch 3", "--num_train_epochs"),
+     ("--hub_tokn SECRETVALUE", "--hub_token"), ("--nproc_per_nod 2", "--nproc_per_node"),
+     ("--warmup_ration 0.1", "--warmup_ratio")],
+)  # fmt: skip
+def test_a_mistyped_flag_gets_did_you_mean(typed, suggested, bert_and_tables, capsys):
+    code, _, err = dry_run([*text_args(bert_and_tables), *shlex.split(typed)], capsys)
+    name = typed.split()[0]
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{name} (did you mean {suggested}?)" in err and "SECRETVALUE" not in err
+
+
+@pytest.mark.parametrize("secret", ["--wandb_key=SECRETVALUE", "--token2 SECRETVALUE"])
+def test_an_unknown_flag_is_named_without_its_value(secret, bert_and_tables, capsys):
+    code, _, err = dry_run([*text_args(bert_and_tables), *shlex.split(secret)], capsys)
+    assert code == 2 and err.startswith("error: Unknown flag(s): --") and "SECRETVALUE" not in err
+
+
+@pytest.mark.parametrize(
+    ("repeated", "message"),
+    [
+        ("--text_column_name a --text_column_name b", "--text_column_name is given 2 times"),
+        ("--eval_strategy no --evaluation_strategy=steps",
+         "--eval_strategy and --evaluation_strategy both set --eval_strategy"),
+        ("--task_name mrpc --text_column_name a",
+         "--task_name and --text_column_name both set --text_column_name"),
+        ("--nproc-per-node 1 --nproc_per_node 2", "--nproc_per_node is given 2 times"),
+    ],
+)  # fmt: skip
+def test_a_repeated_flag_is_one_error_line(repeated, message, bert_and_tables, capsys):
+    model = ["--model_name_or_path", str(bert_and_tables / "bert")]
+    code, _, err = dry_run([*model, *shlex.split(repeated)], capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_recipes_flag_may_be_given_again_on_the_command_line(capsys):
+    try:
+        launch.main(["bert-sentiment.yaml", "--dry-run", "--skip_hub_check",
+                     "--learning_rate", "1e-3"])  # fmt: skip
+    finally:
+        out, err = capsys.readouterr()
+    assert json.loads(out)["config"]["flags"]["training"]["learning_rate"] == 1e-3, err
+
+
+def test_the_glue_task_name_is_a_sentence_pair_job(bert_and_tables, capsys):
+    model = ["--model_name_or_path", str(bert_and_tables / "bert")]
+    code, config, err = dry_run([*model, "--task_name", "mrpc", "--do_train"], capsys)
+    assert code == 0, err
+    flags = config["flags"]
+    assert flags["task"] == "text-classification"
+    assert flags["data"]["dataset_name"] == "nyu-mll/glue"
+    assert flags["data"]["dataset_config_name"] == "mrpc"
+    assert flags["data"]["eval_split_name"] == "validation"  # GLUE's test labels are -1
+    assert flags["task_options"]["text_column_name"] == "sentence1,sentence2"
+
+
+def test_a_sentence_pair_is_tokenised_as_a_pair(bert_and_tables):
+    task = checked_task("text-classification", bert_and_tables / "bert",
+                        bert_and_tables / "mrpc", "--text_column_name", "sentence1,sentence2",
+                        "--eval_split_name", "validation")  # fmt: skip
+    model, tokenizer = task.build_model_and_processor()
+    assert model.config.id2label == {0: "0", 1: "1"}
+    train, evaluation = task.load_datasets(tokenizer)
+    assert train.column_names == ["text", "text_pair", "label"] and len(evaluation) == 18
+    batch = task.data_collator(tokenizer)([train[i] for i in range(4)])
+    for row, ids, types in zip(range(4), batch["input_ids"], batch["token_type_ids"], strict=True):
+        example = train[row]
+        expected = tokenizer(example["text"], example["text_pair"])["input_ids"]
+        assert ids.tolist()[: len(expected)] == expected
+        assert ids.tolist().count(tokenizer.sep_token_id) == 2 and 1 in types.tolist()
+    assert model(**batch).loss.isfinite()
+
+
+def test_several_columns_are_joined_with_the_delimiter(bert_and_tables):
+    task = checked_task("text-classification", bert_and_tables / "bert",
+                        bert_and_tables / "mrpc", "--text_column_name", "sentence1,sentence2",
+                        "--text_column_delimiter", " | ",
+                        "--eval_split_name", "validation")  # fmt: skip
+    _, tokenizer = task.build_model_and_processor()
+    train, _ = task.load_datasets(tokenizer)
+    batch = task.data_collator(tokenizer)([train[0]])
+    joined = f"{train[0]['text']} | {train[0]['text_pair']}"
+    assert batch["input_ids"][0].tolist() == tokenizer(joined)["input_ids"]
+    assert 1 not in batch["token_type_ids"][0].tolist()
+
+
+def test_three_columns_without_a_delimiter_are_refused(bert_and_tables, capsys):
+    args = [*text_args(bert_and_tables, "mrpc"), "--text_column_name", "a,b,c"]
+    code, _, err = dry_run(["--task", "text-classification", *args], capsys)
+    assert code == 2 and "give --text_column_delimiter to join more" in err, err
+
+
+def test_a_missing_pair_column_is_named(bert_and_tables, capsys):
+    args = [*text_args(bert_and_tables, "mrpc"), "--text_column_name", "sentence1,sentence3"]
+    code, _, err = dry_run([*args, "--eval_split_name", "validation"], capsys)
+    assert code == 2 and 'Column "sentence3" (--text_column_name) not found' in err, err
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset", "task", "why"),
+    [
+        ("bert", "sentiment", "text-classification", "config.json says bert"),
+        ("vit", "images", "image-classification", "config.json says vit"),
+        (None, "images", "image-classification", "is a local imagefolder dataset"),
+        ("bert-base-cased", "sentiment", "text-classification", "is a local csv dataset"),
+    ],
+)
+def test_the_task_is_inferred_and_said(model, dataset, task, why, bert_and_tables, capsys):
+    """From the model's config.json; from the data when there is no model, or its
+    config.json is not on this machine (a Hub id not yet downloaded)."""
+    root = bert_and_tables
+    if not (root / "vit").exists():
+        build_tiny_vit(root / "vit")
+        write_colour_images(root / "images")
+    args = ["--dataset_name", str(root / dataset)]
+    if model:
+        args += ["--model_name_or_path", str(root / model) if (root / model).exists() else model]
+    if task == "text-classification":
+        args += SENTIMENT_COLUMNS
+    code, config, err = dry_run(args, capsys)
+    assert code == 0, err
+    assert config["flags"]["task"] == task and "--task" not in config["given"]
+    notice = next(line for line in err.splitlines() if line.startswith("task: "))
+    assert notice.startswith(f"task: {task} (no --task; ") and why in notice, notice
+
+
+def test_whisper_is_inferred_from_its_config(demo_assets, capsys):
+    args = ["--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir),
+            "--text_column_name", "transcription"]  # fmt: skip
+    code, config, err = dry_run(args, capsys)
+    assert code == 0 and config["flags"]["task"] == "speech-recognition", err
+    assert "task: speech-recognition (no --task; " in err and "says whisper" in err
+
+
+def test_a_train_only_dataset_runs_with_evaluation_off(bert_and_tables, tmp_path, capsys):
+    (tmp_path / "train.csv").write_text((bert_and_tables / "sentiment" / "train.csv").read_text())
+    args = ["--task", "text-classification", "--model_name_or_path",
+            str(bert_and_tables / "bert"), "--dataset_name", str(tmp_path),
+            *SENTIMENT_COLUMNS]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    assert code == 2 and 'Split "test" not found' in err and "--train_val_split 0.15" in err
+    code, config, err = dry_run([*args, "--eval_strategy", "no"], capsys)
+    assert code == 0, err
+    assert config["flags"]["data"]["eval_split_name"] == ""
+    assert "evaluation off (--eval_strategy no): no evaluation split is read" in err
+    task = checked_task("text-classification", bert_and_tables / "bert", tmp_path,
+                        *SENTIMENT_COLUMNS, "--eval_split_name", "")  # fmt: skip
+    _, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
+    assert len(train) == 60 and evaluation is None
+
+
+def test_train_val_split_takes_a_seeded_part_of_train(bert_and_tables, tmp_path, capsys):
+    (tmp_path / "train.csv").write_text((bert_and_tables / "sentiment" / "train.csv").read_text())
+    args = ["--task", "text-classification", "--model_name_or_path",
+            str(bert_and_tables / "bert"), "--dataset_name", str(tmp_path),
+            *SENTIMENT_COLUMNS]  # fmt: skip
+    code, config, err = dry_run([*args, "--train_val_split", "0.15", "--seed", "3"], capsys)
+    assert code == 0, err
+    assert "evaluation split: 0.15 of split train, drawn with seed 3" in err
+    code, _, err = dry_run([*args, "--train_val_split", "0.15", "--eval_split_name", "x"], capsys)
+    assert code == 2 and "leave --eval_split_name out" in err
+    code, _, err = dry_run([*args, "--train_val_split", "1.5"], capsys)
+    assert code == 2 and "--train_val_split 1.5: give a fraction between 0 and 1" in err
+
+    def parts(seed: str):
+        split = ["--train_val_split", "0.15", "--seed", seed]
+        task = checked_task("text-classification", bert_and_tables / "bert", tmp_path,
+                            *SENTIMENT_COLUMNS, *split)  # fmt: skip
+        _, tokenizer = task.build_model_and_processor()
+        train, evaluation = task.load_datasets(tokenizer)
+        return train["text"], evaluation["text"]
+
+    train, evaluation = parts("3")
+    assert len(evaluation) == 9 and len(train) == 51 and not set(train) & set(evaluation)
+    assert parts("3") == (train, evaluation), "the same seed gives the same split"
+    assert parts("4")[1] != evaluation
+
+
+def write_table(path, rows: list[dict]) -> None:
+    """`rows` as .json (an array), .jsonl or .parquet, by the file's suffix."""
+    if path.suffix == ".parquet":
+        from datasets import Dataset
+
+        Dataset.from_list(rows).to_parquet(str(path))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(rows))
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".parquet", ".jsonl"])
+def test_json_and_parquet_work_as_folders_and_as_files(suffix, bert_and_tables, tmp_path):
+    splits = {
+        split: [{"sentence": text, "sentiment": label} for text, label in rows]
+        for split, rows in sentiment_sentences().items()
+    }
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for split, rows in splits.items():
+        write_table(folder / f"{split}{suffix}", rows)
+    task = checked_task("text-classification", bert_and_tables / "bert", folder,
+                        *SENTIMENT_COLUMNS)  # fmt: skip
+    _, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
+    assert (len(train), len(evaluation)) == (60, 18)
+
+    task = task_of(["--task", "text-classification", "--model_name_or_path",
+                    bert_and_tables / "bert", *SENTIMENT_COLUMNS,
+                    "--train_file", folder / f"train{suffix}",
+                    "--validation_file", folder / f"test{suffix}",
+                    "--eval_split_name", "validation"])  # fmt: skip
+    task.check_inputs()
+    _, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
+    assert (len(train), len(evaluation)) == (60, 18)
+
+
+def test_train_file_through_the_launcher(bert_and_tables, capsys):
+    files = ["--train_file", str(bert_and_tables / "mrpc" / "train.csv"),
+             "--validation_file", str(bert_and_tables / "mrpc" / "validation.csv")]  # fmt: skip
+    model = ["--model_name_or_path", str(bert_and_tables / "bert")]
+    code, config, err = dry_run([*model, *files, "--text_column_name", "sentence1,sentence2"],
+                                capsys)  # fmt: skip
+    assert code == 0, err
+    assert config["flags"]["task"] == "text-classification"  # the model's config says bert
+    assert config["flags"]["data"]["eval_split_name"] == "validation"
+    missing = [*model, "--task", "text-classification", "--train_file", "/no/train.csv"]
+    code, _, err = dry_run(missing, capsys)
+    assert code == 2 and "Data file /no/train.csv not found" in err, err
+
+
+def test_train_val_split_in_the_speech_task(demo_assets):
+    """Whisper's task takes its evaluation clips from the training split the same way."""
+
+    def evaluation_clips(seed: str) -> list[str]:
+        task, _, processor = speech_task(demo_assets.model_dir, demo_assets.dataset_dir,
+                                         "--text_column_name", "transcription",
+                                         "--train_val_split", "0.25", "--seed", seed)  # fmt: skip
+        train, evaluation = task.load_datasets(processor)
+        assert len(train) + len(evaluation) == whole and len(evaluation) == round(whole / 4)
+        return evaluation["text"]
+
+    whole = len(load_dataset("audiofolder", data_dir=str(demo_assets.dataset_dir / "train"),
+                             split="train"))  # fmt: skip
+    assert evaluation_clips("1") == evaluation_clips("1") != evaluation_clips("2")
