@@ -1,6 +1,7 @@
 """The pure decisions behind "a storage failure is never mistaken for a corrupt checkpoint":
 which stored files a listing proves wrong, which errors are worth retrying, and what a
-full disk's line says. (The faults themselves, in the real trainer: tests/processes/test_faults.py.)"""
+full disk's line says. (The faults themselves, in the real trainer:
+tests/processes/test_faults.py.)"""
 
 from __future__ import annotations
 
