@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
+from trainer.data.checks import check_columns
+from trainer.data.sources import (
+    EVALUATION_HINT,
+    FILES,
+    check_shard_set,
+    check_splits,
+    local_directory,
+    looks_like_path,
+    shard_index_of,
+)
 from trainer.tasks.lora_adapters import weightless, with_lora
 
 if TYPE_CHECKING:
@@ -107,8 +117,30 @@ class Task(ABC):
         return Trainer
 
     def check_inputs(self) -> None:
-        """Cheap checks of the data's paths and columns, run before any launch on a node
-        (trainer/preflight/run_checks.py)."""
+        """Cheap checks of the data's splits and columns, run before any launch on a node
+        (trainer/preflight/run_checks.py): a shard set's from its index, a local directory's
+        or named files' from their layout; a hub dataset is checked when it is loaded."""
+        data, name = self.data_args, self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [data.train_split_name, data.eval_split_name]
+            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
+            return
+        layout, directory = self.file_layout(), FILES
+        if layout is None:
+            if name is None or not looks_like_path(name):
+                return
+            directory = local_directory(name)
+            layout = self.detect_local_layout(directory)
+        check_splits(layout, data.train_split_name, directory)
+        if data.eval_split_name:
+            check_splits(layout, data.eval_split_name, directory, EVALUATION_HINT)
+        check_columns(layout.columns, self.column_flags(), str(directory))
+
+    def file_layout(self) -> LocalLayout | None:
+        """The layout of data named file by file (`--train_file` ...), for tasks that take
+        such flags; None when the data is `--dataset_name`."""
+        return None
 
     def check_model(self) -> None:
         """Cheap checks of the model against the task's flags, from its files on this

@@ -27,17 +27,10 @@ import numpy as np
 import torch
 
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns
 from trainer.data.sources import (
-    EVALUATION_HINT,
     FILES,
-    LocalLayout,
-    check_shard_set,
-    check_splits,
     first_examples,
     load_split,
-    local_directory,
-    looks_like_path,
     select_source_columns,
     shard_index_of,
     split_off_evaluation,
@@ -336,22 +329,7 @@ class ClassificationTask(Task):
                 "--class_weights balanced counts the training split, which a stream cannot "
                 "do before training: give one weight per label (e.g. 1,2.5,1)."
             )
-        name = self.data_args.dataset_name
-        index = shard_index_of(name)
-        if index is not None:
-            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
-            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
-            return
-        layout, directory = self.file_layout(), FILES
-        if layout is None:
-            if name is None or not looks_like_path(name):
-                return  # a hub dataset: checked when it is loaded
-            directory = local_directory(name)
-            layout = self.detect_local_layout(directory)
-        check_splits(layout, self.data_args.train_split_name, directory)
-        if self.data_args.eval_split_name:
-            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
-        check_columns(layout.columns, self.column_flags(), str(directory))
+        super().check_inputs()
 
     @classmethod
     def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
@@ -438,8 +416,3 @@ class ClassificationTask(Task):
             self.file_layout(),
         )  # fmt: skip
         return dataset
-
-    def file_layout(self) -> LocalLayout | None:
-        """The layout of data named file by file (`--train_file` ...), for tasks that take
-        such flags; None when the data is `--dataset_name`."""
-        return None

@@ -30,18 +30,11 @@ from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
-from trainer.data.checks import check_columns
 from trainer.data.sources import (
-    EVALUATION_HINT,
     LocalLayout,
-    check_shard_set,
-    check_splits,
     first_examples,
     load_split,
-    local_directory,
-    looks_like_path,
     select_source_columns,
-    shard_index_of,
     split_off_evaluation,
     table_header,
 )
@@ -120,22 +113,6 @@ class SpeechRecognitionTask(Task):
     detect_local_layout = staticmethod(detect_local_layout)
     _prompt: Prompt | None = None
     """The language and task tokens, once the model is loaded."""
-
-    def check_inputs(self) -> None:
-        name = self.data_args.dataset_name
-        index = shard_index_of(name)
-        if index is not None:
-            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
-            check_shard_set(index, name, specs, self.column_flags())
-            return
-        if name is None or not looks_like_path(name):
-            return  # a hub dataset: checked when it is loaded
-        directory = local_directory(name)
-        layout = detect_local_layout(directory)
-        check_splits(layout, self.data_args.train_split_name, directory)
-        if self.data_args.eval_split_name:
-            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
-        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def check_model(self) -> None:
         """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
