@@ -147,7 +147,6 @@ class Selection:
 
 
 def select_task(argv: list[str]) -> Selection:
-
     notes, recipe = [], None
     try:
         expanded = expand_config_file(argv)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 
 from trainer.common.errors import UserError
-from trainer.data.checks import split_names
+from trainer.data.checks import check_splits, split_names
 from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import Shard, ShardIndex
 from trainer.data.shard_verify import VerifiedReader, check_shard
@@ -23,12 +23,8 @@ def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
     from datasets import Dataset, IterableDataset
     from datasets.exceptions import DatasetGenerationError
 
-    shards = []
-    for name in split_names(spec):
-        if name not in index.splits:
-            available = ", ".join(sorted(index.splits))
-            raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
-        shards += [asdict(shard) for shard in index.splits[name]]
+    check_splits(index.splits, spec, location)
+    shards = [asdict(shard) for name in split_names(spec) for shard in index.splits[name]]
     kwargs = {"location": location, "shards": shards, "features": index.features}
     features = index.datasets_features()
     if streaming:

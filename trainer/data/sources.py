@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns, split_names
+from trainer.data.checks import check_columns, check_splits, split_names
 from trainer.data.shard_index import KEY_COLUMN, ShardIndex, check_listing, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
@@ -87,14 +87,6 @@ EVALUATION_HINT = (
 )
 
 
-def check_splits(layout: LocalLayout, spec: str, directory: Path, hint: str = "") -> None:
-    """Every split of `spec` is in the layout; `hint` ends the error line."""
-    for name in split_names(spec):
-        if name not in layout.splits:
-            available = ", ".join(sorted(layout.splits))
-            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.{hint}')
-
-
 def check_shard_set(
     index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
 ) -> None:
@@ -102,11 +94,8 @@ def check_shard_set(
     Cloud Storage's checksums) from a listing: no shard is opened."""
     names = []
     for spec in specs:
-        for name in split_names(spec):
-            if name not in index.splits:
-                available = ", ".join(sorted(index.splits))
-                raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
-            names.append(name)
+        check_splits(index.splits, spec, location)
+        names += split_names(spec)
     check_columns(index.columns, wanted, location)
     check_listing(index, open_store(location), sorted(set(names)))
 
@@ -230,7 +219,7 @@ def load_split(
     from datasets import concatenate_datasets, load_dataset
 
     if files is not None:
-        check_splits(files, spec, FILES)
+        check_splits(files.splits, spec, FILES)
         return load_layout(FILES, files, spec, streaming), None
     name = data_args.dataset_name
     index = shard_index_of(name)
@@ -262,7 +251,7 @@ def load_split(
         )
     directory = local_directory(name)
     layout = detect_layout(directory)
-    check_splits(layout, spec, directory)
+    check_splits(layout.splits, spec, directory)
     return load_layout(name, layout, spec, streaming), directory
 
 

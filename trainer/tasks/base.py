@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns
+from trainer.data.checks import check_columns, check_splits
 from trainer.data.sources import (
     EVALUATION_HINT,
     FILES,
     check_shard_set,
-    check_splits,
     local_directory,
     looks_like_path,
     shard_index_of,
@@ -132,9 +131,9 @@ class Task(ABC):
                 return
             directory = local_directory(name)
             layout = self.detect_local_layout(directory)
-        check_splits(layout, data.train_split_name, directory)
+        check_splits(layout.splits, data.train_split_name, directory)
         if data.eval_split_name:
-            check_splits(layout, data.eval_split_name, directory, EVALUATION_HINT)
+            check_splits(layout.splits, data.eval_split_name, directory, EVALUATION_HINT)
         check_columns(layout.columns, self.column_flags(), str(directory))
 
     def file_layout(self) -> LocalLayout | None:
