@@ -1,27 +1,25 @@
 """Checkpoints that survive a dead node, on storage no two nodes share.
 
-With DeepSpeed every rank writes its own optimizer shard, so a checkpoint is spread over
-the local disks of all nodes. The protocol (docs/storage.md ("The checkpoint protocol")):
+With DeepSpeed every rank writes its own optimizer shard, so a checkpoint is spread over the
+local disks of all nodes. The protocol (docs/storage.md, "The checkpoint protocol"):
 
 1. The Trainer saves `checkpoint-N` to the local output dir on every node.
 2. Each node's local main process snapshots what its node wrote (hard links, instant) and
    uploads it to `<store>/checkpoint-N/` in a background thread; training goes on.
 3. When a node's upload is verified, it writes `.nodes/node-R.json` listing its files.
-4. The global main process waits for every node's marker, checks the listed files are in
-   the store with the recorded size and CRC32C, and writes `manifest.json` LAST. A
-   checkpoint without a manifest does not exist: it is never resumed or counted.
-5. Retention then deletes complete checkpoints beyond `save_total_limit`, never the best
-   one and never one without a manifest (whose upload may still be running).
+4. The global main process waits for every node's marker, checks the listed files' size and
+   CRC32C in the store, and writes `manifest.json` LAST. A checkpoint without a manifest does
+   not exist: it is never resumed or counted.
+5. Retention then deletes complete checkpoints beyond `save_total_limit`, never the best one
+   and never one without a manifest (whose upload may still be running).
 
 On start, `find_resumable_checkpoint` picks the newest checkpoint whose manifest verifies
-against local files (fetching what is missing), skipping incomplete ones and those whose
-stored bytes are proven wrong. A complete checkpoint that cannot be read (refused, an
-outage past every retry, a full local disk) is not skipped: `CheckpointUnreadable` stops
-the run before training, since starting from step 1 would lose the work it holds and
-retention would then delete it (its step numbers being higher than the new run's).
-
-The final model gets a manifest too (`publish_model`), written after its files, so a model
-directory whose upload failed is visibly incomplete.
+against local files (fetching what is missing), skipping incomplete ones and those whose stored
+bytes are proven wrong. One that cannot be read (refused, an outage past every retry, a full
+local disk) is not skipped: `CheckpointUnreadable` stops the run before training, since
+starting from step 1 would lose its work, and retention would then delete it (its step numbers
+being higher). The final model gets a manifest too (`publish_model`), written after its files,
+so a model whose upload failed is visibly incomplete.
 """
 
 from __future__ import annotations
@@ -177,14 +175,13 @@ def gave_up_marker(node_rank: int) -> str:
 class CheckpointUploader:
     """Runs on each node's local main process; uploads checkpoints one after another.
 
-    Only the newest save waits for the upload in progress: a newer one makes those still
-    queued obsolete (their staged snapshots are released at once), so uploads slower than
-    saves cost disk for two checkpoints at most, and a stop checkpoint is next in line.
-    A node that gives up on a checkpoint (failed or obsolete) says so in the store, next
-    to where its done-marker would be, so the chief abandons it at once instead of
-    waiting `peer_timeout` for a marker that never comes. `fatal` says why uploads cannot
-    succeed at all (the bucket is gone, or `GIVE_UP_AFTER` checkpoints failed in a row);
-    the training side stops the run on it.
+    Only the newest save waits for the upload in progress: a newer one makes those still queued
+    obsolete (their snapshots are released at once), so slow uploads cost disk for two
+    checkpoints at most, and a stop checkpoint is next in line. A node that gives up on a
+    checkpoint (failed or obsolete) says so in the store, beside its done-marker, so the chief
+    abandons it at once instead of waiting `peer_timeout`. `fatal` says why uploads cannot
+    succeed at all (the bucket is gone, or `GIVE_UP_AFTER` failures in a row); training stops
+    on it.
     """
 
     def __init__(
