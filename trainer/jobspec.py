@@ -32,12 +32,7 @@ from trainer.command_line.parser import FlagParser
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.common.secrets import (
-    SECRET_FLAG_VARIABLES,
-    looks_secret,
-    mask,
-    secret_values,
-)
+from trainer.common.secrets import SECRET_FLAG_VARIABLES, looks_secret, mask, secret_values
 from trainer.config.deepspeed import preset_names
 from trainer.config.resolve import greater_is_better, resolve_run
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE

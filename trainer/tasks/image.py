@@ -34,11 +34,7 @@ from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
 from trainer.settings.task_flags import ImageArguments
-from trainer.tasks.classification import (
-    LABEL,
-    ClassificationTask,
-    LabelSet,
-)
+from trainer.tasks.classification import LABEL, ClassificationTask, LabelSet
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -22,12 +22,7 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.settings.run_config import RunConfig
-from trainer.training.failures import (
-    RunFailed,
-    report_failure,
-    report_run_failed,
-    without_secrets,
-)
+from trainer.training.failures import RunFailed, report_failure, report_run_failed, without_secrets
 from trainer.training.preemption import Stopped
 from trainer.training.run_end import remember_failure
 

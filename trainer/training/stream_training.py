@@ -38,12 +38,7 @@ class StreamingTrainerMixin:
     """Mixed in before a task's Trainer class when the training set is a stream."""
 
     def __init__(
-        self,
-        *args,
-        stream_start: StreamStart,
-        audit_dir: str | None,
-        skips: StreamSkips,
-        **kwargs,
+        self, *args, stream_start: StreamStart, audit_dir: str | None, skips: StreamSkips, **kwargs
     ) -> None:
         super().__init__(*args, **kwargs)
         self.stream_positions = StreamPositions.starting_at(stream_start)
