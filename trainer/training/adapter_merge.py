@@ -1,7 +1,7 @@
-"""The delivered model of a `--peft lora` run: the Trainer saved the adapter (gathered from
-every rank under ZeRO-3); here it is merged into the pretrained weights, so that `model/`
-is a plain full model again, loading with `from_pretrained` and `pipeline()` without PEFT.
-The adapter stays beside it in `model/adapter/`, or alone with `--save_adapter_only`.
+"""The delivered model of a `--peft lora` run: the adapter the Trainer saved (gathered from every
+rank under ZeRO-3) merged into the pretrained weights, so that `model/` is a plain full model
+again (`from_pretrained`, `pipeline()` without PEFT). The adapter stays beside it in
+`model/adapter/`, or alone with `--save_adapter_only`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
 
 
 def merge_delivered_adapter(task: Task, final_dir: Path, args) -> None:
-    """On the process that writes the model, after `Trainer.save_model(final_dir)`: the
-    adapter moved to `final_dir/adapter`, and the merged full model saved in `final_dir`
-    (its processor is already there). The merge reloads the pretrained weights in full
-    precision on the CPU: the training copy may be 8-bit or partitioned by ZeRO-3, and
-    merging into it would change the model the final evaluation scores."""
+    """On the process that writes the model, after `Trainer.save_model(final_dir)`: the adapter
+    moved to `final_dir/adapter`, the merged model saved in `final_dir` (beside its processor).
+    The pretrained weights are reloaded in full precision on the CPU: the training copy may be
+    8-bit or partitioned by ZeRO-3, and merging into it would change the model the final
+    evaluation scores."""
     if task.model_args.peft != "lora" or task.model_args.save_adapter_only:
         return
     adapter_dir = final_dir / ADAPTER_DIRNAME

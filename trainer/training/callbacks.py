@@ -24,11 +24,11 @@ logger = logging.getLogger(__name__)
 def reports_to_tuning(env: Mapping[str, str]) -> bool:
     """Whether evaluations are reported to Vertex AI hyperparameter tuning (cloudml-hypertune).
 
-    No Google page documents what marks a trial for a custom container: cloudml-hypertune
-    reads `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, and CLUSTER_SPEC
-    may carry `task.trial`. A trial none of these mark would end without a metric, so on
-    Vertex AI (any CLUSTER_SPEC) the reports are written anyway: outside tuning they are a
-    small file nobody reads. Off Vertex AI, only when a variable asks for them.
+    No Google page says what marks a trial for a custom container: cloudml-hypertune reads
+    `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, CLUSTER_SPEC may carry
+    `task.trial`. An unmarked trial would end without a metric, so on Vertex AI (any
+    CLUSTER_SPEC) reports are always written (outside tuning, a small file nobody reads); off
+    it, only when a variable asks.
     """
     return any(
         name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
@@ -85,10 +85,8 @@ def backlog_warning(uploader: CheckpointUploader, obsolete: list[str], newest: s
 
 
 class TensorBoardSyncCallback(TrainerCallback):
-    """Copies the TensorBoard logs to their store every few seconds and at the end.
-
-    Event files grow while they are written, so each sync copies them to a staging dir
-    first: what is uploaded is a consistent snapshot that verifies.
+    """Copies the TensorBoard logs to their store every few seconds and at the end. Event files
+    grow while written, so each sync uploads a consistent snapshot from a staging dir.
     """
 
     def __init__(self, local_dir: Path, store: Store, staging: Path, interval: float) -> None:
@@ -138,10 +136,9 @@ class TensorBoardSyncCallback(TrainerCallback):
 
 
 class HypertuneCallback(TrainerCallback):
-    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service.
-
-    Only the global main process reports, once per evaluated step, through one HyperTune
-    instance (a second instance would overwrite the metrics file).
+    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service: the
+    global main process only, once per evaluated step, through one HyperTune instance (a second
+    would overwrite the metrics file).
     """
 
     def __init__(self, metric: str) -> None:
@@ -166,14 +163,11 @@ class HypertuneCallback(TrainerCallback):
 
 
 class SaveOnStopOrInterval(TrainerCallback):
-    """After each step: on an agreed stop request, save and stop; when rank 0's clock says
-    the interval has passed since the last save (whatever triggered it), save. Between
-    evaluation batches: on an agreed stop request, abandon the evaluation
-    (`EvaluationStopped`; trainer/training/keep_work.py saves the step then).
-
-    `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
-    happened once training returns.
-    `clock` and `agree` are parameters so tests can drive time and ranks.
+    """After each step: on an agreed stop request, save and stop; when rank 0's clock says the
+    interval has passed since the last save (whatever triggered it), save. Between evaluation
+    batches: on an agreed stop, abandon the evaluation (`EvaluationStopped`;
+    trainer/training/keep_work.py saves the step then). `stopped_at_step`, `stop_origin_node`
+    and `agreed_at` (this rank's clock) say what happened; `clock` and `agree` are for tests.
     """
 
     def __init__(

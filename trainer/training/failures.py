@@ -42,16 +42,16 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 
 
 def report_failure(error: Exception, sleep=time.sleep) -> str:
-    """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for), ended by
-    the exception's notes (training adds where the newest complete checkpoint is). Returns
-    the line without `error: `.
+    """The failing process's traceback, then one `error:` line naming its rank, node and the
+    exception (what torchrun's error box would stand in for), ended by the exception's notes
+    (training adds where the newest complete checkpoint is); returns the line without `error:
+    `.
 
-    When one process fails, the collectives of the others break too ("connection closed by
-    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
-    stops it meanwhile if the cause was on this node (and reported itself). If it is still
-    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
-    the node's local rank 0 says so in one line, without the echo's traceback.
+    When one process fails, the others' collectives break too ("connection closed by peer"):
+    echoes, not causes. Such a process waits a moment first; torchrun stops it meanwhile if the
+    cause was on this node. If still alive, the cause was on another node (whose log has it; a
+    dead machine prints nothing): the node's local rank 0 says so in one line, without the
+    echo's traceback.
     """
     env = os.environ
     place = (

@@ -1,15 +1,13 @@
-"""The Trainer's side of a stream: every process reads only its own part, the position of
-what it trained on goes into each checkpoint, the undecodable examples its loader workers
-dropped are counted (their names come in the batches), and (on request) an audit of the
-examples.
+"""The Trainer's side of a stream: every process reads only its own part, the position of what it
+trained on goes into each checkpoint, the undecodable examples its loader workers dropped are
+counted (their names come in the batches), and (on request) an audit.
 
-Left alone, accelerate would not let each process read its own part: for an
-IterableDataset it either has the main process read every batch and send slices to the
-others (`dispatch_batches`, its default), or shards the dataset once more by process
-(`IterableDataset.shard`, or `IterableDatasetShard`, which keeps one batch in N and pads
-the last ones with repeats). The stream is already this process's part
-(trainer/data/streams.py, `split_dataset_by_node`), so its DataLoader is prepared as a
-one-process loader: batches still go to the device through accelerate, unsplit.
+Left alone, accelerate would either have the main process read every batch and send slices to
+the others (`dispatch_batches`, its default) or shard the IterableDataset again by process
+(`IterableDataset.shard`, or `IterableDatasetShard`, which keeps one batch in N and pads the
+last with repeats). The stream already is this process's part (`split_dataset_by_node`,
+trainer/data/streams.py), so its DataLoader is prepared as a one-process loader: batches still
+go to the device through accelerate, unsplit.
 """
 
 from __future__ import annotations
@@ -47,11 +45,11 @@ class StreamingTrainerMixin:
 
     def get_train_dataloader(self):
         """This process's loader. Its workers start afresh each epoch, whatever
-        `--dataloader_persistent_workers` says (which still applies to evaluation): the
-        epoch, which reseeds the shuffle, reaches them when they start. They draw their seeds
-        from the loader's own generator: from the global one, each new epoch's iterator
-        would move the RNG state that a checkpoint restores (dropout), and a resumed run
-        would drift from an uninterrupted one."""
+        `--dataloader_persistent_workers` says (it still applies to evaluation): the epoch,
+        which reseeds the shuffle, reaches them when they start. Their seeds come from the
+        loader's own generator: drawn from the global one, each epoch would move the RNG state
+        a checkpoint restores (dropout), and a resumed run would drift from an uninterrupted
+        one."""
         import torch
         from accelerate.data_loader import prepare_data_loader
         from torch.utils.data import DataLoader

@@ -80,10 +80,9 @@ def needs_conversion(checkpoint: Path, world_size: int, deepspeed_config) -> int
 
 
 def resume_with_world_size(checkpoint: Path, args, place: ProcessPlace) -> Path:
-    """The checkpoint this run's processes resume: `checkpoint` itself, or, when another
-    count saved it, its universal conversion (made once per node), with the engine's
-    DeepSpeed config told to load it (`args.hf_deepspeed_config` is the dict accelerate
-    hands to `deepspeed.initialize`)."""
+    """The checkpoint this run's processes resume: `checkpoint`, or, when another count saved it,
+    its universal conversion (made once per node), the engine's DeepSpeed config told to load
+    it (`args.hf_deepspeed_config` is the dict accelerate gives `deepspeed.initialize`)."""
     saved = needs_conversion(checkpoint, args.world_size, args.deepspeed)
     if saved is None:
         return checkpoint
