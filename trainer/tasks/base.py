@@ -1,8 +1,8 @@
 """The face every training task shows to the training program.
 
 `trainer/training/run.py` knows tasks only through this class: it asks a task for its datasets,
-its model and processor, how to batch examples and how to score predictions. A task never
-imports the training program, the launcher or storage.
+model and processor, how to batch examples and how to score predictions. A task never imports
+the training program, the launcher or storage.
 """
 
 from __future__ import annotations
@@ -160,10 +160,9 @@ class Task(ABC):
 
     @abstractmethod
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
-        """Training and evaluation datasets, with only the columns the collator needs.
-
-        Called after `build_model_and_processor`, so limits that depend on the model (such
-        as Whisper's input window) can be applied while loading.
+        """Training and evaluation datasets, with only the columns the collator needs. Called
+        after `build_model_and_processor`, so limits that depend on the model (such as
+        Whisper's input window) can be applied while loading.
         """
 
     @classmethod

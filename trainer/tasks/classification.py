@@ -1,15 +1,15 @@
 """What image and text classification share: sources, the label set, metrics, class weights.
 
 A classification task reads (input, label) pairs from a hub dataset or a local directory,
-fine-tunes an `AutoModelFor...Classification` whose head is sized and named from the label
-set, and scores predictions by accuracy and macro F1. The subclasses say only how their
-local directories look, which model and processor to load, and how to batch inputs.
+fine-tunes an `AutoModelFor...Classification` whose head is sized and named from the label set,
+and scores predictions by accuracy and macro F1. The subclasses say only how their local
+directories look, which model and processor to load, and how to batch inputs.
 
-The label set has to exist before the model (its head has one output per label), and the
-training program builds the model before it loads the datasets. So the raw training split
-is loaded in `build_model_and_processor` on every rank, as the Hugging Face example
-scripts do (`datasets` serialises concurrent builds of one cache with a file lock), and
-`load_datasets` prepares it further inside `main_process_first`.
+The label set must exist before the model (its head has one output per label), which the
+training program builds before the datasets. So `build_model_and_processor` loads the raw
+training split on every rank, as the Hugging Face example scripts do (`datasets` serialises
+concurrent builds of one cache with a file lock), and `load_datasets` prepares it further
+inside `main_process_first`.
 """
 
 from __future__ import annotations
@@ -56,11 +56,10 @@ def _is_missing(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LabelSet:
-    """The classes the model predicts, and how a dataset's label values map to their ids.
-
-    A `ClassLabel` feature gives the names and ids as they are. Other label columns (strings
-    such as "positive" in a CSV, or plain integers) give the sorted distinct values of the
-    training split; evaluation labels must be among them.
+    """The classes the model predicts, and how a dataset's label values map to their ids: a
+    `ClassLabel` feature's names and ids as they are; other label columns (strings such as
+    "positive" in a CSV, or integers) the training split's sorted distinct values, which
+    evaluation labels must be among.
     """
 
     names: tuple[str, ...]
@@ -382,8 +381,7 @@ class ClassificationTask(Task):
         split is loaded: `balanced` counts it); otherwise the plain Trainer."""
         if self._class_weights is None:
             return super().trainer_class
-        # Imported when training only: the launcher imports task modules for their flags,
-        # and importing transformers' Trainer takes seconds.
+        # imported when training only, as in Task.trainer_class
         from trainer.tasks.trainers import ClassWeightedTrainer
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)

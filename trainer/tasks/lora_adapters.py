@@ -1,10 +1,9 @@
-"""`--peft lora`: low-rank adapters (PEFT) on a frozen pretrained model, and the merge that
-turns a trained adapter back into a plain full model for delivery.
+"""`--peft lora`: low-rank adapters (PEFT) on a frozen pretrained model, and the merge that turns
+a trained adapter back into a plain full model for delivery.
 
-The launcher checks the adapter's target modules on a weightless copy of the model (built
-on the meta device from its config, in a second), so that an unknown module name or a model
-type without default targets is one line before launch instead of a failure after the
-training processes loaded the weights.
+The launcher checks the adapter's target modules on a weightless copy of the model (built on
+the meta device from its config, in a second), so an unknown module name or a model type
+without default targets is one line before launch, not a failure after the weights loaded.
 """
 
 from __future__ import annotations

@@ -2,15 +2,14 @@
 
 Unlike the classic recipe, no `datasets.map` pass computes log-mel features over the whole
 corpus on every node before training: audio is decoded (and resampled to 16 kHz) when an
-example is read, and log-mel features are computed a batch at a time, in one vectorised
-call. Training starts as soon as the first batch is ready. Where that call runs is
-`--log_mel_on`: on a GPU node the training process computes them on its GPU, and the data
-loader only decodes audio; on CPU the loader computes them.
+example is read, and log-mel features are computed a batch at a time, in one vectorised call,
+so training starts with the first batch. `--log_mel_on` says where: on a GPU node the training
+process computes them on its GPU, the loader only decoding audio; on CPU the loader.
 
-Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory
-(`metadata.csv` or `metadata.jsonl` with a `file_name` column, at the top or in one folder
-per split), or a local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`,
-`test.tsv`, ...; `dev` is the `validation` split).
+Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory (`metadata.csv`
+or `metadata.jsonl` with a `file_name` column, at the top or in one folder per split), or a
+local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`, `test.tsv`, ...;
+`dev` is the `validation` split).
 """
 
 from __future__ import annotations
@@ -220,11 +219,10 @@ class SpeechRecognitionTask(Task):
         return train, evaluation
 
     def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
-        """Each example's label token count, in the column the Trainer's length-grouped
-        samplers read (they would otherwise look for `input_features`, which raw rows lack).
-
-        Every clip is padded to the model's 30 s window, so only decoder lengths vary; this
-        reads the transcripts only, never the audio.
+        """Each example's label token count, in the column the Trainer's length-grouped samplers
+        read (else they look for `input_features`, which raw rows lack). Every clip is padded
+        to the model's 30 s window, so only decoder lengths vary: this reads transcripts, never
+        audio.
         """
         normalize = self._target_normalizer()
 
@@ -238,8 +236,7 @@ class SpeechRecognitionTask(Task):
 
     @property
     def trainer_class(self):
-        # Imported when training only: the launcher imports task modules for their flags,
-        # and importing transformers' Trainer takes seconds.
+        # imported when training only, as in Task.trainer_class
         from trainer.tasks.trainers import WhisperTrainer
 
         return WhisperTrainer
@@ -366,13 +363,12 @@ class SpeechRecognitionTask(Task):
 def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     """Make labels and generation start with the same tokens, and save them with the model.
 
-    The tokenizer's attributes are set directly because `set_prefix_tokens` keeps its old
-    value for a None argument, and a checkpoint may have been saved with a language. The
-    generation config gets `language`/`task` (None on English-only checkpoints, where
-    `generate()` refuses them), and the deprecated `forced_decoder_ids` that released
-    checkpoints carry are dropped: they would otherwise override the prompt in older
-    transformers and warn in newer ones. The saved model then transcribes with a plain
-    `generate()` or `pipeline()`.
+    The tokenizer's attributes are set directly because `set_prefix_tokens` keeps its old value
+    for a None argument, and a checkpoint may have been saved with a language. The generation
+    config gets `language`/`task` (None on English-only checkpoints, where `generate()` refuses
+    them), and released checkpoints' deprecated `forced_decoder_ids` are dropped: they would
+    override the prompt in older transformers and warn in newer ones. The saved model then
+    transcribes with a plain `generate()` or `pipeline()`.
     """
     tokenizer.language, tokenizer.task = prompt.language, prompt.task
     tokenizer.set_prefix_tokens(predict_timestamps=False)
@@ -385,15 +381,13 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
 def filter_by_duration(
     dataset, low: float, high: float, data_args, where: str, training: bool = True
 ):
-    """Drop clips outside [low, high] seconds, reading only each file's header, and clips
-    whose header cannot be read at all (trainer/data/bad_examples.py: skipped and counted,
-    up to `--max_bad_examples`).
-
-    A stream is filtered as it is read, in the loader's workers, on the decoder that
-    decoding makes anyway (it reads the header only; samples are read by the collator);
-    a clip whose decoder cannot be made or read is kept, marked, for the stream to skip
-    and count (`mark_undecodable`). The map-style path measures undecoded files instead,
-    in a pass with its own processes.
+    """Drop clips outside [low, high] seconds, reading only each file's header, and clips whose
+    header cannot be read (trainer/data/bad_examples.py: skipped and counted, up to
+    `--max_bad_examples`). A stream is filtered as read, in the loader's workers, on the
+    decoder that decoding makes anyway (it reads the header; the collator reads samples); a
+    clip whose decoder cannot be made or read is kept, marked, for the stream to skip and count
+    (`mark_undecodable`). The map-style path measures undecoded files in a pass with its own
+    processes.
     """
     from datasets import Audio
 

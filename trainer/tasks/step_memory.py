@@ -1,11 +1,10 @@
-"""How much GPU memory a training step of a task's model needs, per GPU: arithmetic on the
-model's parameter counts and the task's activation counts, shared by the preflight (the
-plan's estimate, and its refusal of a plan that cannot fit, trainer/preflight/model_plan.py)
-and the training processes (the gradient checkpointing decision,
-trainer/training/gradient_checkpointing.py).
+"""How much GPU memory a training step of a task's model needs, per GPU: arithmetic on the model's
+parameter counts and the task's activation counts, shared by the preflight (the plan's estimate
+and refusal, trainer/preflight/model_plan.py) and the training processes (the gradient
+checkpointing decision, trainer/training/gradient_checkpointing.py).
 
-Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with
-and without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
+Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with and
+without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -107,10 +106,8 @@ def usable_gpu_bytes(gpu_bytes: int) -> float:
 
 
 def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
-    """True when a step does not fit in the GPU's usable memory without checkpointing.
-
-    Checkpointing costs about a third more compute (every layer's forward runs again during
-    backward), so it is only worth turning on when memory forces it.
+    """True when a step does not fit in the GPU's usable memory without checkpointing, which costs
+    about a third more compute (every layer's forward runs again during backward).
     """
     return footprint.step_bytes(checkpointing=False) > usable_gpu_bytes(gpu_bytes)
 

@@ -1,7 +1,6 @@
-"""Trainer subclasses that tasks hand to the training program.
-
-They live apart from the task modules because importing `transformers.Trainer` takes
-seconds, and the launcher imports the task modules (for their flags) without ever training.
+"""Trainer subclasses that tasks hand to the training program, apart from the task modules:
+importing `transformers.Trainer` takes seconds, and the launcher imports the task modules (for
+their flags) without ever training.
 """
 
 from __future__ import annotations
@@ -16,11 +15,10 @@ from trainer.tasks.speech_batches import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
 class ClassWeightedTrainer(Trainer):
-    """Trainer whose loss is cross-entropy weighted per class.
-
-    Overriding `compute_loss` keeps the model and its saved config unchanged, and works the
-    same under DeepSpeed (the engine only sees the loss). The loss is a per-batch mean, so
-    the Trainer divides it by the gradient accumulation steps like a model's own loss.
+    """Trainer whose loss is cross-entropy weighted per class. Overriding `compute_loss` keeps the
+    model and its saved config unchanged, and works under DeepSpeed (the engine sees only the
+    loss). The loss is a per-batch mean, so the Trainer divides it by the gradient accumulation
+    steps like a model's own loss.
     """
 
     loss_is_scaled_for_ga = False
@@ -44,24 +42,22 @@ class ClassWeightedTrainer(Trainer):
 
 
 class WhisperTrainer(Seq2SeqTrainer):
-    """Seq2SeqTrainer for Whisper: a loss that does not grow with the process count,
-    log-mel features computed on the training device, and the English spelling table saved
-    with every checkpoint and the model.
+    """Seq2SeqTrainer for Whisper: a loss that does not grow with the process count, log-mel
+    features computed on the training device, and the English spelling table saved with every
+    checkpoint and the model.
 
-    The Trainer takes a model whose `forward` has `**kwargs` for one that divides its loss
-    by `num_items_in_batch` (the label tokens of every process), and so multiplies the loss
-    by the process count to undo DDP's averaging (`average_tokens_across_devices`, on by
-    default). Whisper's `forward` has `**kwargs` but takes the mean over this process's
-    tokens: its gradients and its logged loss came out N times too large on N processes
-    (Adam's steps hardly notice a constant factor; gradient clipping, the logged curves and
-    a comparison across node counts do). Telling the Trainer it takes no loss arguments
-    keeps DDP's mean of the processes' means.
+    The Trainer takes a model whose `forward` has `**kwargs` for one that divides its loss by
+    `num_items_in_batch` (all processes' label tokens), and multiplies the loss by the process
+    count to undo DDP's averaging (`average_tokens_across_devices`, on by default). Whisper's
+    `forward` has `**kwargs` but averages over this process's tokens: gradients and logged loss
+    came out N times too large on N processes (Adam hardly notices a constant factor; gradient
+    clipping, logged curves and comparisons across node counts do). Telling the Trainer it
+    takes no loss arguments keeps DDP's mean of the processes' means.
 
-    With `--log_mel_on device` the collator hands over padded waveforms; they are copied to
-    this process's GPU and become features there, a batch at a time, before the batch is
-    cast like any other (features are computed in float32, then cast to bf16/fp16 for
-    DeepSpeed). Nothing comes back to the host, so the GPU never waits for it. Batches that
-    already hold features pass through unchanged.
+    With `--log_mel_on device` the collator hands over padded waveforms, copied to this
+    process's GPU and made features there, a batch at a time, before the batch is cast like any
+    other (features in float32, then cast to bf16/fp16 for DeepSpeed). Nothing comes back to
+    the host, so the GPU never waits for it. Batches already holding features pass unchanged.
     """
 
     def __init__(self, *args, **kwargs) -> None:
