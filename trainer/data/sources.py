@@ -1,10 +1,10 @@
 """Where a dataset comes from: the Hugging Face hub, or a local directory in a known layout.
 
-`--dataset_name` names either. A value that looks like a path (absolute, relative with
-./ or ../, gs://, or an existing directory) is a local dataset and must exist; anything
-else is a hub id. A path holding an `index.json` is a shard set (trainer/data/shard_index.py:
-Parquet or WebDataset tars), read through trainer/data/streams.py. Split specs such as
-`train+validation` work for all.
+`--dataset_name` names either: a value that looks like a path (absolute, relative with ./ or
+../, gs://, or an existing directory) is a local dataset and must exist; anything else is a hub
+id. A path holding an `index.json` is a shard set (trainer/data/shard_index.py: Parquet or
+WebDataset tars), read through trainer/data/streams.py. Split specs such as `train+validation`
+work for all.
 """
 
 from __future__ import annotations
@@ -61,12 +61,10 @@ def local_directory(name: str) -> Path:
 
 
 def fetch_directory(uri: str) -> Path:
-    """A gs:// dataset directory, copied (once per machine) into the local cache.
-
-    Audio and image decoders read local files, and every epoch reads every file again, so
-    one verified copy per node beats streaming each read from Cloud Storage. A marker
-    beside the copy records the listing it was made from; an unchanged listing means the
-    copy is complete and current, and nothing is read or sent again.
+    """A gs:// dataset directory, copied (once per machine) into the local cache: decoders read
+    local files, and every epoch reads every file again, so one verified copy per node beats
+    streaming each read. A marker beside the copy records the listing it was made from; an
+    unchanged listing means the copy is complete and current, and nothing is sent again.
     """
     store = open_store(uri)
     entries = sorted(store.list_files().values(), key=lambda entry: entry.path)
@@ -103,11 +101,10 @@ def check_shard_set(
 def select_source_columns(
     dataset: Dataset | IterableDataset, flags: dict[str, str], renames: dict[str, str], where: str
 ) -> Dataset | IterableDataset:
-    """The columns a task reads, under the names it reads them by (`renames`: source column
-    -> task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`).
-
-    `flags` (flag name -> column) are checked first where the dataset knows its columns
-    before it is read; a Hub stream may not, and then fails on its first example."""
+    """The columns a task reads, under the names it reads them by (`renames`: source column ->
+    task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`). `flags`
+    (flag name -> column) are checked first where the dataset knows its columns before it is
+    read; a Hub stream may not, and then fails on its first example."""
     columns = dataset.column_names
     if columns is not None:
         check_columns(columns, flags, where)
@@ -207,14 +204,12 @@ def load_split(
     streaming: bool = False,
     files: LocalLayout | None = None,
 ) -> tuple[Dataset | IterableDataset, Path | None]:
-    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
-    directory; with `streaming`, as an IterableDataset that copies nothing whole.
-
-    Returns the dataset and, for a local directory, the directory. The files of every local
-    split are declared, not only the requested ones, so that labels inferred from folder
-    names agree across splits. Streams of several splits are concatenated, one after the
-    other, as `split="a+b"` concatenates map-style splits. `files` is a layout of named
-    files (`--train_file` ...), read in place of `--dataset_name`.
+    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local directory
+    (`files`: a layout of named files, `--train_file` ..., read instead of `--dataset_name`);
+    with `streaming`, as an IterableDataset that copies nothing whole. Returns the dataset and,
+    for a local directory, the directory. Every local split's files are declared, not only the
+    requested ones, so labels inferred from folder names agree across splits. Streams of
+    several splits are concatenated, as `split="a+b"` concatenates map-style splits.
     """
     from datasets import concatenate_datasets, load_dataset
 
@@ -291,14 +286,11 @@ def load_layout(
 def split_from_stream(
     stream: IterableDataset, name: str, config: str | None, spec: str, cache_dir: str | None
 ) -> Dataset:
-    """A map-style split of a hub dataset (an evaluation split of a streaming run), written
-    from its stream to the `datasets` cache.
-
-    A map-style `load_dataset` of a hub dataset downloads and prepares every split of it:
-    loading the evaluation split that way would copy the whole training split, which the
-    run streams, to every node's disk. Media are read undecoded and stored as they came.
-    The copy is named after the dataset's commit, so that every process of a node, and
-    every later run, reuses it until the dataset changes."""
+    """A map-style split of a hub dataset (an evaluation split of a streaming run), written from
+    its stream to the `datasets` cache: a map-style `load_dataset` of a hub dataset prepares
+    every split, copying the streamed training split to every node's disk. Media are stored
+    undecoded, as they came. The copy is named after the dataset's commit, so every process of
+    a node, and every later run, reuses it until the dataset changes."""
     from datasets import Dataset
     from datasets.fingerprint import Hasher
     from huggingface_hub import HfApi

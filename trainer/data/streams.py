@@ -65,11 +65,9 @@ class StreamStart:
 
 
 class ResumableStream(torch.utils.data.IterableDataset):
-    """One process's part of the stream, each example tagged with its position.
-
-    The Trainer calls `set_epoch(n)` with its own epoch count, which restarts at 0 when it
-    resumes from a checkpoint; the stream adds the epoch it resumed in, so the shuffle order
-    continues where it was.
+    """One process's part of the stream, each example tagged with its position. The Trainer's
+    `set_epoch(n)` counts from 0 again when it resumes; the stream adds the epoch it resumed
+    in, so the shuffle order continues where it was.
     """
 
     def __init__(self, stream: IterableDataset, start: StreamStart | None = None) -> None:
@@ -119,12 +117,10 @@ def prepare_stream(
 
 
 def past_finished_epoch(stream: IterableDataset, start: StreamStart) -> StreamStart:
-    """`start`, or the next epoch's beginning when `start` is the end of its epoch.
-
-    A checkpoint taken right after a process's last batch of an epoch records the whole
-    epoch as trained; resumed there, its loader would yield nothing, and the Trainer stops
-    at an empty epoch. Whether anything is left is read once from the stream (at most the
-    examples the replay skips anyway)."""
+    """`start`, or the next epoch's beginning when `start` is the end of its epoch: a checkpoint
+    taken right after a process's last batch of an epoch records it all as trained, and resumed
+    there its loader would yield nothing (the Trainer stops at an empty epoch). Whether
+    anything is left is read once from the stream (at most what the replay skips anyway)."""
     trained = sum(start.consumed.values())
     if trained == 0:
         return start

@@ -110,10 +110,9 @@ class CheckpointUnreadable(Exception):
 
 
 def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
-    """The newest complete checkpoint, present and verified under `local_root`.
-
-    Skips a checkpoint only when it has no manifest or its stored files are proven not to
-    match it; raises `CheckpointUnreadable` when reading failed otherwise."""
+    """The newest complete checkpoint, present and verified under `local_root`. Skips one only
+    when it has no manifest or its stored files are proven not to match it; raises
+    `CheckpointUnreadable` when reading failed otherwise."""
     try:
         names = checkpoint_names(store)
     except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
@@ -136,10 +135,9 @@ def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
 
 
 def publish_model(store: Store, local_dir: Path) -> None:
-    """Upload a saved model, then its manifest: the manifest says the model is whole.
-
-    A manifest left by an earlier delivery to the same place goes first, so a failed
-    upload over an older model never looks complete."""
+    """Upload a saved model, then its manifest, which says the model is whole. A manifest left by
+    an earlier delivery there goes first, so a failed upload over an older model never looks
+    complete."""
     store.child(MANIFEST).delete()
     entries = store.upload(local_dir, [f for f in relative_files(local_dir) if f != MANIFEST])
     write_manifest(store, {"model": True, "files": [asdict(e) for e in entries]})
