@@ -40,11 +40,10 @@ def wait_for_name(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass.
-
-    On Vertex AI a worker may start before the chief, whose name resolves only once the
-    chief's Service exists; static rendezvous given a name that does not resolve fails at
-    once instead of waiting. A name that never resolves is one UserError.
+    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass: on
+    Vertex AI a worker may start before the chief, whose name resolves only once its Service
+    exists, and static rendezvous fails at once on a name that does not resolve. A name that
+    never resolves is one UserError.
     """
     deadline = clock() + timeout
     delay, attempt = 1.0, 1

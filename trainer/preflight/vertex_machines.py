@@ -1,10 +1,8 @@
 """The Vertex AI machines a job spec can ask for, and what a training node of each has: the
-hardware `python -m trainer.jobspec` resolves and checks the run against before it writes
-the spec (the launcher detects the same on the node, trainer/node/machine.py).
-
-Sources: Vertex AI's "Configure compute resources for custom training" (machine types,
-their GPU counts and vCPUs) and NVIDIA's data sheets (compute capability, memory as
-nvidia-smi reports it).
+hardware `python -m trainer.jobspec` checks the run against (the launcher detects the same on
+the node, trainer/node/machine.py). Sources: Vertex AI's "Configure compute resources for
+custom training" (machine types, GPU counts, vCPUs) and NVIDIA's data sheets (compute
+capability, memory as nvidia-smi reports it).
 """
 
 from __future__ import annotations
@@ -42,11 +40,9 @@ GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
     "g2-standard-96": ("NVIDIA_L4", (8,)),
     **T4_MACHINES,
 }
-"""Vertex AI machine type -> (accelerator type, accelerator counts it can have).
-
-Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
-docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here (and its GPU to
-`ACCELERATORS`) to use another machine.
+"""Vertex AI machine type -> (accelerator type, accelerator counts it can have): only GPUs the
+image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in docker/ds-build.env: T4, A100,
+L4, H100/H200). Add a row here (and its GPU to `ACCELERATORS`) for another machine.
 """
 
 CPUS_PER_GPU = 4
