@@ -26,10 +26,9 @@ def source_checkout() -> Path:
 
 
 def working_tree_files(root: Path) -> list[str]:
-    """The files of the working tree as git sees it: tracked and untracked ones, less what
-    .gitignore excludes (what `gcloud builds submit` uploads for an image build, too).
-    Listing them keeps a virtual environment, outputs and caches out of the copy that the
-    sdist is built from."""
+    """The files of the working tree as git sees it: tracked and untracked, less what .gitignore
+    excludes (what `gcloud builds submit` uploads for an image build, too), keeping a virtual
+    environment, outputs and caches out of the copy the sdist is built from."""
     listed = subprocess.run(
         ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         capture_output=True, text=True,
@@ -98,10 +97,10 @@ def sdist_digest(sdist: Path) -> str:
 
 def stage_package(base_output_dir: str, upload: bool) -> str:
     """Build this checkout's sdist and upload it (unless not `upload`) to
-    BASE/packages/DIGEST/NAME-VERSION.tar.gz; return that URI. The folder is named by the
-    content, so a restarted job installs the code it started with, as a pinned image tag
-    gives it, and a second upload of the same code finds it there. The file keeps the name
-    setuptools gave it, which pip reads the project's name and version from."""
+    BASE/packages/DIGEST/NAME-VERSION.tar.gz; return that URI. The folder is named by content,
+    so a restarted job installs the code it started with (as a pinned image tag would), and a
+    second upload of the same code finds it there. The file keeps setuptools' name, from which
+    pip reads the project's name and version."""
     with tempfile.TemporaryDirectory(prefix="trainer-sdist-") as scratch:
         sdist = build_sdist(source_checkout(), Path(scratch))
         folder = f"{base_output_dir.rstrip('/')}/{PACKAGES_DIRNAME}/{sdist_digest(sdist)[:16]}"

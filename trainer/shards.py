@@ -15,8 +15,8 @@ SRC is any local layout the task reads (audiofolder, Common Voice directory, ima
 directory of CSV/TSV/JSONL files), or a gs:// copy of one; DEST a local directory, gs:// URI or
 /gcs/ path. Each shard is written to a temporary file, uploaded through
 trainer/storage/store.py (verified by CRC32C) and deleted: local disk for one shard beyond the
-source. `--index_only LOCATION` writes only the index, for WebDataset tars made elsewhere that
-already lie there.
+source. `python -m trainer.shards LOCATION --index_only` writes only the index, for WebDataset
+tars made elsewhere that already lie there.
 """
 
 from __future__ import annotations

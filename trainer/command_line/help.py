@@ -1,12 +1,10 @@
 """`python -m trainer --help`: the flags in sections, the project's own before the Trainer's.
 
 `--help` shows every flag of this project (launcher, model and data, the selected task's,
-outputs) and the Hugging Face training flags most runs touch; `--help-all` shows every
-Hugging Face training flag too. The flags are the real parsers' (`build_parser`), so what
-help lists is what the launcher accepts, with the defaults this project applies.
-
-Nothing heavy is imported until `render_help` runs: the launcher imports this module before
-it checks the CUDA driver, which must happen before torch loads.
+outputs) and the Hugging Face training flags most runs touch; `--help-all` shows them all. The
+flags are the real parsers' (`build_parser`): help lists what the launcher accepts, with the
+defaults this project applies. Nothing heavy is imported until `render_help` runs: the launcher
+imports this module before it checks the CUDA driver, before torch loads.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Flags of the training program: Hugging Face's own names, read with HfArgumentParser.
 
-The flags come in groups: the task selector, the model, the dataset, the task's own flags
-(e.g. Whisper's language), the outputs and the Trainer's `TrainingArguments`; each group
-but the last is a dataclass of trainer/settings, so that what is parsed here is what the
-run configuration holds. Every way in parses them before anything starts, so a typo costs
-a second instead of a GPU start-up.
+The groups: the task selector, the model, the dataset, the task's own flags (e.g. Whisper's
+language), the outputs and the Trainer's `TrainingArguments`; each but the last is a dataclass
+of trainer/settings, so what is parsed here is what the run configuration holds. Every way in
+parses them before anything starts: a typo costs a second, not a GPU start-up.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ from trainer.tasks import Task, load_task, task_name
 
 class FlagParser(HfArgumentParser):
     """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
-
-    Abbreviations are off: with two parsers sharing one command line, a prefix such as
-    `--dry` must not silently match another parser's flag.
+    Abbreviations are off: with two parsers sharing one command line, a prefix such as `--dry`
+    must not silently match another parser's flag.
     """
 
     def __init__(self, dataclass_types, **kwargs) -> None:
