@@ -110,12 +110,9 @@ def default_clips() -> dict[str, list[tuple[str, Voice]]]:
     train_texts = [seen[i % len(seen)] for i in range(TRAIN_CLIPS)]
     rng.shuffle(train_texts)
     test_texts = held_out + rng.sample(seen, TEST_CLIPS - HELD_OUT_SENTENCES)
-    return {
-        "train": list(
-            zip(train_texts, _random_voices(TRAIN_SPEAKERS, TRAIN_CLIPS, rng), strict=True)
-        ),
-        "test": list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True)),
-    }
+    train = list(zip(train_texts, _random_voices(TRAIN_SPEAKERS, TRAIN_CLIPS, rng), strict=True))
+    test = list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True))
+    return {"train": train, "test": test}
 
 
 class _LocalTikTokenConverter(TikTokenConverter):
