@@ -30,8 +30,7 @@ from trainer.tasks import Task, load_task, task_name
 class FlagParser(HfArgumentParser):
     """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
     Abbreviations are off: with two parsers sharing one command line, a prefix such as `--dry`
-    must not silently match another parser's flag.
-    """
+    must not silently match another parser's flag."""
 
     def __init__(self, dataclass_types, **kwargs) -> None:
         super().__init__(dataclass_types, allow_abbrev=False, **kwargs)

@@ -39,8 +39,7 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
       evaluations instead of forked again.
     - CPU: `--dataloader_pin_memory false` (pinning only speeds copies to a GPU, and the
       Trainer warns about it on every rank). Precision stays fp32 (no --bf16/--fp16), and no
-      loader workers: they would compete with the training process for the same few cores.
-    """
+      loader workers: they would compete with the training process for the same few cores."""
     defaults = [("--optim", "adamw_torch_fused")]
     if hardware.gpu_count == 0:
         defaults.append(("--dataloader_pin_memory", "false"))
@@ -72,8 +71,7 @@ def loader_workers_for_shm(
     """Loader workers per process that /dev/shm can hold, and a warning when fewer than asked. A
     Vertex AI CustomJob cannot size /dev/shm, and a worker that runs out of it dies with a bus
     error mid-training. Rule: keep `SHM_NCCL_RESERVE` for NCCL with several processes, then
-    give every worker of every process `SHM_PER_LOADER_WORKER`; 0 workers is always allowed.
-    """
+    give every worker of every process `SHM_PER_LOADER_WORKER`; 0 workers is always allowed."""
     if shm_bytes is None or workers <= 0:
         return workers, None
     reserve = SHM_NCCL_RESERVE if procs_per_node > 1 else 0

@@ -204,8 +204,7 @@ def resolve_mixed_precision(
     bf16: bool, fp16: bool, hardware: Hardware, user_chose: bool = False
 ) -> str:
     """The user's --bf16/--fp16 if the hardware can do it, else what the hardware does best.
-    `user_chose` means a precision flag was given at all: `--bf16 false` asks for fp32.
-    """
+    `user_chose` means a precision flag was given at all: `--bf16 false` asks for fp32."""
     check_precision(bf16, fp16, hardware)
     if bf16 or fp16:
         return "bf16" if bf16 else "fp16"

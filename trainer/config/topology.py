@@ -48,8 +48,7 @@ def resolve_topology(
     address, the workers at the chief's name from CLUSTER_SPEC: on Vertex AI that name resolves
     through a per-replica Service, which the chief need not (and, while starting, may not yet)
     reach itself. Vertex AI's own PyTorch launcher does the same; the rendezvous store listens
-    on every interface, so the workers still find it under the Service name.
-    """
+    on every interface, so the workers still find it under the Service name."""
     procs = _processes_per_node(gpu_count, nproc_per_node)
     if master_port is not None and not 0 < master_port < 65536:
         raise UserError(f"--master_port {master_port} is not a TCP port (1-65535).")
@@ -91,8 +90,7 @@ def requested_accelerators(env: Mapping[str, str]) -> int | None:
     `worker_pool_specs[i].machine_spec.accelerator_count` there (proto or REST spelling, object
     or JSON string): in the CLUSTER_SPEC published with the Vertex SDK (python-aiplatform
     tests/unit/aiplatform/test_cloud_profiler.py) "job" is a JSON string without worker pools.
-    None when neither says: the topology is what must be valid.
-    """
+    None when neither says: the topology is what must be valid."""
     given = env.get(GPUS_PER_REPLICA_VARIABLE, "").strip()
     if given:
         if not given.isdigit():

@@ -64,8 +64,7 @@ def fetch_directory(uri: str) -> Path:
     """A gs:// dataset directory, copied (once per machine) into the local cache: decoders read
     local files, and every epoch reads every file again, so one verified copy per node beats
     streaming each read. A marker beside the copy records the listing it was made from; an
-    unchanged listing means the copy is complete and current, and nothing is sent again.
-    """
+    unchanged listing means the copy is complete and current, and nothing is sent again."""
     store = open_store(uri)
     entries = sorted(store.list_files().values(), key=lambda entry: entry.path)
     if not entries:
@@ -209,8 +208,7 @@ def load_split(
     with `streaming`, as an IterableDataset that copies nothing whole. Returns the dataset and,
     for a local directory, the directory. Every local split's files are declared, not only the
     requested ones, so labels inferred from folder names agree across splits. Streams of
-    several splits are concatenated, as `split="a+b"` concatenates map-style splits.
-    """
+    several splits are concatenated, as `split="a+b"` concatenates map-style splits."""
     from datasets import concatenate_datasets, load_dataset
 
     if files is not None:

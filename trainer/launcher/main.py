@@ -43,8 +43,7 @@ def wait_for_name(
     """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass: on
     Vertex AI a worker may start before the chief, whose name resolves only once its Service
     exists, and static rendezvous fails at once on a name that does not resolve. A name that
-    never resolves is one UserError.
-    """
+    never resolves is one UserError."""
     deadline = clock() + timeout
     delay, attempt = 1.0, 1
     while True:

@@ -140,8 +140,7 @@ def build_whisper_tokenizer(
     100), English-only `*.en` models `gpt2.tiktoken` (51,864 ids: GPT-2's vocabulary, then the
     same special tokens, language tokens included, as openai-whisper registers them). The
     converter derives a merge for every split of a token into two known tokens, which makes the
-    BPE pick the same pieces as tiktoken.
-    """
+    BPE pick the same pieces as tiktoken."""
     encoding = "multilingual" if multilingual else "gpt2"
     ranks_file = str(whisper_package_dir() / "assets" / f"{encoding}.tiktoken")
     vocab, merges = _LocalTikTokenConverter(ranks_file).extract_vocab_merges_from_model(ranks_file)
@@ -194,8 +193,7 @@ def whisper_generation_config(
     checkpoints carry no `lang_to_id`/`task_to_id` (so `generate()` refuses a language or task
     for them) and force `<|notimestamps|>` right after the start token; multilingual ones leave
     position 1 (the language) to detection and force transcribe. `max_length` counts generated
-    tokens only (Whisper adds the prompt length itself).
-    """
+    tokens only (Whisper adds the prompt length itself)."""
     ids = tokenizer.convert_tokens_to_ids
     eot, start = ids(ENDOFTEXT), ids("<|startoftranscript|>")
     values = {
@@ -242,8 +240,7 @@ def build_tiny_whisper(model_dir: Path, chunk_length: int = 3) -> None:
     `chunk_length` seconds of audio give `chunk_length * 100` mel frames, which the encoder's
     two convolutions halve to `max_source_positions`: a short window keeps the demo fast. It
     generates at most 64 tokens and suppresses none: a random model's first evaluations would
-    otherwise run to 448 tokens per clip.
-    """
+    otherwise run to 448 tokens per clip."""
     tokenizer = build_whisper_tokenizer()
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = WhisperConfig(
@@ -316,8 +313,7 @@ def synthesize_speech_dataset(
 ) -> None:
     """Write an `audiofolder` dataset: `<split>/NNNN.wav` (22,050 Hz) + `<split>/metadata.csv`;
     without `sentences_per_split`, the demo's own set (`default_clips`). The WAVs keep espeak's
-    native rate on purpose: the training pipeline must resample.
-    """
+    native rate on purpose: the training pipeline must resample."""
     if shutil.which("espeak-ng") is None:
         raise UserError(
             "the demo synthesizes its speech with espeak-ng; install it (apt-get install espeak-ng)"

@@ -82,8 +82,7 @@ def check_gpus_usable(
     """Refuse to plan a CPU run on a node that was given GPUs torch cannot use: when CUDA cannot
     start (host driver older than the image's CUDA, driver not mounted), torch only warns and
     reports no GPU, and the launcher would train on CPU until the job times out, every GPU of
-    the job billed.
-    """
+    the job billed."""
     expected = expected_gpus(requested, evidence, env)
     if visible >= expected:
         return

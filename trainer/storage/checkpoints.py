@@ -179,8 +179,7 @@ class CheckpointUploader:
     checkpoint (failed or obsolete) says so in the store, beside its done-marker, so the chief
     abandons it at once instead of waiting `peer_timeout`. `fatal` says why uploads cannot
     succeed at all (the bucket is gone, or `GIVE_UP_AFTER` failures in a row); training stops
-    on it.
-    """
+    on it."""
 
     def __init__(
         self,

@@ -138,8 +138,7 @@ class Store(ABC):
         whose stored size or CRC32C differs from `expected` are corrupt or missing in the
         store: no retry can fix that, so it fails at once (`StoredFilesDiffer`). Any other
         failure (a refusal, an outage, a full local disk), a `TransferError` or the error
-        itself, proves nothing about the stored files.
-        """
+        itself, proves nothing about the stored files."""
         remote = self.list_files()
         expected = list(remote.values()) if expected is None else expected
         damaged = differing(expected, remote)
@@ -374,8 +373,7 @@ def _process_client(pid: int):
 
 def _retry():
     """Exponential backoff on 429/5xx and dropped connections, for writes too: ours are idempotent
-    (the same bytes to the same name).
-    """
+    (the same bytes to the same name)."""
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     return DEFAULT_RETRY.with_deadline(120)
@@ -389,8 +387,7 @@ def bucket_uri(location: str) -> str:
     """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged. Through the FUSE mount a
     store would read every uploaded byte back for its CRC32C, and FUSE has no atomic rename;
     through the client, Cloud Storage reports each object's size and CRC32C, and uploads are
-    retried by the client's policy.
-    """
+    retried by the client's policy."""
     parts = Path(location).parts
     if len(parts) < 3 or parts[:2] != ("/", FUSE_MOUNT):
         return location

@@ -162,8 +162,7 @@ class Task(ABC):
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         """Training and evaluation datasets, with only the columns the collator needs. Called
         after `build_model_and_processor`, so limits that depend on the model (such as
-        Whisper's input window) can be applied while loading.
-        """
+        Whisper's input window) can be applied while loading."""
 
     @classmethod
     @abstractmethod

@@ -59,8 +59,7 @@ class LabelSet:
     """The classes the model predicts, and how a dataset's label values map to their ids: a
     `ClassLabel` feature's names and ids as they are; other label columns (strings such as
     "positive" in a CSV, or integers) the training split's sorted distinct values, which
-    evaluation labels must be among.
-    """
+    evaluation labels must be among."""
 
     names: tuple[str, ...]
     ids: Mapping[Any, int]

@@ -222,8 +222,7 @@ class SpeechRecognitionTask(Task):
         """Each example's label token count, in the column the Trainer's length-grouped samplers
         read (else they look for `input_features`, which raw rows lack). Every clip is padded
         to the model's 30 s window, so only decoder lengths vary: this reads transcripts, never
-        audio.
-        """
+        audio."""
         normalize = self._target_normalizer()
 
         def label_lengths(texts: list[str]) -> dict[str, list[int]]:
@@ -368,8 +367,7 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     config gets `language`/`task` (None on English-only checkpoints, where `generate()` refuses
     them), and released checkpoints' deprecated `forced_decoder_ids` are dropped: they would
     override the prompt in older transformers and warn in newer ones. The saved model then
-    transcribes with a plain `generate()` or `pipeline()`.
-    """
+    transcribes with a plain `generate()` or `pipeline()`."""
     tokenizer.language, tokenizer.task = prompt.language, prompt.task
     tokenizer.set_prefix_tokens(predict_timestamps=False)
     model.generation_config.language = prompt.language
@@ -387,8 +385,7 @@ def filter_by_duration(
     decoder that decoding makes anyway (it reads the header; the collator reads samples); a
     clip whose decoder cannot be made or read is kept, marked, for the stream to skip and count
     (`mark_undecodable`). The map-style path measures undecoded files in a pass with its own
-    processes.
-    """
+    processes."""
     from datasets import Audio
 
     if is_stream(dataset):

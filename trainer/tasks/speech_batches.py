@@ -22,8 +22,7 @@ class SpeechCollator:
     """Decoded waveforms + transcripts -> Whisper's log-mel features and padded label ids. With
     `extract_features`, feature extraction runs here, batched, in the loader workers of every
     rank (no corpus-wide preprocessing pass); without, the batch carries the waveforms padded
-    to the model's window under `AUDIO_BATCH_KEY`, for `LogMelOnDevice`.
-    """
+    to the model's window under `AUDIO_BATCH_KEY`, for `LogMelOnDevice`."""
 
     processor: Any
     normalize_target: Callable[[str], str]
@@ -68,8 +67,7 @@ class LogMelOnDevice:
     extractor's own torch path (`WhisperFeatureExtractor._torch_extract_fbank_features`; a test
     checks they agree), but tensor in, tensor out: that path takes NumPy arrays and hands its
     result back on the CPU, a copy that would make training wait for the GPU every step. The
-    STFT window and mel filters are put on the device once.
-    """
+    STFT window and mel filters are put on the device once."""
 
     def __init__(self, feature_extractor, device) -> None:
         import torch

@@ -107,8 +107,7 @@ def usable_gpu_bytes(gpu_bytes: int) -> float:
 
 def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
     """True when a step does not fit in the GPU's usable memory without checkpointing, which costs
-    about a third more compute (every layer's forward runs again during backward).
-    """
+    about a third more compute (every layer's forward runs again during backward)."""
     return footprint.step_bytes(checkpointing=False) > usable_gpu_bytes(gpu_bytes)
 
 

@@ -18,8 +18,7 @@ class ClassWeightedTrainer(Trainer):
     """Trainer whose loss is cross-entropy weighted per class. Overriding `compute_loss` keeps the
     model and its saved config unchanged, and works under DeepSpeed (the engine sees only the
     loss). The loss is a per-batch mean, so the Trainer divides it by the gradient accumulation
-    steps like a model's own loss.
-    """
+    steps like a model's own loss."""
 
     loss_is_scaled_for_ga = False
 
@@ -57,8 +56,7 @@ class WhisperTrainer(Seq2SeqTrainer):
     With `--log_mel_on device` the collator hands over padded waveforms, copied to this
     process's GPU and made features there, a batch at a time, before the batch is cast like any
     other (features in float32, then cast to bf16/fp16 for DeepSpeed). Nothing comes back to
-    the host, so the GPU never waits for it. Batches already holding features pass unchanged.
-    """
+    the host, so the GPU never waits for it. Batches already holding features pass unchanged."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -28,8 +28,7 @@ def reports_to_tuning(env: Mapping[str, str]) -> bool:
     `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, CLUSTER_SPEC may carry
     `task.trial`. An unmarked trial would end without a metric, so on Vertex AI (any
     CLUSTER_SPEC) reports are always written (outside tuning, a small file nobody reads); off
-    it, only when a variable asks.
-    """
+    it, only when a variable asks."""
     return any(
         name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
     )
@@ -86,8 +85,7 @@ def backlog_warning(uploader: CheckpointUploader, obsolete: list[str], newest: s
 
 class TensorBoardSyncCallback(TrainerCallback):
     """Copies the TensorBoard logs to their store every few seconds and at the end. Event files
-    grow while written, so each sync uploads a consistent snapshot from a staging dir.
-    """
+    grow while written, so each sync uploads a consistent snapshot from a staging dir."""
 
     def __init__(self, local_dir: Path, store: Store, staging: Path, interval: float) -> None:
         self.local_dir = local_dir
@@ -138,8 +136,7 @@ class TensorBoardSyncCallback(TrainerCallback):
 class HypertuneCallback(TrainerCallback):
     """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service: the
     global main process only, once per evaluated step, through one HyperTune instance (a second
-    would overwrite the metrics file).
-    """
+    would overwrite the metrics file)."""
 
     def __init__(self, metric: str) -> None:
         import hypertune
@@ -167,8 +164,7 @@ class SaveOnStopOrInterval(TrainerCallback):
     interval has passed since the last save (whatever triggered it), save. Between evaluation
     batches: on an agreed stop, abandon the evaluation (`EvaluationStopped`;
     trainer/training/keep_work.py saves the step then). `stopped_at_step`, `stop_origin_node`
-    and `agreed_at` (this rank's clock) say what happened; `clock` and `agree` are for tests.
-    """
+    and `agreed_at` (this rank's clock) say what happened; `clock` and `agree` are for tests."""
 
     def __init__(
         self,

@@ -25,8 +25,7 @@ def deliver_model(run) -> str:
     upload them, and return where the model is. Its manifest is written last: without it, the
     model there is incomplete. Every rank takes part in saving (under ZeRO-3 gathering the
     weights is a collective); the global main process writes (with `--peft lora`, merges) and
-    uploads.
-    """
+    uploads."""
     final_dir = Path(run.trainer.args.output_dir) / FINAL_MODEL_DIRNAME
     destination = run.config.locations.model
     try:

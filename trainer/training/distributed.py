@@ -41,8 +41,7 @@ def use_gloo_on_cpu(ddp_timeout: int, deepspeed: bool) -> None:
     multi-process CPU runs (tests, demos) real. Without DeepSpeed the state must be told it is
     a CPU one: otherwise accelerate calls it DistributedType.NO, the Trainer never wraps the
     model in DDP, and each rank trains its own copy. With DeepSpeed it must not be (that would
-    make it MULTI_CPU instead of DEEPSPEED).
-    """
+    make it MULTI_CPU instead of DEEPSPEED)."""
     if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
         return
     PartialState(cpu=not deepspeed, backend="gloo", timeout=timedelta(seconds=ddp_timeout))

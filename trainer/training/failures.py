@@ -51,8 +51,7 @@ def report_failure(error: Exception, sleep=time.sleep) -> str:
     echoes, not causes. Such a process waits a moment first; torchrun stops it meanwhile if the
     cause was on this node. If still alive, the cause was on another node (whose log has it; a
     dead machine prints nothing): the node's local rank 0 says so in one line, without the
-    echo's traceback.
-    """
+    echo's traceback."""
     env = os.environ
     place = (
         f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "

@@ -41,8 +41,7 @@ class WhatIsKept:
         line. Whatever else ends the run early gets the line of what is kept: a `RunFailed`
         (its message first), a `UserError` found by training (a stream past
         --max_bad_examples), a failure in a named `step` after delivery, or an unexpected
-        exception (the line's end, as a note, for trainer/training/failures.py).
-        """
+        exception (the line's end, as a note, for trainer/training/failures.py)."""
         stop.install()
         try:
             yield

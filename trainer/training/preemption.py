@@ -44,8 +44,7 @@ class EvaluationStopped(Exception):
 
 class StopRequest:
     """Remembers a SIGTERM instead of dying from it, so the step in flight can finish. Installed
-    just before training: earlier, there is nothing to save, and ending at once is right.
-    """
+    just before training: earlier, there is nothing to save, and ending at once is right."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

@@ -37,8 +37,7 @@ class DataWaitClock:
     it). Measured where the Trainer pulls batches (`get_batch_samples`), around each `next()`
     only, so the token count's all-reduce after it (waiting on slower ranks) is not in it.
     Kernels queued for the previous step may still run meanwhile: it is an upper bound of the
-    GPU's idle time.
-    """
+    GPU's idle time."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -77,8 +76,7 @@ LINES_PER_RUN = 20
 def slowest_rank(seconds: float) -> float:
     """The largest of every rank's value (the value itself in a single process). Logging gathers
     the loss from every rank, so all must log at the same steps: the slowest rank's step time
-    decides for all. Called once per progress line, beside the Trainer's gather.
-    """
+    decides for all. Called once per progress line, beside the Trainer's gather."""
     import torch
     import torch.distributed as dist
 
@@ -95,8 +93,7 @@ class TimedLogSchedule:
     """The steps that print a progress line when the user chose no `--logging_steps`. The first
     step logs; after each line the next is planned from the step time measured since the
     previous one, at most AIM_SECONDS and 5% of the run ahead. Plans are step numbers, not
-    deadlines, so every rank (which must log at the same step) follows the same plan.
-    """
+    deadlines, so every rank (which must log at the same step) follows the same plan."""
 
     def __init__(self, total_steps: int, start_step: int) -> None:
         self.most_steps_between = max(1, total_steps // LINES_PER_RUN)
@@ -122,8 +119,7 @@ class ProgressLogCallback(TrainerCallback):
     (how ranks agree on a step time) are for tests. With `stream_skips` (a streamed training
     split) every rank merges its undecodable examples with the others' at each progress line
     and the summary (`gather`), where `--max_bad_examples` applies: one small collective per
-    line, none per step.
-    """
+    line, none per step."""
 
     def __init__(
         self,
@@ -277,8 +273,7 @@ def headline_metric(metrics: dict, metric_for_best_model: str | None = None) -> 
 def evaluation_logged_at(log_history: list[dict], step: int) -> dict | None:
     """The metrics of the evaluation logged at `step` (step 0: `--eval_on_start`), if any. Every
     rank keeps the log history, so deciding from it whether to evaluate again cannot leave one
-    rank alone in a collective.
-    """
+    rank alone in a collective."""
     for logs in log_history:
         if logs.get("step") == step and "eval_loss" in logs:
             return {key: value for key, value in logs.items() if key != "step"}
@@ -297,8 +292,7 @@ def before_after_line(
     model is, e.g. `result: WER 112.0 before training -> 18.5 after 300 steps on 24 eval
     examples; model in outputs/demo/model`. The "before" number needs an evaluation at step 0
     (`--eval_on_start true`): one more full evaluation, generation included for speech, which a
-    long run should not pay unasked. The demo recipe turns it on (24 short clips, ~2 s).
-    """
+    long run should not pay unasked. The demo recipe turns it on (24 short clips, ~2 s)."""
     key = headline_metric(after, metric_for_best_model)
     name = key.removeprefix("eval_")
     name = name.upper() if name in ("wer", "cer") else name
@@ -313,8 +307,7 @@ class FirstBatchReport:
     hash of the labels) shows at a glance whether ranks got different data, the first thing to
     check when scaling out goes wrong. Taken where the loop pulls batches (`get_batch_samples`,
     as `DataWaitClock`), not in the collator, which also makes evaluation batches
-    (`--eval_on_start` comes first) and may run in loader workers.
-    """
+    (`--eval_on_start` comes first) and may run in loader workers."""
 
     def __init__(self) -> None:
         self._reported = False
@@ -350,8 +343,7 @@ class FirstBatchReport:
 
 class StartupTimer(TrainerCallback):
     """Time from `python -m trainer` to the first optimizer step, phase by phase: a slow start
-    costs every GPU of every node, and one line at the first step says where the time went.
-    """
+    costs every GPU of every node, and one line at the first step says where the time went."""
 
     def __init__(self, launched_at: float | None) -> None:
         self._start = self._last = launched_at or time.time()

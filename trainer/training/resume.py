@@ -25,8 +25,7 @@ RESUME_CHOICE_FILENAME = ".resume-from"
 def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | None:
     """The local path of the checkpoint to resume from, fetched and verified, or None. Each node's
     local main process finds it (downloading what its node lacks) while the others wait, then
-    they read its choice from a node-local file.
-    """
+    they read its choice from a node-local file."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     choice = config.outputs.resume
