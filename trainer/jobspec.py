@@ -64,11 +64,10 @@ MIN_BOOT_DISK_GB = 100
 SPOT_SAVE_INTERVAL_MINUTES = 10
 """With --spot every node also saves by time (unless the training flags set
 `--save_interval_minutes`): a preemption whose stop checkpoint cannot be uploaded within the
-grace (whisper-medium and up; whisper-small below about 1 GB/s) loses at most this much
-work. Young's optimum sqrt(2 x save cost x mean time between preemptions) for the largest
-shipped model's blocking save (whisper-large-v3, ~15 s) and an assumed 4 h between
-preemptions (Vertex AI publishes no rate) is about 11 minutes (docs/restarts.md, "The save
-interval with --spot")."""
+grace (whisper-medium and up; whisper-small below about 1 GB/s) loses at most this much work.
+Young's optimum sqrt(2 x save cost x mean time between preemptions) for the largest shipped
+model's blocking save (whisper-large-v3, ~15 s) and an assumed 4 h between preemptions (Vertex
+AI publishes no rate) is about 11 minutes (docs/restarts.md, "The save interval with --spot")."""
 
 DEFAULT_MAX_WAIT_HOURS = 24
 """Vertex AI's own default for a FLEX_START job's maxWaitDuration (1 day)."""

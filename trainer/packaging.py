@@ -81,10 +81,9 @@ def _build_failure(error: Exception) -> str:
 
 
 def sdist_digest(sdist: Path) -> str:
-    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip
-    headers hold build times, so the same code built twice (by the same setuptools) gets
-    the same name (and --check agrees with a spec written before), and other code never
-    does."""
+    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip headers
+    hold build times, so the same code built twice (by the same setuptools) gets the same name
+    (and --check agrees with a spec written before), and other code never does."""
     digest = hashlib.sha256()
     with tarfile.open(sdist) as archive:
         for member in sorted(archive.getmembers(), key=lambda member: member.name):

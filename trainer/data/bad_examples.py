@@ -234,10 +234,9 @@ class StreamSkips:
         return max_bad(self.spec, self.rows or max(self.read, MIN_STREAM_BASIS))
 
     def state(self) -> dict:
-        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped
-        before the checkpoint is not read again): the agreed names and reads, the same in
-        every process (saves come after the step's progress line), and this process's
-        since."""
+        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped before the
+        checkpoint is not read again): the agreed names and reads, the same in every process
+        (saves come after the step's progress line), and this process's since."""
         return {"names": list(self.names), "read": self.read,
                 "new_names": self._new_names, "new_read": self._new_read}  # fmt: skip
 

@@ -141,8 +141,7 @@ def media_feature(name: str):
 
 
 def sample_columns(fields: dict[str, tuple[str, bytes]], where: str) -> dict[str, Any]:
-    """A sample's members as columns, named by their fields; a `json` member's fields
-    merged in."""
+    """A sample's members as columns, named by their fields; a `json` member's fields merged in."""
     from datasets.packaged_modules.webdataset.webdataset import DECODERS
 
     columns = {}

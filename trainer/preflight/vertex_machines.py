@@ -46,10 +46,9 @@ L4, H100/H200). Add a row here (and its GPU to `ACCELERATORS`) for another machi
 """
 
 CPUS_PER_GPU = 4
-"""vCPUs one GPU's training process needs: itself plus about three data-loader workers
-decoding and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU).
-A T4 fed by one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs
-cannot feed."""
+"""vCPUs one GPU's training process needs: itself plus about three data-loader workers decoding
+and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU). A T4 fed by
+one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs cannot feed."""
 
 
 def default_gpu_count(machine_type: str, counts: tuple[int, ...]) -> int:

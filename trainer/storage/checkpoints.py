@@ -97,10 +97,9 @@ def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None =
 
 
 class CheckpointUnreadable(Exception):
-    """Complete checkpoints exist (or may: the store cannot even be listed), but reading
-    them failed for a reason that proves nothing about their bytes. `name` is the one
-    being read (None when listing failed), `local` where it was going; the cause is
-    `__cause__`."""
+    """Complete checkpoints exist (or may: the store cannot even be listed), but reading them
+    failed for a reason that proves nothing about their bytes. `name` is the one being read
+    (None when listing failed), `local` where it was going; the cause is `__cause__`."""
 
     def __init__(self, store: Store, name: str | None, local: Path, error: BaseException):
         what = f"{store.uri}/{name}" if name else store.uri

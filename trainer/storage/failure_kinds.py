@@ -20,11 +20,10 @@ from pathlib import Path
 
 DISK_FULL_MARKERS = ("no space left on device", "storagefull", "unexpected pos",
                      "file write failed")  # fmt: skip
-"""How a full disk shows in messages that lost the errno: the OS's own text, safetensors'
-Rust error ("IoError(Os { code: 28, kind: StorageFull, ... })"), and torch.save's zip
-writer, which reports only that a write came short ("[enforce fail at
-inline_container.cc] ... unexpected pos", or "PytorchStreamWriter failed writing file
-...: file write failed")."""
+"""How a full disk shows in messages that lost the errno: the OS's own text, safetensors' Rust
+error ("IoError(Os { code: 28, kind: StorageFull, ... })"), and torch.save's zip writer, which
+reports only that a write came short ("[enforce fail at inline_container.cc] ... unexpected
+pos", or "PytorchStreamWriter failed writing file ...: file write failed")."""
 
 REFUSALS = ("Forbidden", "Unauthorized", "PermissionDenied")
 """google.api_core exception names for requests the service will refuse again."""

@@ -56,10 +56,9 @@ class StopRequest:
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def uninstall(self) -> None:
-        """Back to the default, where SIGTERM ends the process at once: for a process that
-        is failing (torchrun stops the echoes of a failure that way,
-        trainer/training/failures.py) or has finished training. A SIGTERM that came meanwhile
-        is delivered again now."""
+        """Back to the default, where SIGTERM ends the process at once: for a process that is
+        failing (torchrun stops the echoes of a failure that way, trainer/training/failures.py)
+        or has finished training. A SIGTERM that came meanwhile is delivered again now."""
         if not _in_main_thread():
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
