@@ -453,9 +453,8 @@ def container_args(options: JobSpecArguments, training_flags: list[str]) -> list
 def custom_job_spec(
     options: JobSpecArguments, training_flags: list[str], package_uri: str | None = None
 ) -> dict:
-    """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others.
-    Every pool runs the image with the same args and env: as its entrypoint, or, given
-    `package_uri`, as the executor of that sdist (`pythonPackageSpec`)."""
+    """A CustomJobSpec (REST names): workerpool0 = chief, workerpool1 = the others, all running
+    the image with the same args and env, or, given `package_uri`, as that sdist's executor."""
     gpu, count = accelerator(options)
     env = spec_env(options, count)
 

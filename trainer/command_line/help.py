@@ -105,9 +105,8 @@ def print_help(argv: list[str], everything: bool = False) -> None:
 
 
 def render_help(argv: list[str], everything: bool = False) -> str:
-    """The help for the command line `argv` (without its help flags): a recipe or --task in
-    it selects the task whose flags are shown. A recipe that cannot be read, or an unknown
-    task, gives the help of the default task with a note saying so (no error)."""
+    """The help for `argv` (less its help flags), of the task a recipe or --task in it selects; an
+    unreadable recipe or unknown task gives the default task's help and a note (no error)."""
     selected = select_task(argv)
     task_class = load_task(selected.task_name)
     sections, hidden = help_sections(task_class, selected.task_name, everything)

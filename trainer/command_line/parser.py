@@ -94,9 +94,8 @@ def selected_task_name(argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> ParsedFlags:
-    """Parse and check the training program's flags (no model, data or device touched).
-
-    The HF example scripts' spellings are accepted too (trainer/command_line/example_flags.py)."""
+    """Parse and check the training program's flags (no model, data or device touched), the HF
+    example scripts' spellings too (trainer/command_line/example_flags.py)."""
     return parse_training_flags(translate_example_flags(argv)[0])
 
 
@@ -159,9 +158,8 @@ def _is_flag(token: str) -> bool:
 
 
 def did_you_mean(name: str) -> str:
-    """`--learning_rte (did you mean --learning_rate?)`, from every flag this trainer knows:
-    its launcher's, every task's, and the foreign ones it answers (trainer/config/
-    foreign_flags.py)."""
+    """`--learning_rte (did you mean --learning_rate?)`, from every flag known here: the
+    launcher's, every task's, the foreign ones answered (command_line/foreign_flags.py)."""
     close = difflib.get_close_matches(canonical(name), known_flags(), n=1, cutoff=0.75)
     return f"{name} (did you mean {close[0]}?)" if close else name
 

@@ -67,9 +67,8 @@ def masked_value(name: str, value: object) -> object:
 
 
 def secret_values(argv: Iterable[str], env: Mapping[str, str]) -> list[str]:
-    """The values given to secret-looking flags in `argv` (`--x V`, `--x=V`) and held by
-    secret-looking variables of `env` or those the launcher filled with secrets: what `mask`
-    keeps out of a line."""
+    """What `mask` hides: values of secret-looking flags in `argv` (`--x V`, `--x=V`) and of
+    `env`'s secret-looking variables or those the launcher filled with secrets."""
     argv = list(argv)
     filled = set(env.get(SECRET_VARIABLES_VARIABLE, "").split(","))
     values = [v for name, v in env.items() if v and (looks_secret(name) or name in filled)]

@@ -214,9 +214,8 @@ class StreamSkips:
         self._new_read += examples + len(skipped)
 
     def agree(self, gather: Callable[[list], list]) -> bool:
-        """Merge every process's news (`gather`: a list from each process, concatenated
-        in rank order); whether the merge brought the first skipped names. Raises
-        UserError, in every process alike, once more files were skipped than allowed."""
+        """Merge all processes' news (`gather`: their lists in rank order); whether it brought the
+        first skipped names. UserError in every process alike past the allowed count."""
         first = not self.names
         for names, read in gather([(self._new_names, self._new_read)]):
             self.names.update(dict.fromkeys(names))

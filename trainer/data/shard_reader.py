@@ -17,9 +17,8 @@ from trainer.storage.store import open_store
 
 
 def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
-    """The shards of `spec` (e.g. `train+validation`) of the shard set at `location`: an
-    IterableDataset with one data source per shard, or, for evaluation, a map-style
-    Dataset built from the same reader (cached by `datasets` like any other)."""
+    """The shards of `spec` (e.g. `train+validation`) at `location`: an IterableDataset with one
+    data source per shard, or, for evaluation, a map-style Dataset from the same reader."""
     from datasets import Dataset, IterableDataset
     from datasets.exceptions import DatasetGenerationError
 

@@ -65,9 +65,8 @@ class StreamStart:
 
 
 class ResumableStream(torch.utils.data.IterableDataset):
-    """One process's part of the stream, each example tagged with its position. The Trainer's
-    `set_epoch(n)` counts from 0 again when it resumes; the stream adds the epoch it resumed
-    in, so the shuffle order continues where it was."""
+    """One process's part of the stream, each example tagged with its position; it adds the epoch
+    it resumed in to the Trainer's `set_epoch(n)`, which restarts at 0, so shuffling goes on."""
 
     def __init__(self, stream: IterableDataset, start: StreamStart | None = None) -> None:
         self.stream = stream

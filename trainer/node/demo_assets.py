@@ -100,9 +100,8 @@ def _random_voices(speakers: tuple[str, ...], count: int, rng: random.Random) ->
 
 
 def default_clips() -> dict[str, list[tuple[str, Voice]]]:
-    """The demo's speech set: training clips in the training voices; test clips, half of
-    them sentences never heard in training, in voices never heard in training. Seeded, so
-    every machine builds the same set."""
+    """The demo's speech set, seeded (the same on every machine): training clips in the training
+    voices; test clips, half of them unheard sentences, in voices never heard in training."""
     rng = random.Random(0)
     sentences = list(DEMO_SENTENCES)
     rng.shuffle(sentences)
@@ -176,9 +175,8 @@ def begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
 
 
 def suppress_tokens(tokenizer: WhisperTokenizer, multilingual: bool) -> list[int]:
-    """The released generation configs' `suppress_tokens`: non-speech symbols of the
-    vocabulary (transformers keeps openai-whisper's lists of them), then the start and
-    task tokens, which a transcript never contains."""
+    """Released checkpoints' `suppress_tokens`: non-speech symbols (openai-whisper's lists, kept
+    by transformers), then the start and task tokens no transcript holds."""
     ids = tokenizer.convert_tokens_to_ids
     symbols = NON_SPEECH_TOKENS_MULTI if multilingual else NON_SPEECH_TOKENS
     specials = ("<|startoftranscript|>", *TASK_TOKENS.values(), "<|startoflm|>", "<|startofprev|>",

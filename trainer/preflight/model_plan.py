@@ -25,9 +25,8 @@ EIGHT_BIT_CAPABILITY = (7, 5)
 
 
 def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int | None) -> None:
-    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports, and weights that ZeRO-3
-    does not partition (DeepSpeed cannot shard int8 tensors). Checked before anything
-    imports bitsandbytes, which on a CPU node fails with pages of CUDA probing."""
+    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports and weights ZeRO-3 leaves whole (it
+    cannot shard int8); checked before importing bitsandbytes (on CPU: pages of CUDA probing)."""
     if not model.load_in_8bit:
         return
     capability = hardware.compute_capability

@@ -72,9 +72,8 @@ def build_trainer(
 
 
 class CoreReleasedTorchConfig(TorchConfig):
-    """Ray's torch setup, except at the end: the training core destroys the process group
-    itself after a successful run (trainer/training/distributed.py, for torchrun), and
-    Ray 2.47 destroying it a second time fails a finished run."""
+    """Ray's torch setup but for the end: the core destroys the process group after a successful
+    run (training/distributed.py); Ray 2.47 doing it again fails the run."""
 
     @property
     def backend_cls(self):

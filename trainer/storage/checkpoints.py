@@ -109,9 +109,8 @@ class CheckpointUnreadable(Exception):
 
 
 def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
-    """The newest complete checkpoint, present and verified under `local_root`. Skips one only
-    when it has no manifest or its stored files are proven not to match it; raises
-    `CheckpointUnreadable` when reading failed otherwise."""
+    """The newest complete checkpoint, present and verified under `local_root`, skipping only
+    those without a manifest or with stored files proven wrong; else `CheckpointUnreadable`."""
     try:
         names = checkpoint_names(store)
     except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
@@ -134,9 +133,8 @@ def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
 
 
 def publish_model(store: Store, local_dir: Path) -> None:
-    """Upload a saved model, then its manifest, which says the model is whole. A manifest left by
-    an earlier delivery there goes first, so a failed upload over an older model never looks
-    complete."""
+    """Upload a saved model, then its manifest (the model is whole), removing an earlier one
+    first: a failed upload over an older model never looks complete."""
     store.child(MANIFEST).delete()
     entries = store.upload(local_dir, [f for f in relative_files(local_dir) if f != MANIFEST])
     write_manifest(store, {"model": True, "files": [asdict(e) for e in entries]})
@@ -235,9 +233,8 @@ class CheckpointUploader:
         return [path.name for path in obsolete]
 
     def close(self, timeout: float | None = None) -> bool:
-        """Wait until every queued checkpoint is uploaded (or has failed), at most
-        `timeout` seconds; whether the uploads are over. Uploads still running after a
-        timeout are abandoned with the process: their checkpoint never gets a manifest."""
+        """Wait at most `timeout` s for the queued uploads; whether they are over. Uploads still
+        running are abandoned with the process: their checkpoint never gets a manifest."""
         with self._changed:
             self._closing = True
             self._changed.notify()

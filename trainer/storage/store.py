@@ -153,9 +153,8 @@ class Store(ABC):
         raise TransferError(f"download from {self.uri} failed for: {', '.join(pending)}")
 
     def bucket_gone(self) -> bool:
-        """Whether the bucket that holds this store no longer exists (deleted mid-run):
-        every later write must fail, so a caller stops instead of retrying. A local
-        directory is recreated by any write, so it is never gone."""
+        """Whether this store's bucket was deleted mid-run: every later write must fail, so a
+        caller stops retrying. A local directory is recreated by any write: never gone."""
         return False
 
     def check_writable(self) -> None:

@@ -147,9 +147,8 @@ class Task(ABC):
 
     @classmethod
     def settled_options(cls, options: Any) -> Any:
-        """The task's flags as training reads them (spellings normalised); UserError for
-        a value the task cannot use. Resolution applies it, so that the run configuration
-        holds them so, and so does every task built."""
+        """The task's flags as training reads them (spellings normalised), UserError for unusable
+        values; resolution applies it, so run configuration and tasks agree."""
         return options
 
     @classmethod
@@ -160,9 +159,8 @@ class Task(ABC):
 
     @abstractmethod
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
-        """Training and evaluation datasets, with only the columns the collator needs. Called
-        after `build_model_and_processor`, so limits that depend on the model (such as
-        Whisper's input window) can be applied while loading."""
+        """Training and evaluation datasets with only the columns the collator needs; called after
+        `build_model_and_processor`, to apply limits of the model (Whisper's input window)."""
 
     @classmethod
     @abstractmethod
@@ -185,9 +183,8 @@ class Task(ABC):
 
     @abstractmethod
     def load_source(self, spec: str, streaming: bool = False) -> Dataset | IterableDataset:
-        """A split (or `a+b`) with every column the source holds, media not yet decoded
-        into arrays: what `python -m trainer.shards` writes, and what training selects from
-        (with `streaming`, as a stream)."""
+        """A split (or `a+b`) with all the source's columns, media undecoded: what `python -m
+        trainer.shards` writes and training selects from (with `streaming`, as a stream)."""
 
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
@@ -226,9 +223,8 @@ class Task(ABC):
         return with_lora(model, self.model_args, self.head_modules(model))
 
     def model_to_merge_into(self) -> PreTrainedModel:
-        """The pretrained model as `build_model_and_processor` loaded it, in full precision
-        (never 8-bit), for merging the trained adapter into at delivery. Called after
-        `build_model_and_processor` on the same task."""
+        """The pretrained model as `build_model_and_processor` (called first) loaded it, in full
+        precision (never 8-bit), to merge the trained adapter into at delivery."""
         raise NotImplementedError
 
     @abstractmethod
@@ -236,9 +232,8 @@ class Task(ABC):
         """Turns a list of raw examples into a model batch (feature extraction happens here)."""
 
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
-        """Activation values one training sample keeps for the backward pass, without and
-        with gradient checkpointing; (0, 0) when the task does not estimate them, so the
-        training program never turns checkpointing on by itself."""
+        """Activation values a sample keeps for backward, without and with gradient checkpointing;
+        (0, 0): no estimate, so training never turns checkpointing on itself."""
         return 0, 0
 
     @abstractmethod

@@ -114,9 +114,8 @@ class LabelSet:
         return cls(tuple(str(v) for v in indexed), {v: i for i, v in enumerate(indexed)}, source)
 
     def describe(self) -> str:
-        """One line naming the ids, which `--class_weights` and predictions refer to, and
-        where each label came from: the training split, or only the dataset's declared
-        classes (`untrained`)."""
+        """One line naming the ids (as `--class_weights` and predictions use them) and each
+        label's origin: the training split, or only the dataset's classes (`untrained`)."""
         trained = [(i, name) for i, name in enumerate(self.names) if name not in self.untrained]
         line = f"labels from {self.source}: {_listed(trained)}"
         if self.untrained:

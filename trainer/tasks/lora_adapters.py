@@ -109,9 +109,8 @@ def with_lora(
 
 
 def merge_adapter(base: PreTrainedModel, adapter_dir: Path) -> PreTrainedModel:
-    """`base` (the pretrained model, as the task loaded it, in full precision) with the
-    adapter saved in `adapter_dir` merged into its weights: a plain model again, which
-    loads with `from_pretrained` and `pipeline()` without PEFT."""
+    """`base` (the pretrained model as the task loaded it, in full precision) with the adapter in
+    `adapter_dir` merged in: a plain model, loading without PEFT."""
     from peft import PeftModel
 
     return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
@@ -125,9 +124,8 @@ def parameter_counts(model) -> tuple[int, int]:
 
 
 def eight_bit_loading(model_args: ModelArguments) -> dict:
-    """`from_pretrained` arguments that load the frozen base in 8 bits on this process's
-    GPU with `--load_in_8bit` (the launcher refused it on a node without a suitable GPU);
-    none otherwise."""
+    """`from_pretrained` arguments loading the frozen base in 8 bits on this process's GPU with
+    `--load_in_8bit` (the launcher refused it without a suitable GPU); none otherwise."""
     if not model_args.load_in_8bit:
         return {}
     import os

@@ -67,9 +67,8 @@ class WhisperTrainer(Seq2SeqTrainer):
         return LogMelOnDevice(self.processing_class.feature_extractor, self.args.device)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """Save as the Trainer does, plus the English spelling table the tokenizer's own save
-        leaves out (trainer/tasks/english_spelling.py): every checkpoint and the delivered
-        model can then be evaluated and fine-tuned again."""
+        """Save as the Trainer does, plus the English spelling table the tokenizer's save omits
+        (english_spelling.py), so every save can be evaluated and trained again."""
         super()._save(output_dir, state_dict)
         if self.args.should_save:  # every rank calls _save (ZeRO-3 gathers); one writes
             save_english_spelling(

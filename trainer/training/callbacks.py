@@ -40,9 +40,8 @@ class UploadsImpossible(RunFailed):
 
 
 class CheckpointSyncCallback(TrainerCallback):
-    """Hands every saved checkpoint to this node's uploader (see trainer/storage/checkpoints.py),
-    warns once when uploads fall a whole save behind, and stops training when the uploader
-    finds that uploads cannot succeed at all."""
+    """Hands every saved checkpoint to this node's uploader (trainer/storage/checkpoints.py),
+    warns once when uploads fall a save behind, and stops training when they cannot succeed."""
 
     def __init__(self, uploader: CheckpointUploader | None) -> None:
         self.uploader = uploader
@@ -134,9 +133,8 @@ class TensorBoardSyncCallback(TrainerCallback):
 
 
 class HypertuneCallback(TrainerCallback):
-    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service: the
-    global main process only, once per evaluated step, through one HyperTune instance (a second
-    would overwrite the metrics file)."""
+    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service, once
+    per step, from the global main process, with one HyperTune (a second overwrites its file)."""
 
     def __init__(self, metric: str) -> None:
         import hypertune

@@ -271,9 +271,8 @@ def headline_metric(metrics: dict, metric_for_best_model: str | None = None) -> 
 
 
 def evaluation_logged_at(log_history: list[dict], step: int) -> dict | None:
-    """The metrics of the evaluation logged at `step` (step 0: `--eval_on_start`), if any. Every
-    rank keeps the log history, so deciding from it whether to evaluate again cannot leave one
-    rank alone in a collective."""
+    """The metrics of the evaluation logged at `step` (0: `--eval_on_start`), if any: every rank
+    keeps the log history, so no rank is left alone in a collective by what it decides."""
     for logs in log_history:
         if logs.get("step") == step and "eval_loss" in logs:
             return {key: value for key, value in logs.items() if key != "step"}
