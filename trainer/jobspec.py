@@ -212,10 +212,9 @@ def check_options(options: JobSpecArguments) -> None:
 
 
 def check_fabric(options: JobSpecArguments) -> None:
-    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3
-    Mega), which need NCCL plugins and settings this image does not carry and that could
-    not be verified here; without them NCCL falls back to TCP, many times slower. So a
-    multi-node A3 job needs the user's explicit consent."""
+    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3 Mega),
+    whose NCCL plugins and settings this image lacks (and could not verify): NCCL then falls
+    back to TCP, many times slower, so a multi-node A3 job needs the user's explicit consent."""
     multi_node_a3 = options.nodes > 1 and options.machine_type.startswith("a3-")
     if multi_node_a3 and not options.accept_tcp_between_nodes:
         raise UserError(

@@ -123,10 +123,9 @@ def parse_training_flags(argv: list[str]) -> ParsedFlags:
 
 
 def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
-    """Names the task whose flags these are, if another task knows them (an example
-    script's command line selects its task by the script's name, ours by --task); else
-    each unknown flag with the nearest known one. Names only: a value can be a secret
-    (`--wandb_key=...`, `--hub_tokn ...`)."""
+    """Names the task whose flags these are, if another task knows them (an example script's
+    command line selects its task by the script's name, ours by --task); else each unknown flag
+    with the nearest known one. Names only: a value can be a secret (`--hub_tokn ...`)."""
     names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
     if not names:  # values argparse could not place, e.g. after a switch
         return (

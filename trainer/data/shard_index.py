@@ -87,10 +87,9 @@ def stored_shards(store: Store, shards: list) -> tuple[dict[str, int], dict[str,
 
 
 def check_listing(index: ShardIndex, store: Store, splits: list[str]) -> None:
-    """The shards of `splits` are where the index says, with its sizes (and, where the
-    store reports checksums without reading the files, i.e. Cloud Storage, its CRC32C):
-    one listing or one stat per shard, at launch, so a truncated, replaced or missing
-    shard stops the job before it starts rather than shortening an epoch silently."""
+    """The shards of `splits` are where the index says, with its sizes (and CRC32C, where the
+    store reports it without reading: Cloud Storage): one listing or stat per shard at launch,
+    so a truncated, replaced or missing shard stops the job, not silently shortens an epoch."""
     shards = [shard for split in splits for shard in index.splits[split]]
     stored, checksums = stored_shards(store, shards)
     for shard in shards:

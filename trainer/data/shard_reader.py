@@ -37,10 +37,9 @@ def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
 
 
 def read_shards(location: str, shards: list[dict], features: dict) -> Iterator[dict]:
-    """Rows of shards, read as streams through the store: Parquet a row group at a time,
-    WebDataset tars (`.tar`) a member at a time, grouped into samples with the index's
-    `features` (datasets passes each DataLoader worker and each process its own `shards`),
-    each shard checked against its index entry as it is read (trainer/data/shard_verify.py)."""
+    """Rows of shards (datasets gives each loader worker and process its own), streamed through
+    the store: Parquet a row group, tars a member at a time, grouped into samples by
+    `features`, each checked against its index entry as read (trainer/data/shard_verify.py)."""
     store = open_store(location)
     for entry in shards:
         shard = Shard(**entry)

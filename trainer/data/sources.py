@@ -166,10 +166,9 @@ UTF8_CHUNK = 4 << 20
 
 
 def check_utf8(path: Path) -> None:
-    """A table file must be UTF-8, as the `datasets` CSV and JSON readers read it: one
-    stray byte (a Latin-1 "é" from a spreadsheet export) otherwise fails the job inside
-    the reader, in every training process, with a traceback that names neither the file
-    nor the place. Checked in one pass at launch (decoding runs at about 1 GB/s)."""
+    """A table file must be UTF-8, as `datasets`' CSV and JSON readers read it: one stray byte (a
+    Latin-1 "é" from a spreadsheet) otherwise fails every training process inside the reader,
+    with a traceback naming neither file nor place. One pass at launch (about 1 GB/s)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     with path.open("rb") as handle:

@@ -210,10 +210,9 @@ class TarSummary:
 def index_in_place(
     store: Store, task_name: str, label_column: str | None, column_flags: dict[str, str]
 ) -> ShardIndex:
-    """The index of the WebDataset tars under `store`, each read once (several at a time,
-    through the store's reader: nothing is saved to disk), written there last; checked
-    against the task's `column_flags` (flag -> column), with `label_column`'s values
-    recorded for classification."""
+    """The index of the WebDataset tars under `store`, each read once through the store (several
+    at a time, nothing saved to disk), written there last; checked against the task's
+    `column_flags`, with `label_column`'s values recorded for classification."""
     stored = store.list_files()
     files = sorted(name for name in stored if name.endswith(TAR_SUFFIX))
     if not files:

@@ -40,10 +40,9 @@ def wait_for_name(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass: on
-    Vertex AI a worker may start before the chief, whose name resolves only once its Service
-    exists, and static rendezvous fails at once on a name that does not resolve. A name that
-    never resolves is one UserError."""
+    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) for `timeout` seconds, then one
+    UserError: a worker may start before the chief, whose name resolves once its Service
+    exists, and static rendezvous fails at once on a name that does not resolve."""
     deadline = clock() + timeout
     delay, attempt = 1.0, 1
     while True:

@@ -134,11 +134,10 @@ class Store(ABC):
         raise TransferError(f"upload to {self.uri} failed for: {', '.join(pending)}")
 
     def download(self, local_root: Path, expected: list[FileEntry] | None = None) -> None:
-        """Fetch files here into `local_root`, skipping those already present and intact. Files
-        whose stored size or CRC32C differs from `expected` are corrupt or missing in the
-        store: no retry can fix that, so it fails at once (`StoredFilesDiffer`). Any other
-        failure (a refusal, an outage, a full local disk), a `TransferError` or the error
-        itself, proves nothing about the stored files."""
+        """Fetch files here into `local_root`, skipping those present and intact. Files whose
+        stored size or CRC32C differs from `expected` are corrupt or missing in the store,
+        which no retry fixes: `StoredFilesDiffer` at once. Any other failure (a refusal, an
+        outage, a full local disk) proves nothing about the stored files."""
         remote = self.list_files()
         expected = list(remote.values()) if expected is None else expected
         damaged = differing(expected, remote)
@@ -383,10 +382,9 @@ FUSE_MOUNT = "gcs"
 
 
 def bucket_uri(location: str) -> str:
-    """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged. Through the FUSE mount a
-    store would read every uploaded byte back for its CRC32C, and FUSE has no atomic rename;
-    through the client, Cloud Storage reports each object's size and CRC32C, and uploads are
-    retried by the client's policy."""
+    """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged. Through FUSE a store
+    would read every uploaded byte back for its CRC32C, without atomic rename; Cloud Storage
+    reports each object's size and CRC32C, and the client retries uploads."""
     parts = Path(location).parts
     if len(parts) < 3 or parts[:2] != ("/", FUSE_MOUNT):
         return location

@@ -220,9 +220,8 @@ class SpeechRecognitionTask(Task):
 
     def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
         """Each example's label token count, in the column the Trainer's length-grouped samplers
-        read (else they look for `input_features`, which raw rows lack). Every clip is padded
-        to the model's 30 s window, so only decoder lengths vary: this reads transcripts, never
-        audio."""
+        read (else they look for `input_features`, which raw rows lack). Clips are padded to
+        the 30 s window, so only decoder lengths vary: this reads transcripts, never audio."""
         normalize = self._target_normalizer()
 
         def label_lengths(texts: list[str]) -> dict[str, list[int]]:

@@ -76,10 +76,9 @@ class TrainingFootprint:
         return self.weight_bytes() + self.gradient_bytes() + self.optimizer_bytes()
 
     def activation_bytes_per_sample(self, checkpointing: bool) -> float:
-        """2 bytes per value under DeepSpeed's bf16/fp16, whose weights and activations are
-        16-bit; 4 in fp32, and also under autocast without DeepSpeed, which keeps fp32
-        inputs next to their 16-bit copies (autograd saved about as many bytes as in fp32
-        when measured on whisper-tiny and -base)."""
+        """2 bytes per value under DeepSpeed's bf16/fp16 (16-bit weights and activations); 4 in
+        fp32 and under autocast without DeepSpeed, which keeps fp32 inputs beside their 16-bit
+        copies (autograd saved about the fp32 bytes, measured on whisper-tiny and -base)."""
         values = self.checkpointed_activation_values if checkpointing else self.activation_values
         return values * (2 if self.mixed_precision and self.zero_stage is not None else 4)
 

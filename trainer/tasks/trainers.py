@@ -15,10 +15,9 @@ from trainer.tasks.speech_batches import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
 class ClassWeightedTrainer(Trainer):
-    """Trainer whose loss is cross-entropy weighted per class. Overriding `compute_loss` keeps the
-    model and its saved config unchanged, and works under DeepSpeed (the engine sees only the
-    loss). The loss is a per-batch mean, so the Trainer divides it by the gradient accumulation
-    steps like a model's own loss."""
+    """Trainer whose loss is cross-entropy weighted per class (in `compute_loss`: the model and
+    its config stay as they are, and DeepSpeed sees only the loss). A per-batch mean, so the
+    Trainer divides it by the accumulation steps like a model's own loss."""
 
     loss_is_scaled_for_ga = False
 

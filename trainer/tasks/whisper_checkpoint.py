@@ -53,10 +53,9 @@ def language_name(language: str) -> str:
 
 @dataclass(frozen=True)
 class Prompt:
-    """The language and task tokens that start every label sequence and generation. None means no
-    such token: English-only checkpoints have neither, and a multilingual one trained without a
-    language leaves it to `generate()`, which detects each clip's language, then forces the
-    task."""
+    """The language and task tokens that start every label sequence and generation; None: no such
+    token (English-only checkpoints have neither; a multilingual one without a language leaves
+    it to `generate()`, which detects each clip's, then forces the task)."""
 
     language: str | None
     task: str | None

@@ -16,10 +16,9 @@ from trainer.common.secrets import mask, secret_values
 
 
 class RunFailed(Exception):
-    """A failure whose message is the whole report: what failed, and where the newest
-    complete checkpoint and the model are (or that there is none, and why). The run exits
-    1 (a tuning trial or pipeline must not count it as a success). Printed once per node,
-    by local rank 0, unless `rank_local` (the failure happened on this rank alone)."""
+    """A failure whose message is the whole report: what failed, and where the newest complete
+    checkpoint and the model are (or why there is none). Exit 1 (no tuning trial or pipeline
+    may count it a success); printed by local rank 0, unless `rank_local` (this rank's alone)."""
 
     rank_local = False
 

@@ -82,10 +82,9 @@ class WhatIsKept:
             raise Stopped(f"{stop_cause(self.node)} after training: {self.line()}")
 
     def stopped_after_saving(self, saver: SaveOnStopOrInterval, stop: StopRequest) -> Stopped:
-        """After every rank saved the step of an agreed stop: wait for this node's uploads,
-        up to `--stop_grace_seconds` from the moment this process learned of the stop (its
-        own SIGTERM, or the ranks' agreement), and say what was kept. The chief's upload
-        ends with the manifest, so "complete" there means resumable."""
+        """After every rank saved an agreed stop's step: wait for this node's uploads up to
+        `--stop_grace_seconds` from when this process learned of the stop, and say what was
+        kept (the chief's upload ends with the manifest: "complete" there means resumable)."""
         learned_at = stop.requested_at if stop.requested else saver.agreed_at
         name = f"checkpoint-{saver.stopped_at_step}"
         cause = stop_cause(saver.stop_origin_node)

@@ -90,10 +90,9 @@ def slowest_rank(seconds: float) -> float:
 
 
 class TimedLogSchedule:
-    """The steps that print a progress line when the user chose no `--logging_steps`. The first
-    step logs; after each line the next is planned from the step time measured since the
-    previous one, at most AIM_SECONDS and 5% of the run ahead. Plans are step numbers, not
-    deadlines, so every rank (which must log at the same step) follows the same plan."""
+    """The steps printing a progress line when the user chose no `--logging_steps`: the first,
+    then each planned from the step time since the last line, at most AIM_SECONDS and 5% of the
+    run ahead; step numbers, not deadlines, so all ranks (logging together) agree."""
 
     def __init__(self, total_steps: int, start_step: int) -> None:
         self.most_steps_between = max(1, total_steps // LINES_PER_RUN)
