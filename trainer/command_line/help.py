@@ -100,10 +100,6 @@ class Section:
     transformers' and long): `--help-all` shows their help too."""
 
 
-def print_help(argv: list[str], everything: bool = False) -> None:
-    print(render_help(argv, everything), end="")
-
-
 def render_help(argv: list[str], everything: bool = False) -> str:
     """The help for `argv` (less its help flags), of the task a recipe or --task in it selects; an
     unreadable recipe or unknown task gives the default task's help and a note (no error)."""

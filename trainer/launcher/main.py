@@ -86,9 +86,9 @@ def checked_plan(argv: list[str], secrets: list[str]) -> LaunchPlan | None:
     if set(HELP_FLAGS) & set(argv):
         # Imported here, not at the top: it loads the tasks (and with them torch),
         # which must not happen before the driver check of a real launch.
-        from trainer.command_line.help import print_help
+        from trainer.command_line.help import render_help
 
-        print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
+        print(render_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv), end="")
         return None
     driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
     silence_known_noise()  # the demo's assets are built here; the environment is inherited

@@ -42,8 +42,7 @@ GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 """Vertex AI machine type -> (accelerator type, accelerator counts it can have): only GPUs the
 image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in docker/ds-build.env: T4, A100,
-L4, H100/H200). Add a row here (and its GPU to `ACCELERATORS`) for another machine.
-"""
+L4, H100/H200). Add a row here (and its GPU to `ACCELERATORS`) for another machine."""
 
 CPUS_PER_GPU = 4
 """vCPUs one GPU's training process needs: itself plus about three data-loader workers decoding

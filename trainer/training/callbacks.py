@@ -145,9 +145,8 @@ class HypertuneCallback(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = (metrics or {}).get(f"eval_{self.metric}")
-        if not state.is_world_process_zero or value is None:
-            return
-        if state.global_step in self._reported_steps:
+        reported = state.global_step in self._reported_steps
+        if not state.is_world_process_zero or value is None or reported:
             return
         self._reported_steps.add(state.global_step)
         self._reporter.report_hyperparameter_tuning_metric(
