@@ -76,10 +76,9 @@ FLEX_START_GPUS = {
     "NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
     "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
 }  # fmt: skip
-"""Dynamic Workload Scheduler's requirements for custom training (Vertex AI docs, "Schedule
-training jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a
-timeout of 7 days or less, the same machine configuration in every worker pool (which the
-generator always writes)."""
+"""Dynamic Workload Scheduler's requirements for custom training (Vertex AI, "Schedule training
+jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a timeout of 7 days
+or less, one machine configuration in every worker pool (as always written here)."""
 
 
 @dataclass
@@ -591,11 +590,10 @@ PLACEHOLDER_BUCKET = "BUCKET"
 
 
 def installing_command(package_uri: str) -> list[str]:
-    """A container command that installs the sdist at `package_uri` (read through Vertex AI's
-    /gcs/ mount) over the image's copy (its user site, docker/Dockerfile), then runs the
-    launcher with the pool's args. No build isolation, on the image's setuptools: a node
-    that cannot reach PyPI still installs. `exec`: a Spot notice's SIGTERM reaches the
-    launcher, not a shell that would not pass it on."""
+    """A container command installing the sdist at `package_uri` (via the /gcs/ mount) over the
+    image's copy (its user site, docker/Dockerfile), then running the launcher with the pool's
+    args. No build isolation: a node without PyPI installs on the image's setuptools. `exec`: a
+    Spot notice's SIGTERM reaches the launcher, not a shell that would keep it."""
     local = "/gcs/" + package_uri.removeprefix("gs://")
     install = f"python -m pip install --quiet --user --no-build-isolation {shlex.quote(local)}"
     return ["sh", "-c", f'{install} && exec python -m {PACKAGE_MODULE} "$@"', PACKAGE_MODULE]

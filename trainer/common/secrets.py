@@ -39,10 +39,9 @@ every line into asterisks, and a value that short protects nothing anyway."""
 HUB_TOKEN_VARIABLE = "HF_TOKEN"
 
 SECRET_FLAG_VARIABLES = {"hub_token": HUB_TOKEN_VARIABLE}
-"""Every secret-looking training flag -> the environment variable its library reads instead.
-The launcher hands the flag's value to the training processes in that variable, so it never
-travels in the run configuration (tests/unit/test_secrets.py fails for a secret-looking flag
-that is missing here)."""
+"""Every secret-looking training flag -> the environment variable its library reads instead, in
+which the launcher hands the value over, so it never travels in the run configuration
+(tests/unit/test_secrets.py fails for a secret-looking flag missing here)."""
 
 REFERENCE = re.compile(
     r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)="

@@ -33,10 +33,9 @@ NATIVE_DRIVER = {12: (525, 60, 13), 13: (580, 65, 6)}
 from NVIDIA's CUDA toolkit release notes."""
 
 FORWARD_COMPATIBLE_BRANCH = {13: 535}
-"""Oldest driver branch on which the launcher tries CUDA 13's forward-compatibility
-libraries: R535, the oldest long-term-support branch in NVIDIA's support matrix when CUDA 13
-shipped (NVIDIA's own NeMo images bridge CUDA 13 to R535 hosts the same way); the branches
-before it had reached their end of life."""
+"""Oldest driver branch on which the launcher tries CUDA 13's forward-compatibility libraries:
+R535, the oldest long-term-support branch in NVIDIA's matrix when CUDA 13 shipped (NeMo images
+bridge CUDA 13 to R535 hosts the same way); older branches had reached their end of life."""
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,10 @@ DEFAULT_TARGET_MODULES = {
     "bert": ("query", "value"),
     "roberta": ("query", "value"),
 }
-"""Per model type, the modules that get adapters unless `--lora_target_modules` names
-others: Whisper's attention projections (encoder, decoder and cross-attention), and the
-query and value projections for ViT and BERT-style encoders, as in the LoRA paper (Hu et
-al. 2021, sec. 7.1). The names are transformers 5's (ViT's attention became q_proj/v_proj
-there; BERT's is still query/value)."""
+"""Per model type, the modules that get adapters unless `--lora_target_modules` names others:
+Whisper's attention projections (encoder, decoder, cross-attention), and ViT's and BERT-style
+encoders' query and value projections, as in the LoRA paper (Hu et al. 2021, sec. 7.1). The
+names are transformers 5's (ViT's became q_proj/v_proj there; BERT's are still query/value)."""
 
 ADAPTER_DIRNAME = "adapter"
 """Where the delivered model folder keeps the trained adapter beside the merged model."""

@@ -48,10 +48,9 @@ def use_gloo_on_cpu(ddp_timeout: int, deepspeed: bool) -> None:
 
 
 def release_process_group() -> None:
-    """Destroy the process group at the end of a run, as torch asks every training process
-    to. Left to the interpreter's exit, gloo's worker threads can abort a finished process
-    ("terminate called without an active exception", SIGABRT: pytorch/pytorch#179291), and
-    torchrun then reports a run that delivered its model as failed. Only after success: a
-    failed run's peers may still be inside a collective."""
+    """Destroy the process group at a run's end, as torch asks: left to the interpreter's exit,
+    gloo's threads can abort a finished process ("terminate called without an active
+    exception", SIGABRT: pytorch/pytorch#179291), and torchrun reports a delivered run as
+    failed. Only after success: failed peers may be in a collective."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -286,11 +286,10 @@ def before_after_line(
     model_location: str,
     metric_for_best_model: str | None = None,
 ) -> str:
-    """One closing line: what training changed, on how many evaluation examples, and where the
-    model is, e.g. `result: WER 112.0 before training -> 18.5 after 300 steps on 24 eval
-    examples; model in outputs/demo/model`. The "before" number needs an evaluation at step 0
-    (`--eval_on_start true`): one more full evaluation, generation included for speech, which a
-    long run should not pay unasked. The demo recipe turns it on (24 short clips, ~2 s)."""
+    """One closing line, e.g. `result: WER 112.0 before training -> 18.5 after 300 steps on 24
+    eval examples; model in outputs/demo/model`. "Before" needs an evaluation at step 0
+    (`--eval_on_start true`): a full evaluation more (generation, for speech), which a long run
+    should not pay unasked; the demo recipe turns it on (24 short clips, ~2 s)."""
     key = headline_metric(after, metric_for_best_model)
     name = key.removeprefix("eval_")
     name = name.upper() if name in ("wer", "cer") else name
