@@ -1,9 +1,9 @@
 """DeepSpeed configuration: a shipped preset by name, a user's JSON file, or none (DDP).
 
-The presets leave batch sizes, learning rate, precision and clipping "auto", for the Trainer to
-fill from its flags (one source of truth per number), and carry no "optimizer" block (but CPU
-offload, which needs DeepSpeed's CPU Adam): the Trainer's optimizer is used, and nothing is
-compiled at start-up.
+The presets leave batch sizes, learning rate, precision and clipping as "auto" so the
+Hugging Face Trainer fills them from its own flags: one source of truth for each number.
+They carry no "optimizer" block (except CPU offload, which needs DeepSpeed's CPU Adam), so
+the Trainer's optimizer is used and nothing has to be compiled at start-up.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Where checkpoints, the final model and TensorBoard logs go.
 
-Vertex AI derives `AIP_CHECKPOINT_DIR`, `AIP_MODEL_DIR` and `AIP_TENSORBOARD_LOG_DIR` from the
-job's `baseOutputDirectory` (tuning trials get their own sub-directory); the flags below
-override them, and without either everything stays under `--output_dir`. Each may be a `gs://`
-URI, a `/gcs/BUCKET/...` path (stored through the client as `gs://BUCKET/...`, see
-`storage.open_store`) or a local directory.
+Vertex AI derives `AIP_CHECKPOINT_DIR`, `AIP_MODEL_DIR` and `AIP_TENSORBOARD_LOG_DIR` from
+the job's `baseOutputDirectory` (hyperparameter trials get their own sub-directory); the
+flags below override them, and without either everything stays under `--output_dir`.
+Each may be a `gs://` URI, a `/gcs/BUCKET/...` path (stored through the Cloud Storage
+client as `gs://BUCKET/...`, see `storage.open_store`) or a local directory.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The registry of training tasks: flag value -> module holding the task's class.
 
-Modules are imported only when selected, so one task never pays for another's imports. Adding a
-task is one module with a `TASK` attribute, one line here and its flags in
-trainer/settings/task_flags.py.
+Modules are imported only when selected, so choosing one task never pays for another's
+imports. Adding a task is one module with a `TASK` attribute plus one line here (and its
+flags in trainer/settings/task_flags.py).
 """
 
 from __future__ import annotations
