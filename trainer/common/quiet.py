@@ -1,10 +1,10 @@
 """Known-harmless library output, silenced in one place, each entry with its reason.
 
-On Vertex AI every printed line is a Cloud Logging entry, per process, per node: a harmless
-deprecation repeated by 16 ranks at every checkpoint buries the lines that matter. Only what is
-listed here is hidden; a test (tests/unit/test_quiet_logs.py) fails on warning-looking output
-not on this list. `silence_known_noise()` runs first in every training process and in the
-launcher.
+On Vertex AI every line a process prints is a Cloud Logging entry, per process, per node:
+a harmless deprecation repeated by 16 ranks at every checkpoint buries the lines that
+matter. Only what is listed here is hidden; any other warning still shows, and a test
+(tests/unit/test_quiet_logs.py) fails on warning-looking output that is not on this list.
+`silence_known_noise()` runs first in every training process and in the launcher.
 """
 
 from __future__ import annotations

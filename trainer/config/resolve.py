@@ -125,10 +125,10 @@ def with_inferred_task(training_argv: list[str]) -> tuple[list[str], list[str]]:
 def with_model_and_data(
     flags: ParsedFlags, training_argv: list[str], env: Mapping[str, str]
 ) -> tuple[list[str], DemoAssets | None]:
-    """A model and a dataset: as given; a dataset alone gets the task's default model (as its HF
-    example script: run_image_classification.py uses google/vit-base-patch16-224-in21k);
-    neither is the built-in demo (tiny Whisper, synthesized speech), its recipe first so that
-    the command line still wins."""
+    """A model and a dataset: as given; a dataset alone gets the task's default model (as
+    its HF example script has one: run_image_classification.py uses
+    google/vit-base-patch16-224-in21k); neither is the built-in demo (tiny Whisper,
+    synthesized speech), its recipe first so that the command line still wins."""
     model = flags.model.model_name_or_path
     dataset = flags.data.dataset_name or getattr(flags.task_options, "train_file", None)
     if model is not None and dataset is not None:

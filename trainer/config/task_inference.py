@@ -1,10 +1,10 @@
 """Which task a command line without `--task` means, from what the model and data say.
 
-An example script's task is its file name, so copied command lines carry no `--task`; planning
-them as the default task (Whisper) would fail late or train the wrong thing. The model's
-`config.json` (local, or in the Hugging Face cache: nothing is downloaded) names its type and
-architectures; a local dataset's files show audio, image folders or tables. The answer comes
-with the reason, for the run's notices.
+An example script chooses its task by its file name, so copied command lines carry no
+`--task`; planning them as the default task (Whisper) would fail late or train the wrong
+thing. The model's `config.json` (local, or in the Hugging Face cache: nothing is
+downloaded here) names its type and architectures; a local dataset's files show audio,
+image folders or tables. The answer comes with the reason, for the notices of the run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Where a dataset comes from: the Hugging Face hub, or a local directory in a known layout.
 
-`--dataset_name` names either: a value that looks like a path (absolute, relative with ./ or
-../, gs://, or an existing directory) is a local dataset and must exist; anything else is a hub
-id. A path holding an `index.json` is a shard set (trainer/data/shard_index.py: Parquet or
-WebDataset tars), read through trainer/data/streams.py. Split specs such as `train+validation`
-work for all.
+`--dataset_name` names either. A value that looks like a path (absolute, relative with
+./ or ../, gs://, or an existing directory) is a local dataset and must exist; anything
+else is a hub id. A path holding an `index.json` is a shard set (trainer/data/shard_index.py:
+Parquet or WebDataset tars), read through trainer/data/streams.py. Split specs such as
+`train+validation` work for all.
 """
 
 from __future__ import annotations

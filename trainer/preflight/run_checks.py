@@ -1,14 +1,14 @@
-"""Every check of a resolved run that needs no GPU, made before anything is launched, by every way
-in: the CustomJob launcher on each node (trainer/launcher/prepare.py), `python -m trainer.ray`
-before `fit()`, and `python -m trainer.jobspec` before it writes a job spec (for the spec's
-machines). They run the code training runs: the task's input checks, the training processes'
-TrainingArguments (trainer/preflight/training_checks.py), the model's plan against the GPU
-(trainer/preflight/model_plan.py), the Hub's answer about each uncached id
-(trainer/preflight/hub_checks.py).
+"""Every check of a resolved run that needs no GPU, made before anything is launched, by
+every way in: the CustomJob launcher on each node (trainer/launcher/prepare.py),
+`python -m trainer.ray` before `fit()`, and `python -m trainer.jobspec` before it writes a
+job spec (for the spec's machines). They run the code training runs: the task's own input
+checks, the training processes' TrainingArguments (trainer/preflight/training_checks.py),
+the model's plan against the GPU (trainer/preflight/model_plan.py), the Hub's answer about
+each uncached id (trainer/preflight/hub_checks.py).
 
-What only a node can see is checked on the node: its data paths (local, `/gcs/`, a gs:// copy),
-its output locations and their owner, the Hub token it will write with. The node's own hardware
-(driver, GPUs visible, /dev/shm) is trainer/node's.
+What only a node can see is checked on the node: its data paths (local, `/gcs/`, a gs://
+copy), its output locations and who owns them, the Hub token it will write with. The
+node's own hardware (driver, GPUs visible, /dev/shm) is trainer/node's.
 """
 
 from __future__ import annotations

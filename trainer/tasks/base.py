@@ -1,8 +1,8 @@
 """The face every training task shows to the training program.
 
 `trainer/training/run.py` knows tasks only through this class: it asks a task for its datasets,
-model and processor, how to batch examples and how to score predictions. A task never imports
-the training program, the launcher or storage.
+its model and processor, how to batch examples and how to score predictions. A task never
+imports the training program, the launcher or storage.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """What image and text classification share: sources, the label set, metrics, class weights.
 
 A classification task reads (input, label) pairs from a hub dataset or a local directory,
-fine-tunes an `AutoModelFor...Classification` whose head is sized and named from the label set,
-and scores predictions by accuracy and macro F1. The subclasses say only how their local
-directories look, which model and processor to load, and how to batch inputs.
+fine-tunes an `AutoModelFor...Classification` whose head is sized and named from the label
+set, and scores predictions by accuracy and macro F1. The subclasses say only how their
+local directories look, which model and processor to load, and how to batch inputs.
 
-The label set must exist before the model (its head has one output per label), which the
-training program builds before the datasets. So `build_model_and_processor` loads the raw
-training split on every rank, as the Hugging Face example scripts do (`datasets` serialises
-concurrent builds of one cache with a file lock), and `load_datasets` prepares it further
-inside `main_process_first`.
+The label set has to exist before the model (its head has one output per label), and the
+training program builds the model before it loads the datasets. So the raw training split
+is loaded in `build_model_and_processor` on every rank, as the Hugging Face example
+scripts do (`datasets` serialises concurrent builds of one cache with a file lock), and
+`load_datasets` prepares it further inside `main_process_first`.
 """
 
 from __future__ import annotations

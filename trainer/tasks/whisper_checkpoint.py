@@ -2,16 +2,16 @@
 
 The released families differ in ways that crash a run late, after hours of GPU time, if the
 training program assumes one shape:
-- English-only checkpoints (`openai/whisper-*.en`, `distil-*.en`) say `is_multilingual: false`
-  and carry no `lang_to_id`/`task_to_id`: their prompt is `<|startoftranscript|>
+- English-only checkpoints (`openai/whisper-*.en`, `distil-*.en`) say `is_multilingual:
+  false` and carry no `lang_to_id`/`task_to_id`: their prompt is `<|startoftranscript|>
   <|notimestamps|>`, and `generate()` raises if a language or task is set on them.
-- Multilingual checkpoints before large-v3 know 99 languages; large-v3 and its turbo and distil
-  derivatives know 100 (`yue` added) and take 128 mel bins instead of 80.
+- Multilingual checkpoints before large-v3 know 99 languages; large-v3 and its turbo and
+  distil derivatives know 100 (`yue` added) and take 128 mel bins instead of 80.
 - The processor's window (`chunk_length`, 30 s when released) bounds the clips' duration.
 
-The launcher reads these files for a local folder or a cached hub id and refuses a combination
-that would fail; the training processes apply the same rules to the loaded model, so a
-checkpoint the launcher could not read is still checked before step 1.
+The launcher reads these files for a local folder, or a hub id already in the local cache,
+and refuses a combination that would fail; the training processes apply the same rules to
+the loaded model, so a checkpoint the launcher could not read is still checked before step 1.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The delivered model of a `--peft lora` run: the adapter the Trainer saved (gathered from every
-rank under ZeRO-3) merged into the pretrained weights, so that `model/` is a plain full model
-again (`from_pretrained`, `pipeline()` without PEFT). The adapter stays beside it in
-`model/adapter/`, or alone with `--save_adapter_only`.
+"""The delivered model of a `--peft lora` run: the Trainer saved the adapter (gathered from
+every rank under ZeRO-3); here it is merged into the pretrained weights, so that `model/`
+is a plain full model again, loading with `from_pretrained` and `pipeline()` without PEFT.
+The adapter stays beside it in `model/adapter/`, or alone with `--save_adapter_only`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """One line, at the start of every multi-node run, with the fabric's measured speed.
 
-Nodes meant to use a fast fabric (GPUDirect-TCPX/TCPXO on A3, hundreds of GB/s) that fall back
-to TCP (a few GB/s) still train, many times slower, and nothing else says so until the bill
-does. A few all-reduces before the first step cost seconds and give what NCCL's
-`all_reduce_perf` calls bus bandwidth (the per-link rate, comparable across process counts:
-algorithm bandwidth x 2(n-1)/n).
+Nodes that should talk over a fast fabric (GPUDirect-TCPX/TCPXO on A3, hundreds of GB/s)
+but fall back to plain TCP (a few GB/s) still train, only many times slower; nothing else
+says so until the bill does. A few all-reduces between all processes, before the first
+step, cost seconds and give the number NCCL's own `all_reduce_perf` calls bus bandwidth
+(the per-link rate, comparable across process counts: algorithm bandwidth x 2(n-1)/n).
 """
 
 from __future__ import annotations

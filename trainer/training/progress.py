@@ -1,10 +1,10 @@
 """Log lines that Cloud Logging reads well: one plain line per event, no progress bars.
 
-Vertex AI collects stdout line by line, so tqdm's carriage-return bars arrive as noise. The
-Trainer's logging steps become `step 20/40 (50%) | loss ... | samples/s | eta` lines from the
-global main process, and each rank reports once what it trains on. Without a user's
-`--logging_steps`, lines come by time (`TimedLogSchedule`): the Trainer's default of one per
-500 steps can mean an hour of silence on a slow model.
+Vertex AI collects stdout line by line, so tqdm's carriage-return bars arrive as noise.
+The Trainer's logging steps become `step 20/40 (50%) | loss ... | samples/s | eta` lines
+from the global main process, and each rank reports once what it is training on. Without a
+`--logging_steps` from the user, lines come by time (`TimedLogSchedule`): the Trainer's
+default of one line per 500 steps can mean an hour of silence on a slow model.
 """
 
 from __future__ import annotations

@@ -45,11 +45,11 @@ class StreamingTrainerMixin:
 
     def get_train_dataloader(self):
         """This process's loader. Its workers start afresh each epoch, whatever
-        `--dataloader_persistent_workers` says (it still applies to evaluation): the epoch,
-        which reseeds the shuffle, reaches them when they start. Their seeds come from the
-        loader's own generator: drawn from the global one, each epoch would move the RNG state
-        a checkpoint restores (dropout), and a resumed run would drift from an uninterrupted
-        one."""
+        `--dataloader_persistent_workers` says (which still applies to evaluation): the
+        epoch, which reseeds the shuffle, reaches them when they start. They draw their seeds
+        from the loader's own generator: from the global one, each new epoch's iterator
+        would move the RNG state that a checkpoint restores (dropout), and a resumed run
+        would drift from an uninterrupted one."""
         import torch
         from accelerate.data_loader import prepare_data_loader
         from torch.utils.data import DataLoader
