@@ -1,11 +1,10 @@
 """`python -m trainer.build_cpu_ops`: compile DeepSpeed's CPU op now, not in the first run.
 
-On a machine without CUDA, DeepSpeed compiles its shared-memory collective op
-(`deepspeed_shm_comm`, about 45 s and 1.6 GB of compiler memory) the first time a process
-group starts. Done inside the first run, that time would be reported as rendezvous time and
-make a demo look stuck; `make install` runs this instead, into the directory the launcher
-and the tests use (`trainer.common.cache.torch_extensions_dir`). GPU images build their ops when
-the image is built, so on a CUDA machine this does nothing.
+Without CUDA, DeepSpeed compiles its shared-memory collective op (`deepspeed_shm_comm`, about
+45 s and 1.6 GB of compiler memory) when a process group first starts: inside the first run, as
+rendezvous time, making a demo look stuck. `make install` runs this instead, into the directory
+the launcher and tests use (`trainer.common.cache.torch_extensions_dir`). GPU images build
+their ops when the image is built; on a CUDA machine this does nothing.
 """
 
 from __future__ import annotations

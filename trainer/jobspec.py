@@ -1,21 +1,17 @@
 """`python -m trainer.jobspec`: write config.yaml and hptuning.yaml for Vertex AI.
 
-The custom job and the tuning job repeat the same worker pools, and a hand-edited spec
-fails late: Vertex AI rejects an accelerator count the machine type does not offer only
-after the job is submitted, and a typo in a training flag only once the image has been
-pulled onto every node. This generator writes both files from a few flags, checks the
-machine, the output location and every training flag first (with the launcher's own
-parser), and leaves one `error:` line and exit code 2 when something is wrong.
+Both jobs repeat the same worker pools, and a hand-edited spec fails late: Vertex AI
+rejects an accelerator count the machine does not offer only after submission, a training
+flag's typo only once the image is on every node. This writes both files from a few flags,
+checks machine, output location and training flags first (with the launcher's parser), and
+leaves one `error:` line and exit code 2 when something is wrong. The checked-in files are
+its output for the defaults; `--check` says whether files on disk still match (tests use it).
 
-The checked-in config.yaml and hptuning.yaml are its output for the defaults below;
-`--check` says whether files on disk still match (the tests use it).
-
-With `--python_package` every pool runs the code of this checkout on the released image
-instead of the image's own copy: the checkout's sdist is built and uploaded next to the
-job's outputs, and each pool becomes a `pythonPackageSpec` with the image as executor (or,
-with `--python_package_command`, a `containerSpec` whose command installs it first, as the
-Vertex AI SDK does for custom images), so a code change reaches Vertex AI in minutes,
-without an image build (docs/deploy.md, "Code updates without an image build").
+With `--python_package` every pool runs this checkout's code on the released image: its
+sdist is uploaded next to the job's outputs, and each pool becomes a `pythonPackageSpec`
+with the image as executor (or, with `--python_package_command`, a `containerSpec` whose
+command installs it first, as the Vertex AI SDK does for custom images): a code change
+reaches Vertex AI in minutes, without an image build (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -36,12 +32,7 @@ from trainer.command_line.parser import FlagParser
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.common.secrets import (
-    SECRET_FLAG_VARIABLES,
-    looks_secret,
-    mask,
-    secret_values,
-)
+from trainer.common.secrets import SECRET_FLAG_VARIABLES, looks_secret, mask, secret_values
 from trainer.config.deepspeed import preset_names
 from trainer.config.resolve import greater_is_better, resolve_run
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
@@ -71,14 +62,12 @@ lines; NCCL warnings are what explains a multi-node hang."""
 MIN_BOOT_DISK_GB = 100
 
 SPOT_SAVE_INTERVAL_MINUTES = 10
-"""With --spot every node also saves by time (`--save_interval_minutes`, unless the training
-flags set it): a preemption whose stop checkpoint cannot be uploaded within the grace
-(whisper-medium and larger, at any rate; whisper-small unless uploads reach about
-1 GB/s) loses at most this much work, whatever the step time. 10 minutes is Young's
-optimum sqrt(2 x save cost x mean time between preemptions) for the largest shipped
-model's blocking save (whisper-large-v3, ~15 s) and an assumed 4 h between preemptions
-(Vertex AI publishes no rate): about 11 minutes (docs/restarts.md, "The save interval
-with --spot")."""
+"""With --spot every node also saves by time (unless the training flags set
+`--save_interval_minutes`): a preemption whose stop checkpoint cannot be uploaded within the
+grace (whisper-medium and up; whisper-small below about 1 GB/s) loses at most this much work.
+Young's optimum sqrt(2 x save cost x mean time between preemptions) for the largest shipped
+model's blocking save (whisper-large-v3, ~15 s) and an assumed 4 h between preemptions (Vertex
+AI publishes no rate) is about 11 minutes (docs/restarts.md, "The save interval with --spot")."""
 
 DEFAULT_MAX_WAIT_HOURS = 24
 """Vertex AI's own default for a FLEX_START job's maxWaitDuration (1 day)."""
@@ -87,10 +76,9 @@ FLEX_START_GPUS = {
     "NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
     "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
 }  # fmt: skip
-"""Dynamic Workload Scheduler's requirements for custom training (Vertex AI docs, "Schedule
-training jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a
-timeout of 7 days or less, the same machine configuration in every worker pool (which the
-generator always writes)."""
+"""Dynamic Workload Scheduler's requirements for custom training (Vertex AI, "Schedule training
+jobs based on resource availability"): L4, A100, H100, H200 or B200 GPUs, a timeout of 7 days
+or less, one machine configuration in every worker pool (as always written here)."""
 
 
 @dataclass
@@ -223,10 +211,9 @@ def check_options(options: JobSpecArguments) -> None:
 
 
 def check_fabric(options: JobSpecArguments) -> None:
-    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3
-    Mega), which need NCCL plugins and settings this image does not carry and that could
-    not be verified here; without them NCCL falls back to TCP, many times slower. So a
-    multi-node A3 job needs the user's explicit consent."""
+    """A3 machines' GPUs talk across nodes through GPUDirect-TCPX (A3 High) or TCPXO (A3 Mega),
+    whose NCCL plugins and settings this image lacks (and could not verify): NCCL then falls
+    back to TCP, many times slower, so a multi-node A3 job needs the user's explicit consent."""
     multi_node_a3 = options.nodes > 1 and options.machine_type.startswith("a3-")
     if multi_node_a3 and not options.accept_tcp_between_nodes:
         raise UserError(
@@ -366,12 +353,10 @@ def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None
 def check_the_run(
     options: JobSpecArguments, training_flags: list[str], env: Mapping[str, str]
 ) -> RunConfig:
-    """The run every node will make, resolved as the chief's launcher will resolve it, on
-    the spec's machines (their GPUs' type, count and memory; the world size of all nodes),
-    and checked with the same preflight (trainer/preflight/run_checks.py) but for what only
-    a node can see: UserError for the first problem. A recipe or DeepSpeed JSON in the
-    bucket (/gcs/...), which the nodes read through its mount, is read here through Cloud
-    Storage."""
+    """The run every node will make, resolved as the chief's launcher will, on the spec's
+    machines (GPU type, count and memory; all nodes' world size), and checked by the same
+    preflight (trainer/preflight/run_checks.py) but for what only a node can see: UserError
+    for the first problem. A /gcs/ recipe or DeepSpeed JSON is read through Cloud Storage."""
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(
             f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
@@ -466,12 +451,8 @@ def container_args(options: JobSpecArguments, training_flags: list[str]) -> list
 def custom_job_spec(
     options: JobSpecArguments, training_flags: list[str], package_uri: str | None = None
 ) -> dict:
-    """A CustomJobSpec (REST field names): workerpool0 = chief, workerpool1 = the others.
-
-    Every pool runs the image with the same args and env: as its entrypoint
-    (`containerSpec`), or, given `package_uri`, as the executor of that sdist
-    (`pythonPackageSpec`, `python -m trainer` of the installed package).
-    """
+    """A CustomJobSpec (REST names): workerpool0 = chief, workerpool1 = the others, all running
+    the image with the same args and env, or, given `package_uri`, as that sdist's executor."""
     gpu, count = accelerator(options)
     env = spec_env(options, count)
 
@@ -497,17 +478,13 @@ def custom_job_spec(
         }
 
     def pool(replicas: int) -> dict:
+        machine = dict(
+            machineType=options.machine_type, acceleratorType=gpu, acceleratorCount=count
+        )
+        if options.reservation:
+            machine["reservationAffinity"] = reservation_affinity(options.reservation)
         return {
-            "machineSpec": {
-                "machineType": options.machine_type,
-                "acceleratorType": gpu,
-                "acceleratorCount": count,
-            }
-            | (
-                {"reservationAffinity": reservation_affinity(options.reservation)}
-                if options.reservation
-                else {}
-            ),
+            "machineSpec": machine,
             "replicaCount": replicas,
             "diskSpec": {"bootDiskSizeGb": options.boot_disk_size_gb},
             **code(),
@@ -544,13 +521,10 @@ def tuning_job(
     run: RunConfig,
     package_uri: str | None = None,
 ) -> dict:
-    """A HyperparameterTuningJob without displayName (gcloud takes it as a flag).
-
-    Vertex AI appends `--learning_rate=...` and `--warmup_steps=...` to every trial's
-    container args, after the recipe, so they override it. The metric is the one
-    trainer.training.callbacks.HypertuneCallback reports, `metric_for_best_model` of the parsed
-    flags (wer for speech, accuracy or macro_f1 for classification), with its direction.
-    """
+    """A HyperparameterTuningJob without displayName (gcloud takes it as a flag). Vertex AI
+    appends `--learning_rate=...` and `--warmup_steps=...` to every trial's args, after the
+    recipe, so they override it. The metric is the one HypertuneCallback reports
+    (trainer/training/callbacks.py): the flags' `metric_for_best_model`, with its direction."""
     task_class, training = load_task(run.task), run.training.values
     metric = (training["metric_for_best_model"] or task_class.default_metric).removeprefix("eval_")
     goal = "MAXIMIZE" if greater_is_better(task_class, training) else "MINIMIZE"
@@ -582,11 +556,8 @@ def render(
 ) -> dict[str, str]:
     """File name -> content, for this command line (pure apart from the run's checks and,
     with --python_package, the sdist built last and uploaded unless `upload` is false).
-
-    The run is checked as the chief's launcher will check it (`check_the_run`): a job that
-    a node would refuse, or whose model or dataset the Hub no longer serves, is refused
-    here, before Vertex AI provisions any GPU.
-    """
+    The run is checked as the chief's launcher will (`check_the_run`): a job a node would
+    refuse, or whose model or dataset the Hub no longer serves, fails before any GPU."""
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
@@ -619,14 +590,10 @@ PLACEHOLDER_BUCKET = "BUCKET"
 
 
 def installing_command(package_uri: str) -> list[str]:
-    """A container command that installs the sdist at `package_uri` over the image's copy
-    (its user site, docker/Dockerfile) and then runs the launcher with the pool's args.
-
-    The file is read where Vertex AI mounts the job's buckets (Cloud Storage FUSE, /gcs/).
-    The build runs without isolation, on the image's setuptools: a node that cannot reach
-    PyPI still installs (dependencies the image has are left as they are). `exec`: the
-    launcher replaces the shell, so a Spot notice's SIGTERM reaches it, not a shell that
-    would not pass it on."""
+    """A container command installing the sdist at `package_uri` (via the /gcs/ mount) over the
+    image's copy (its user site, docker/Dockerfile), then running the launcher with the pool's
+    args. No build isolation: a node without PyPI installs on the image's setuptools. `exec`: a
+    Spot notice's SIGTERM reaches the launcher, not a shell that would keep it."""
     local = "/gcs/" + package_uri.removeprefix("gs://")
     install = f"python -m pip install --quiet --user --no-build-isolation {shlex.quote(local)}"
     return ["sh", "-c", f'{install} && exec python -m {PACKAGE_MODULE} "$@"', PACKAGE_MODULE]

@@ -26,10 +26,9 @@ def source_checkout() -> Path:
 
 
 def working_tree_files(root: Path) -> list[str]:
-    """The files of the working tree as git sees it: tracked and untracked ones, less what
-    .gitignore excludes (what `gcloud builds submit` uploads for an image build, too).
-    Listing them keeps a virtual environment, outputs and caches out of the copy that the
-    sdist is built from."""
+    """The files of the working tree as git sees it: tracked and untracked, less what .gitignore
+    excludes (what `gcloud builds submit` uploads for an image build, too), keeping a virtual
+    environment, outputs and caches out of the copy the sdist is built from."""
     listed = subprocess.run(
         ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         capture_output=True, text=True,
@@ -44,10 +43,9 @@ def working_tree_files(root: Path) -> list[str]:
 
 
 def build_sdist(root: Path, scratch: Path) -> Path:
-    """`python -m build --sdist` of the working tree at `root`, through the `build` package,
-    on a copy in `scratch` (setuptools writes its egg-info next to the sources; the checkout
-    stays as it was). The running environment builds it when it has the build backend
-    (pyproject's build-system.requires), as in a `make install` venv; else an isolated one."""
+    """`python -m build --sdist` of the working tree at `root`, on a copy in `scratch` (setuptools
+    writes egg-info beside the sources), by the running environment when it has the build
+    backend (pyproject's build-system.requires, as a `make install` venv), else isolated."""
     try:
         from build import BuildBackendException, BuildException, ProjectBuilder
         from build.env import DefaultIsolatedEnv
@@ -82,10 +80,9 @@ def _build_failure(error: Exception) -> str:
 
 
 def sdist_digest(sdist: Path) -> str:
-    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip
-    headers hold build times, so the same code built twice (by the same setuptools) gets
-    the same name (and --check agrees with a spec written before), and other code never
-    does."""
+    """SHA-256 of the sdist's file names and contents, not of its bytes: the tar and gzip headers
+    hold build times, so the same code built twice (by the same setuptools) gets the same name
+    (and --check agrees with a spec written before), and other code never does."""
     digest = hashlib.sha256()
     with tarfile.open(sdist) as archive:
         for member in sorted(archive.getmembers(), key=lambda member: member.name):
@@ -97,11 +94,10 @@ def sdist_digest(sdist: Path) -> str:
 
 
 def stage_package(base_output_dir: str, upload: bool) -> str:
-    """Build this checkout's sdist and upload it (unless not `upload`) to
-    BASE/packages/DIGEST/NAME-VERSION.tar.gz; return that URI. The folder is named by the
-    content, so a restarted job installs the code it started with, as a pinned image tag
-    gives it, and a second upload of the same code finds it there. The file keeps the name
-    setuptools gave it, which pip reads the project's name and version from."""
+    """Build this checkout's sdist, upload it (unless not `upload`) to
+    BASE/packages/DIGEST/NAME-VERSION.tar.gz and return that URI: named by content, so a
+    restarted job installs the code it started with (as a pinned image tag would) and the same
+    code is uploaded once; setuptools' file name, from which pip reads name and version."""
     with tempfile.TemporaryDirectory(prefix="trainer-sdist-") as scratch:
         sdist = build_sdist(source_checkout(), Path(scratch))
         folder = f"{base_output_dir.rstrip('/')}/{PACKAGES_DIRNAME}/{sdist_digest(sdist)[:16]}"

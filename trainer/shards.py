@@ -1,24 +1,22 @@
-"""`python -m trainer.shards SRC DEST --task TASK`: a local dataset as Parquet (or WebDataset
-tar) shards plus an index, for training with `--streaming true` from Cloud Storage.
+"""`python -m trainer.shards SRC DEST --task TASK`: a local dataset as Parquet (or WebDataset tar)
+shards plus an index, for training with `--streaming true` from Cloud Storage.
 
-A corpus bigger than a node's disk cannot be copied to every node; it can be read as a
-stream, if it is stored as a few hundred files of a few hundred MB each (the unit that
-processes divide among themselves, shuffle, and resume in) rather than as millions of
-clips. The shards are Parquet files with the audio or image bytes embedded, written the
-way `datasets`' `push_to_hub` writes them (same size estimate, same embedding), so
-`load_dataset("parquet", ...)` and the Hub's viewer read them too; or, with `--format
-webdataset`, tars of WebDataset samples (trainer/data/tar_shards.py), for tools that read
-those. `index.json`, written last, lists each split's shards with their row counts, the
-features (columns and types) and, for classification, the label values: the trainer sizes
-epochs and checks columns and labels from it at launch, without opening a shard. A DEST
-without `index.json` is not a shard set (an interrupted run leaves none).
+A corpus bigger than a node's disk can be read as a stream if it is stored as a few hundred
+files of a few hundred MB (the unit processes divide, shuffle and resume in), not millions of
+clips. The shards are Parquet files with the media bytes embedded, written as `datasets`'
+`push_to_hub` writes them (same size estimate and embedding), so `load_dataset("parquet", ...)`
+and the Hub's viewer read them too; or, with `--format webdataset`, WebDataset tars
+(trainer/data/tar_shards.py). `index.json`, written last, lists each split's shards with their
+row counts, the features and, for classification, the label values: the trainer sizes epochs
+and checks columns and labels from it at launch, without opening a shard. A DEST without it is
+not a shard set (an interrupted run leaves none).
 
-SRC is any local layout the task reads (audiofolder, Common Voice directory, imagefolder,
-a directory of CSV/TSV/JSONL files), or a gs:// copy of one; DEST is a local directory,
-a gs:// URI or a /gcs/ path. Each shard is written to a temporary file, uploaded through
-trainer/storage/store.py (verified by CRC32C) and deleted, so making shards needs local disk
-for one shard beyond the source. `python -m trainer.shards LOCATION --index_only` writes
-only the index, for WebDataset tars made elsewhere that already lie at LOCATION.
+SRC is any local layout the task reads (audiofolder, Common Voice directory, imagefolder, a
+directory of CSV/TSV/JSONL files), or a gs:// copy of one; DEST a local directory, gs:// URI or
+/gcs/ path. Each shard is written to a temporary file, uploaded through
+trainer/storage/store.py (verified by CRC32C) and deleted: local disk for one shard beyond the
+source. `python -m trainer.shards LOCATION --index_only` writes only the index, for WebDataset
+tars made elsewhere that already lie there.
 """
 
 from __future__ import annotations

@@ -50,11 +50,10 @@ def translate_example_flags(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def check_repeated_flags(argv: list[str]) -> None:
-    """A flag given twice on one command line is an error, also when one of the two is a
-    foreign spelling of the other (or a foreign flag sets it): argparse would keep the
-    last silently, and the user meant one of them. Lists are one flag with several values
-    (`--report_to tensorboard wandb`); only the launcher's flags that collect their
-    repeats (`--secret A=... --secret B=...`) may repeat."""
+    """A flag given twice, also as a foreign spelling of the other (or set by a foreign flag), is
+    an error: argparse would silently keep the last, and the user meant one. Lists are one flag
+    with several values (`--report_to tensorboard wandb`); only the launcher's collecting flags
+    (`--secret A=... --secret B=...`) may repeat."""
     given: dict[str, list[str]] = defaultdict(list)
     for _, name, value, foreign in _flags(argv):
         for effective in _sets(name, value, foreign):

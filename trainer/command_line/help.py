@@ -1,12 +1,10 @@
 """`python -m trainer --help`: the flags in sections, the project's own before the Trainer's.
 
 `--help` shows every flag of this project (launcher, model and data, the selected task's,
-outputs) and the Hugging Face training flags most runs touch; `--help-all` shows every
-Hugging Face training flag too. The flags are the real parsers' (`build_parser`), so what
-help lists is what the launcher accepts, with the defaults this project applies.
-
-Nothing heavy is imported until `render_help` runs: the launcher imports this module before
-it checks the CUDA driver, which must happen before torch loads.
+outputs) and the Hugging Face training flags most runs touch; `--help-all` shows them all. The
+flags are the real parsers' (`build_parser`): help lists what the launcher accepts, with the
+defaults this project applies. Nothing heavy is imported until `render_help` runs: the launcher
+imports this module before it checks the CUDA driver, before torch loads.
 """
 
 from __future__ import annotations
@@ -102,14 +100,9 @@ class Section:
     transformers' and long): `--help-all` shows their help too."""
 
 
-def print_help(argv: list[str], everything: bool = False) -> None:
-    print(render_help(argv, everything), end="")
-
-
 def render_help(argv: list[str], everything: bool = False) -> str:
-    """The help for the command line `argv` (without its help flags): a recipe or --task in
-    it selects the task whose flags are shown. A recipe that cannot be read, or an unknown
-    task, gives the help of the default task with a note saying so (no error)."""
+    """The help for `argv` (less its help flags), of the task a recipe or --task in it selects; an
+    unreadable recipe or unknown task gives the default task's help and a note (no error)."""
     selected = select_task(argv)
     task_class = load_task(selected.task_name)
     sections, hidden = help_sections(task_class, selected.task_name, everything)
@@ -147,7 +140,6 @@ class Selection:
 
 
 def select_task(argv: list[str]) -> Selection:
-
     notes, recipe = [], None
     try:
         expanded = expand_config_file(argv)

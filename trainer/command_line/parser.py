@@ -1,10 +1,9 @@
 """Flags of the training program: Hugging Face's own names, read with HfArgumentParser.
 
-The flags come in groups: the task selector, the model, the dataset, the task's own flags
-(e.g. Whisper's language), the outputs and the Trainer's `TrainingArguments`; each group
-but the last is a dataclass of trainer/settings, so that what is parsed here is what the
-run configuration holds. Every way in parses them before anything starts, so a typo costs
-a second instead of a GPU start-up.
+The groups: the task selector, the model, the dataset, the task's own flags (e.g. Whisper's
+language), the outputs and the Trainer's `TrainingArguments`; each but the last is a dataclass
+of trainer/settings, so what is parsed here is what the run configuration holds. Every way in
+parses them before anything starts: a typo costs a second, not a GPU start-up.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ from trainer.tasks import Task, load_task, task_name
 
 class FlagParser(HfArgumentParser):
     """HfArgumentParser whose complaints are one-line UserErrors instead of a usage dump.
-
-    Abbreviations are off: with two parsers sharing one command line, a prefix such as
-    `--dry` must not silently match another parser's flag.
-    """
+    Abbreviations are off: with two parsers sharing one command line, a prefix such as `--dry`
+    must not silently match another parser's flag."""
 
     def __init__(self, dataclass_types, **kwargs) -> None:
         super().__init__(dataclass_types, allow_abbrev=False, **kwargs)
@@ -97,9 +94,8 @@ def selected_task_name(argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> ParsedFlags:
-    """Parse and check the training program's flags (no model, data or device touched).
-
-    The HF example scripts' spellings are accepted too (trainer/command_line/example_flags.py)."""
+    """Parse and check the training program's flags (no model, data or device touched), the HF
+    example scripts' spellings too (trainer/command_line/example_flags.py)."""
     return parse_training_flags(translate_example_flags(argv)[0])
 
 
@@ -127,10 +123,9 @@ def parse_training_flags(argv: list[str]) -> ParsedFlags:
 
 
 def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
-    """Names the task whose flags these are, if another task knows them (an example
-    script's command line selects its task by the script's name, ours by --task); else
-    each unknown flag with the nearest known one. Names only: a value can be a secret
-    (`--wandb_key=...`, `--hub_tokn ...`)."""
+    """Names the task whose flags these are, if another task knows them (an example script's
+    command line selects its task by the script's name, ours by --task); else each unknown flag
+    with the nearest known one. Names only: a value can be a secret (`--hub_tokn ...`)."""
     names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
     if not names:  # values argparse could not place, e.g. after a switch
         return (
@@ -162,9 +157,8 @@ def _is_flag(token: str) -> bool:
 
 
 def did_you_mean(name: str) -> str:
-    """`--learning_rte (did you mean --learning_rate?)`, from every flag this trainer knows:
-    its launcher's, every task's, and the foreign ones it answers (trainer/config/
-    foreign_flags.py)."""
+    """`--learning_rte (did you mean --learning_rate?)`, from every flag known here: the
+    launcher's, every task's, the foreign ones answered (command_line/foreign_flags.py)."""
     close = difflib.get_close_matches(canonical(name), known_flags(), n=1, cutoff=0.75)
     return f"{name} (did you mean {close[0]}?)" if close else name
 

@@ -30,11 +30,9 @@ STALE_LOCK_SECONDS = 600
 
 
 def clear_stale_build_locks(extensions_dir: Path, now: float) -> list[Path]:
-    """Delete torch extension build locks left by killed processes; return what was deleted.
-
-    torch waits forever for a build lock to disappear, so one left by a run killed while
-    compiling would silently stall every later run on this machine.
-    """
+    """Delete torch extension build locks left by killed processes; return what was deleted. torch
+    waits forever for a build lock to go, so one left by a run killed while compiling would
+    silently stall every later run on this machine."""
     stale = [
         lock
         for lock in extensions_dir.glob("*/lock")

@@ -9,10 +9,9 @@ CONFIG_ERROR_EXIT_CODE = 2
 anything starts: one `error:` line, no process group, no GPU touched, nothing written."""
 
 CONFIG_ERROR_IN_TRAINING_EXIT_CODE = 78
-"""EX_CONFIG (sysexits.h): bad input that only the training processes could find, because
-it shows only once they load the model or the data (a `UserError` raised there), after the
-nodes started. Distinct from 2 so that a job's exit code says whether GPU time was spent;
-the launcher passes it on without a second report."""
+"""EX_CONFIG (sysexits.h): bad input only the training processes could find, once they load the
+model or data (a `UserError` there), after the nodes started: unlike 2, GPU time was spent. The
+launcher passes it on without a second report."""
 
 PREEMPTED_EXIT_CODE = 75
 """EX_TEMPFAIL (sysexits.h): "try again later". Not 0, so neither the job nor a tuning

@@ -1,11 +1,10 @@
 """Every line a process prints reaches the log whole.
 
-All processes of a node share one stdout and one stderr (the container's: Cloud Logging
-makes an entry of each line). The launcher sets PYTHONUNBUFFERED=1 so that lines show up
-as they are printed, but an unbuffered text stream writes `print`'s text and its newline
-in two system calls, so two ranks printing at once interleave: `...fingerprint
-67fb1eae2ccerank 0/2 (node 0...` followed by two bare newlines. A line-buffered stream
-writes each line in one call and still flushes it at once.
+All processes of a node share the container's stdout and stderr (Cloud Logging makes an entry
+of each line). The launcher sets PYTHONUNBUFFERED=1 so lines show as printed, but an unbuffered
+text stream writes `print`'s text and newline in two system calls, so two ranks printing at
+once interleave: `...fingerprint 67fb1eae2ccerank 0/2 (node 0...` and two bare newlines. A
+line-buffered stream writes each line in one call and still flushes it at once.
 """
 
 from __future__ import annotations

@@ -99,11 +99,10 @@ class _KnownNoiseFilter(logging.Filter):
 
 
 def _filter_library_logs() -> None:
-    """transformers logs through its own handler on the `transformers` logger: a filter
-    on the loggers that emit would miss records of child loggers, so it sits on the
-    handlers (transformers' own and the root's). DeepSpeed logs on one logger, "DeepSpeed",
-    whose handler is made when DeepSpeed is imported (later, in a training process): the
-    filter sits on that logger itself."""
+    """transformers logs through its own handler on the `transformers` logger: a filter on the
+    emitting loggers would miss child loggers' records, so it sits on the handlers
+    (transformers' and the root's). DeepSpeed logs on one logger, "DeepSpeed", whose handler is
+    made when DeepSpeed is imported (later, in a training process): the filter sits on it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.get_logger()  # makes sure transformers' handler exists

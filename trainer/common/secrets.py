@@ -1,17 +1,15 @@
 """What counts as a secret, and how it is kept out of every line and file.
 
 Secrets reach a run three ways: the Trainer's `--hub_token` flag, ordinary environment
-variables (`HF_TOKEN`, `WANDB_API_KEY`), and `--secret NAME=projects/P/secrets/S/versions/V`,
-a Secret Manager reference the launcher resolves into the training processes' environment
-(trainer/node/secret_manager.py). None of their values may be printed or saved: a
-flag's value is shown as `***` wherever flags are shown (`masked_value`), and a line that
-could quote one (an error, a notice) goes through `mask` with the values given to this run
-(`secret_values`). The Trainer pickles its `TrainingArguments` into every checkpoint and
-the delivered model (training_args.bin), so `scrub_training_arguments` empties their token
-fields first; the Hub client reads the token from `HF_TOKEN` instead.
-
-This module is the one place that decides what looks secret: the dry run, the error lines,
-the job spec generator's refusals and the scrub all ask `looks_secret`.
+variables (`HF_TOKEN`, `WANDB_API_KEY`), and `--secret NAME=projects/P/secrets/S/versions/V`, a
+Secret Manager reference the launcher resolves into the training processes' environment
+(trainer/node/secret_manager.py). No value may be printed or saved: a flag's value shows as
+`***` wherever flags are shown (`masked_value`), and a line that could quote one (an error, a
+notice) goes through `mask` with this run's values (`secret_values`). The Trainer pickles its
+`TrainingArguments` into every checkpoint and the delivered model (training_args.bin), so
+`scrub_training_arguments` empties their token fields first; the Hub client reads the token
+from `HF_TOKEN` instead. `looks_secret` alone decides what looks secret, for the dry run, the
+error lines, the job spec generator's refusals and the scrub.
 """
 
 from __future__ import annotations
@@ -41,10 +39,9 @@ every line into asterisks, and a value that short protects nothing anyway."""
 HUB_TOKEN_VARIABLE = "HF_TOKEN"
 
 SECRET_FLAG_VARIABLES = {"hub_token": HUB_TOKEN_VARIABLE}
-"""Every secret-looking training flag -> the environment variable its library reads instead.
-The launcher hands the flag's value to the training processes in that variable, so it never
-travels in the run configuration (tests/unit/test_secrets.py fails for a secret-looking flag
-that is missing here)."""
+"""Every secret-looking training flag -> the environment variable its library reads instead, in
+which the launcher hands the value over, so it never travels in the run configuration
+(tests/unit/test_secrets.py fails for a secret-looking flag missing here)."""
 
 REFERENCE = re.compile(
     r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)="
@@ -69,9 +66,8 @@ def masked_value(name: str, value: object) -> object:
 
 
 def secret_values(argv: Iterable[str], env: Mapping[str, str]) -> list[str]:
-    """The values given to secret-looking flags in `argv` (`--x V`, `--x=V`) and held by
-    secret-looking variables of `env` or those the launcher filled with secrets: what `mask`
-    keeps out of a line."""
+    """What `mask` hides: values of secret-looking flags in `argv` (`--x V`, `--x=V`) and of
+    `env`'s secret-looking variables or those the launcher filled with secrets."""
     argv = list(argv)
     filled = set(env.get(SECRET_VARIABLES_VARIABLE, "").split(","))
     values = [v for name, v in env.items() if v and (looks_secret(name) or name in filled)]
@@ -114,11 +110,10 @@ def parse_references(items: Iterable[str]) -> dict[str, str]:
 
 
 def scrub_training_arguments(arguments, env: MutableMapping[str, str]) -> None:
-    """Empty every secret-looking field of `arguments` (a TrainingArguments): the Trainer
-    pickles it into every checkpoint and the delivered model (training_args.bin) and writes
-    it to TensorBoard. A token still set here (a caller other than the launcher, which hands
-    it over as HF_TOKEN already) moves to `env`, where the Hub client looks for it
-    (huggingface_hub's get_token reads HF_TOKEN at each call)."""
+    """Empty every secret-looking field of `arguments` (a TrainingArguments), which the Trainer
+    pickles into every checkpoint and the model and writes to TensorBoard. A token still set (a
+    caller other than the launcher, which hands it over as HF_TOKEN) moves to `env`, where the
+    Hub client looks (huggingface_hub's get_token reads HF_TOKEN at each call)."""
     for field in dataclasses.fields(arguments):
         value = getattr(arguments, field.name)
         if value is None or not looks_secret(field.name):

@@ -1,13 +1,11 @@
 """Training settings that make a run fast on the hardware it found, without changing its result.
 
-`fast_defaults` is pure: the launcher passes the detected hardware and the flags the user
-gave, and appends what it returns to the training flags (so `--dry-run` shows them). A flag the
-user gave (on the command line or in a recipe) is never overridden.
-
-Gradient checkpointing is the one setting that depends on the model and the batch, so the
-training processes decide it once the model is loaded
-(trainer/training/gradient_checkpointing.py): on only when the estimated memory of a step
-does not fit the GPU without it.
+`fast_defaults` is pure: the launcher passes the detected hardware and the flags the user gave,
+and appends what it returns to the training flags (so `--dry-run` shows them). A flag the user
+gave (command line or recipe) is never overridden. Gradient checkpointing depends on the model
+and the batch, so the training processes decide it with the model loaded
+(trainer/training/gradient_checkpointing.py): on only when a step's estimated memory does not
+fit the GPU without it.
 
 Checked and deliberately not a default: `--train_sampling_strategy group_by_length` (it changes
 which examples share a batch, so the result; see docs/PERFORMANCE.md) and `--torch_compile`
@@ -26,25 +24,22 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
     """Extra training flags for `hardware`, each only if its name is not in `user_flags`.
 
     - `--optim adamw_torch_fused` (everywhere): what transformers 5.23 already picks on torch
-      2.13, made explicit so the plan shows it and a library upgrade cannot silently fall
-      back to the for-each AdamW (a few kernel launches per parameter tensor). Attention is
-      not set here: with no `--attn_implementation`, `from_pretrained` picks SDPA for every
-      model that supports it (Whisper, ViT and BERT do; on Ampere+ GPUs it runs
-      FlashAttention-2 kernels) and eager attention for the others, which an explicit
-      `sdpa` would turn into a load error.
+      2.13, made explicit so the plan shows it and an upgrade cannot silently fall back to the
+      for-each AdamW (kernel launches per parameter tensor). Attention is not set: without
+      `--attn_implementation`, `from_pretrained` picks SDPA where supported (Whisper, ViT,
+      BERT; FlashAttention-2 kernels on Ampere+) and eager elsewhere, where `sdpa` would fail
+      to load.
     - `--tf32 true` (compute capability 8.0+): PyTorch leaves TF32 off for CUDA matmuls and
-      transformers only turns it on for torch.compile; the fp32 matmuls left under bf16 run
-      on tensor cores (up to 8x an A100's fp32 rate) with bf16-level mantissa.
-    - `--dataloader_num_workers N` (any GPU): the Trainer's default is 0, so decoding audio and
-      computing log-mel features stalls the GPU every step; N = min(4, CPUs per GPU // 2)
-      leaves half of each GPU's CPUs to its training process.
-    - `--dataloader_persistent_workers true` (with workers): keeps them alive across epochs
-      and evaluations instead of forking them again.
-    - CPU: `--dataloader_pin_memory false` (pinned memory only speeds copies to a GPU, and
-      the Trainer warns about it on every rank). Precision stays fp32 (the launcher adds no
-      --bf16/--fp16), and there are no loader workers: they would compete with the training
-      process for the same few cores.
-    """
+      transformers turns it on only for torch.compile; the fp32 matmuls left under bf16 run on
+      tensor cores (up to 8x an A100's fp32 rate) with bf16-level mantissa.
+    - `--dataloader_num_workers N` (any GPU): the Trainer's default 0 stalls the GPU every step
+      on decoding and log-mel features; N = min(4, CPUs per GPU // 2) leaves half of each GPU's
+      CPUs to its training process.
+    - `--dataloader_persistent_workers true` (with workers): kept alive across epochs and
+      evaluations instead of forked again.
+    - CPU: `--dataloader_pin_memory false` (pinning only speeds copies to a GPU, and the
+      Trainer warns about it on every rank). Precision stays fp32 (no --bf16/--fp16), and no
+      loader workers: they would compete with the training process for the same few cores."""
     defaults = [("--optim", "adamw_torch_fused")]
     if hardware.gpu_count == 0:
         defaults.append(("--dataloader_pin_memory", "false"))
@@ -61,10 +56,9 @@ def fast_defaults(hardware: Hardware, user_flags: set[str]) -> list[str]:
 
 MIB = 2**20
 SHM_PER_LOADER_WORKER = 256 * MIB
-"""/dev/shm one loader worker may fill: it hands each batch to its training process
-through shared memory and keeps `prefetch_factor` (2) batches ready; a batch of 16
-Whisper log-mel inputs is 15 MiB, of 32 ViT images 18 MiB. 256 MiB leaves room for larger
-batches and for the tensors the collator builds on the way."""
+"""/dev/shm one loader worker may fill: it hands each batch to its training process through shared
+memory and keeps `prefetch_factor` (2) batches ready; 16 Whisper log-mel inputs are 15 MiB, 32
+ViT images 18 MiB: room for larger batches and the collator's tensors."""
 
 SHM_NCCL_RESERVE = 512 * MIB
 """/dev/shm kept for NCCL when a node runs several processes: without NVLink (L4, T4) its
@@ -74,13 +68,10 @@ intra-node transport goes through shared-memory buffers."""
 def loader_workers_for_shm(
     shm_bytes: int | None, workers: int, procs_per_node: int
 ) -> tuple[int, str | None]:
-    """Loader workers per process that /dev/shm can hold, and a warning when fewer than asked.
-
-    A Vertex AI CustomJob cannot set the size of /dev/shm, and a loader worker that runs out
-    of it dies with a bus error in the middle of training. Rule: keep `SHM_NCCL_RESERVE` for
-    NCCL when there are several processes, then give every worker of every process
-    `SHM_PER_LOADER_WORKER`; 0 workers (loading in the training process) is always allowed.
-    """
+    """Loader workers per process that /dev/shm can hold, and a warning when fewer than asked. A
+    Vertex AI CustomJob cannot size /dev/shm, and a worker that runs out of it dies with a bus
+    error mid-training. Rule: keep `SHM_NCCL_RESERVE` for NCCL with several processes, then
+    give every worker of every process `SHM_PER_LOADER_WORKER`; 0 workers is always allowed."""
     if shm_bytes is None or workers <= 0:
         return workers, None
     reserve = SHM_NCCL_RESERVE if procs_per_node > 1 else 0

@@ -1,9 +1,8 @@
 """The one place a run's settings are decided: (argv, recipe, environment, hardware) ->
 `RunConfig` (trainer/settings/run_config.py).
 
-`resolve_run` is the only function that turns what the user gave into what the run uses.
-Every source of a value meets here, in this order, later ones filling only what earlier
-ones left open:
+`resolve_run` alone turns what the user gave into what the run uses. Every source of a value
+meets here, in this order, later ones filling only what earlier ones left open:
 1. the command line, with a leading recipe YAML expanded before it (the command line wins);
 2. flags from elsewhere (example scripts, transformers 4, launchers), translated
    (trainer/command_line/example_flags.py, after refusing a flag given twice), and the task
@@ -17,11 +16,11 @@ ones left open:
    `--output_dir` (trainer/storage/locations.py).
 
 Every way in calls it once (the launcher once per node, `trainer.ray` and `trainer.jobspec`
-once) and checks the result (trainer/preflight); the training processes read it and
-change nothing. The one setting left to them is gradient checkpointing when the user did
-not choose it on a GPU node (`RunConfig.gradient_checkpointing_left_open`): it depends on
-the model, which only they load. It reads only the files it is pointed at (the recipe, a
-DeepSpeed JSON, a local model's config.json): no network, no process, no write.
+once) and checks the result (trainer/preflight); the training processes change nothing, but for
+gradient checkpointing the user left open on a GPU node
+(`RunConfig.gradient_checkpointing_left_open`): it depends on the model, which only they load.
+It reads only the files it is pointed at (recipe, DeepSpeed JSON, a local model's config.json):
+no network, no process, no write.
 """
 
 from __future__ import annotations
@@ -205,9 +204,7 @@ def resolve_mixed_precision(
     bf16: bool, fp16: bool, hardware: Hardware, user_chose: bool = False
 ) -> str:
     """The user's --bf16/--fp16 if the hardware can do it, else what the hardware does best.
-
-    `user_chose` means a precision flag was given at all: `--bf16 false` asks for fp32.
-    """
+    `user_chose` means a precision flag was given at all: `--bf16 false` asks for fp32."""
     check_precision(bf16, fp16, hardware)
     if bf16 or fp16:
         return "bf16" if bf16 else "fp16"

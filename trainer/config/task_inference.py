@@ -63,9 +63,8 @@ def model_config(model: str, cache_dir: str | None) -> dict | None:
 
 
 def task_of_model(config: dict) -> str | None:
-    """Whisper is speech recognition; a type transformers can classify images with is image
-    classification, one it can classify sequences with is text (the architectures decide a
-    type that can do both)."""
+    """Whisper is speech recognition; a type transformers can classify images (sequences) with is
+    image (text) classification; the architectures decide a type that can do both."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as IMAGE,
     )

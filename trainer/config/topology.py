@@ -1,15 +1,12 @@
 """Where this replica stands in the job, derived from Vertex AI's environment.
 
-Vertex AI starts the same container on every replica of every worker pool and tells each
-one about the cluster through `CLUSTER_SPEC` (JSON). Only workerpool0 (the chief, one
-replica) and workerpool1 (the other training nodes) run this image; workerpool2 holds
-parameter or Reduction Server replicas and workerpool3 evaluators, which run other images.
-
-Vertex also sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`, but they count
-NODES, not processes, so they are never used as process ranks here.
-
-Everything in this module is a pure function of its arguments (no I/O, no torch), so it is
-tested with plain dicts.
+Vertex AI starts the same container on every replica of every worker pool and describes the
+cluster in `CLUSTER_SPEC` (JSON). Only workerpool0 (the chief, one replica) and workerpool1
+(the other training nodes) run this image; workerpool2 holds parameter or Reduction Server
+replicas and workerpool3 evaluators, which run other images. Vertex's `RANK`, `WORLD_SIZE`,
+`MASTER_ADDR` and `MASTER_PORT` count NODES, not processes, so they are never process ranks
+here. Everything here is a pure function of its arguments (no I/O, no torch), tested with plain
+dicts.
 """
 
 from __future__ import annotations
@@ -46,15 +43,12 @@ def resolve_topology(
     """Build the topology from the environment, the local GPU count and the user's overrides.
 
     Processes per node default to one per GPU (one on a CPU-only node); `nproc_per_node`
-    overrides that, but never beyond the GPUs present. `master_port` overrides the port of
-    the chief's address (every node must be given the same value).
-
-    The chief rendezvouses at its local address, the workers at the chief's name from
-    CLUSTER_SPEC: on Vertex AI that name resolves through a per-replica Service, which the
-    chief need not (and, while it starts, may not yet) reach itself. Vertex AI's own
-    PyTorch launcher does the same; the rendezvous store listens on every interface, so
-    the workers still find it under the Service name.
-    """
+    overrides that, never beyond the GPUs present. `master_port` overrides the port of the
+    chief's address (every node must get the same value). The chief rendezvouses at its local
+    address, the workers at the chief's name from CLUSTER_SPEC: on Vertex AI that name resolves
+    through a per-replica Service, which the chief need not (and, while starting, may not yet)
+    reach itself. Vertex AI's own PyTorch launcher does the same; the rendezvous store listens
+    on every interface, so the workers still find it under the Service name."""
     procs = _processes_per_node(gpu_count, nproc_per_node)
     if master_port is not None and not 0 < master_port < 65536:
         raise UserError(f"--master_port {master_port} is not a TCP port (1-65535).")
@@ -90,16 +84,13 @@ CLUSTER_SPEC does not carry it (see `requested_accelerators`)."""
 
 
 def requested_accelerators(env: Mapping[str, str]) -> int | None:
-    """GPUs this replica's worker pool asked for: what the launcher must see before it plans
-    a smaller world than the job pays for.
-
-    The job spec's own env (`TRAINER_GPUS_PER_REPLICA`) says it first. Without it, the job
-    spec copied into CLUSTER_SPEC's "job" is read, in case Vertex AI ever carries
-    `worker_pool_specs[i].machine_spec.accelerator_count` there (proto or REST spelling,
-    object or JSON string); in the CLUSTER_SPEC published with the Vertex SDK (python-
-    aiplatform tests/unit/aiplatform/test_cloud_profiler.py) "job" is a JSON string with
-    no worker pools at all. None when neither says: the topology is what must be valid.
-    """
+    """GPUs this replica's worker pool asked for: what the launcher must see before it plans a
+    smaller world than the job pays for. The job spec's env (`TRAINER_GPUS_PER_REPLICA`) says
+    it first; else CLUSTER_SPEC's "job" is read, in case Vertex AI ever carries
+    `worker_pool_specs[i].machine_spec.accelerator_count` there (proto or REST spelling, object
+    or JSON string): in the CLUSTER_SPEC published with the Vertex SDK (python-aiplatform
+    tests/unit/aiplatform/test_cloud_profiler.py) "job" is a JSON string without worker pools.
+    None when neither says: the topology is what must be valid."""
     given = env.get(GPUS_PER_REPLICA_VARIABLE, "").strip()
     if given:
         if not given.isdigit():

@@ -1,20 +1,18 @@
-"""Examples whose media cannot be decoded (a garbage, empty or missing clip or image):
-skipped and counted, up to `--max_bad_examples`; past it, or when nothing decodes, one
-line naming the first bad files.
+"""Examples whose media cannot be decoded (a garbage, empty or missing clip or image): skipped and
+counted, up to `--max_bad_examples`; past it, or when nothing decodes, one line naming the
+first bad files.
 
-Real corpora carry a few such files (Common Voice ships some clips no decoder reads), and
-one among thousands should not stop a job; a set that is broken at scale (a wrong format,
-a half-finished copy) should, before any training. For a map-style split the check is one
-pass over the undecoded split before training (`screen`), whose result `datasets` caches
-per machine; every process computes the same count for the whole split, and the progress
-lines and the closing summary show it (`skipped_per_epoch`).
+Real corpora carry a few such files (Common Voice ships some clips no decoder reads), and one
+among thousands should not stop a job; a set broken at scale (a wrong format, a half-finished
+copy) should, before any training. A map-style split is checked in one pass over it, undecoded,
+before training (`screen`, cached by `datasets` per machine); every process computes the same
+count for the whole split, shown on the progress lines and the summary (`skipped_per_epoch`).
 
-A stream cannot be checked before it is read. Its media are decoded as they are read, in
-the loader's workers (`mark_undecodable`); an example that does not decode is kept, empty
-and named, until trainer/data/streams.py drops it and carries its name to the training
-process inside the next batch (a worker is another process: nothing else reaches the
-Trainer). There `StreamSkips` counts the names, and every process agrees on the count at
-each progress line, where the limit is applied.
+A stream cannot be checked before it is read. Its media are decoded as read, in the loader's
+workers (`mark_undecodable`); an example that does not decode is kept, empty and named, until
+trainer/data/streams.py drops it and carries its name to the training process in the next batch
+(a worker is another process: nothing else reaches the Trainer). There `StreamSkips` counts the
+names, and all processes agree on the count at each progress line, where the limit applies.
 """
 
 from __future__ import annotations
@@ -130,15 +128,14 @@ def _name(value: dict, index: int | str) -> str:
 def mark_undecodable(
     stream: IterableDataset, column: str, measure: Callable[[Any], Any]
 ) -> IterableDataset:
-    """`stream` with `column` decoded as its feature says (`datasets` would decode it the
-    same way, but raise inside the stream on a bad file). An example whose value does not
-    decode, or that `measure` (given the decoded value) rejects by raising or returning
-    None, keeps None there and its file's name in `UNDECODABLE`.
-
-    The decoding is a `map` declaring the decoded features, because `datasets` 5 decodes
-    a stream's media only where nothing before has typed its examples: after a `filter` or
-    `map` on undecoded media, casting the column back to decoding does nothing. (The
-    stream's sources leave media undecoded: trainer/data/sources.py `undecoded`.)"""
+    """`stream` with `column` decoded as its feature says (as `datasets` would, but without
+    raising inside the stream on a bad file). An example whose value does not decode, or that
+    `measure` (given the decoded value) rejects by raising or returning None, keeps None there
+    and its file's name in `UNDECODABLE`. The decoding is a `map` declaring the decoded
+    features: `datasets` 5 decodes a stream's media only where nothing before typed its
+    examples, so after a `filter` or `map` on undecoded media (the sources leave media
+    undecoded: trainer/data/sources.py `undecoded`) casting the column back to decoding does
+    nothing."""
     from datasets import Features, Value
 
     feature = replace(stream.features[column], decode=True)
@@ -154,16 +151,14 @@ DECODER_MODULES = {"Audio": "torchcodec.decoders", "Video": "torchcodec.decoders
 @dataclass
 class DecodedOrNamed:
     """The stream's `map` function of `mark_undecodable`; it imports its feature's decoder
-    wherever it is made or unpickled, before the stream is read.
-
-    Why: `datasets` 5 reads a stream's sources in a thread each, and for every example
-    checks twice in one function whether the decoder's module (torchcodec, PIL) is
-    imported, binding its class after the first check only. The first decode in one
-    thread, between another thread's two checks, raises `UnboundLocalError: cannot access
-    local variable 'VideoDecoder'` in a loader worker (one run in four of two processes
-    with two workers each, on two busy cores). Imported beforehand, in the training process
-    (whose loader workers are forked from it) or in a spawned worker as this is unpickled
-    there, both checks agree."""
+    wherever it is made or unpickled, before the stream is read. Why: `datasets` 5 reads a
+    stream's sources in a thread each, and for every example checks twice whether the decoder's
+    module (torchcodec, PIL) is imported, binding its class after the first check only. A first
+    decode in one thread between another's two checks raises `UnboundLocalError: cannot access
+    local variable 'VideoDecoder'` in a loader worker (one run in four of two processes with
+    two workers each, on two busy cores). Imported beforehand, in the training process (whose
+    loader workers fork from it) or in a spawned worker as this is unpickled, both checks
+    agree."""
 
     column: str
     feature: Any
@@ -194,13 +189,11 @@ class DecodedOrNamed:
 
 @dataclass
 class StreamSkips:
-    """Undecodable examples a training stream skipped, as the training process learns of
-    them (each batch carries the names its worker dropped), and every process's, merged
-    at each progress line (`agree`, called by every rank at the same step).
-
-    Names, not counts, are merged: a shuffled stream gives an example to another process
-    in the next epoch, so a file is counted once however often it is read. The examples
-    read (trained on or skipped) are summed."""
+    """Undecodable examples a training stream skipped, as the training process learns of them
+    (each batch carries the names its worker dropped), merged with every process's at each
+    progress line (`agree`, called by every rank at the same step). Names, not counts, are
+    merged: a shuffled stream gives an example to another process next epoch, so a file counts
+    once however often read. The examples read (trained on or skipped) are summed."""
 
     spec: str
     """`--max_bad_examples`."""
@@ -221,9 +214,8 @@ class StreamSkips:
         self._new_read += examples + len(skipped)
 
     def agree(self, gather: Callable[[list], list]) -> bool:
-        """Merge every process's news (`gather`: a list from each process, concatenated
-        in rank order); whether the merge brought the first skipped names. Raises
-        UserError, in every process alike, once more files were skipped than allowed."""
+        """Merge all processes' news (`gather`: their lists in rank order); whether it brought the
+        first skipped names. UserError in every process alike past the allowed count."""
         first = not self.names
         for names, read in gather([(self._new_names, self._new_read)]):
             self.names.update(dict.fromkeys(names))
@@ -241,10 +233,9 @@ class StreamSkips:
         return max_bad(self.spec, self.rows or max(self.read, MIN_STREAM_BASIS))
 
     def state(self) -> dict:
-        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped
-        before the checkpoint is not read again): the agreed names and reads, the same in
-        every process (saves come after the step's progress line), and this process's
-        since."""
+        """What a checkpoint keeps, so that a resumed run counts on (a file it skipped before the
+        checkpoint is not read again): the agreed names and reads, the same in every process
+        (saves come after the step's progress line), and this process's since."""
         return {"names": list(self.names), "read": self.read,
                 "new_names": self._new_names, "new_read": self._new_read}  # fmt: skip
 

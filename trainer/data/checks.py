@@ -12,6 +12,14 @@ def split_names(spec: str) -> list[str]:
     return [part.strip() for part in spec.split("+") if part.strip()]
 
 
+def check_splits(splits: Iterable[str], spec: str, where: object, hint: str = "") -> None:
+    """Every split of `spec` is among `splits`; `hint` ends the error line."""
+    for name in split_names(spec):
+        if name not in splits:
+            available = ", ".join(sorted(splits))
+            raise UserError(f'Split "{name}" not found in {where}: it has {available}.{hint}')
+
+
 def check_columns(
     available: Iterable[str], wanted: dict[str, str | tuple[str, ...]], where: str
 ) -> None:

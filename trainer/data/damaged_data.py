@@ -1,12 +1,10 @@
-"""`DataFault`: training data found damaged while it is read (a shard whose bytes or
-example count disagree with its index, a loader worker's part of a stream in which no
-example decodes).
+"""`DataFault`: training data found damaged while it is read (a shard whose bytes or example count
+disagree with its index, a loader worker's part of a stream in which no example decodes).
 
-It is raised inside a training process, often in a DataLoader worker, and is rank-specific
-(each process reads its own shards), so it is not a `UserError` (whose line only local
-rank 0 prints, and which means "refused before launch"): the training program reports it
-like any failure, from the rank that hit it, as one `error:` line
-(trainer/training/failures.py), exit code 1.
+Raised inside a training process, often in a DataLoader worker, and rank-specific (each process
+reads its own shards), it is no `UserError` (printed by local rank 0 only, meaning "refused
+before launch"): the training program reports it like any failure, from the rank that hit it,
+as one `error:` line (trainer/training/failures.py), exit code 1.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""The index of a shard set (`index.json`): which shards each split has, with each
-shard's example count, size and CRC32C, the features and the label values, written last by
-`python -m trainer.shards` (trainer/shards.py) and read at launch and by the streams
-(trainer/data/streams.py).
+"""The index of a shard set (`index.json`): each split's shards, with each shard's example count,
+size and CRC32C, the features and the label values; written last by `python -m trainer.shards`
+(trainer/shards.py), read at launch and by the streams (trainer/data/streams.py).
 
-What a shard's entry says is checked twice: at launch against a listing of the shard set
-(`check_listing`: sizes, and the CRC32C that Cloud Storage reports with each object), and
-while the shard is read (trainer/data/shard_verify.py: CRC32C over the bytes as they
-stream by, the example count at its end). Indexes written before sizes and checksums were
-recorded (no `crc32c`) are still read: their shards are checked by size and count only."""
+A shard's entry is checked twice: at launch against a listing (`check_listing`: sizes, and the
+CRC32C Cloud Storage reports with each object), and while the shard is read
+(trainer/data/shard_verify.py: CRC32C over the bytes as they stream by, the example count at
+its end). Indexes from before sizes and checksums were recorded (no `crc32c`) are still read,
+their shards checked by size and count only."""
 
 from __future__ import annotations
 
@@ -88,10 +87,9 @@ def stored_shards(store: Store, shards: list) -> tuple[dict[str, int], dict[str,
 
 
 def check_listing(index: ShardIndex, store: Store, splits: list[str]) -> None:
-    """The shards of `splits` are where the index says, with its sizes (and, where the
-    store reports checksums without reading the files, i.e. Cloud Storage, its CRC32C):
-    one listing or one stat per shard, at launch, so a truncated, replaced or missing
-    shard stops the job before it starts rather than shortening an epoch silently."""
+    """The shards of `splits` are where the index says, with its sizes (and CRC32C, where the
+    store reports it without reading: Cloud Storage): one listing or stat per shard at launch,
+    so a truncated, replaced or missing shard stops the job, not silently shortens an epoch."""
     shards = [shard for split in splits for shard in index.splits[split]]
     stored, checksums = stored_shards(store, shards)
     for shard in shards:

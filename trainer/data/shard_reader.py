@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 
 from trainer.common.errors import UserError
-from trainer.data.checks import split_names
+from trainer.data.checks import check_splits, split_names
 from trainer.data.damaged_data import DataFault
 from trainer.data.shard_index import Shard, ShardIndex
 from trainer.data.shard_verify import VerifiedReader, check_shard
@@ -17,18 +17,13 @@ from trainer.storage.store import open_store
 
 
 def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
-    """The shards of `spec` (e.g. `train+validation`) of the shard set at `location`: an
-    IterableDataset with one data source per shard, or, for evaluation, a map-style
-    Dataset built from the same reader (cached by `datasets` like any other)."""
+    """The shards of `spec` (e.g. `train+validation`) at `location`: an IterableDataset with one
+    data source per shard, or, for evaluation, a map-style Dataset from the same reader."""
     from datasets import Dataset, IterableDataset
     from datasets.exceptions import DatasetGenerationError
 
-    shards = []
-    for name in split_names(spec):
-        if name not in index.splits:
-            available = ", ".join(sorted(index.splits))
-            raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
-        shards += [asdict(shard) for shard in index.splits[name]]
+    check_splits(index.splits, spec, location)
+    shards = [asdict(shard) for name in split_names(spec) for shard in index.splits[name]]
     kwargs = {"location": location, "shards": shards, "features": index.features}
     features = index.datasets_features()
     if streaming:
@@ -42,10 +37,9 @@ def shard_split(location: str, index: ShardIndex, spec: str, streaming: bool):
 
 
 def read_shards(location: str, shards: list[dict], features: dict) -> Iterator[dict]:
-    """Rows of shards, read as streams through the store: Parquet a row group at a time,
-    WebDataset tars (`.tar`) a member at a time, grouped into samples with the index's
-    `features` (datasets passes each DataLoader worker and each process its own `shards`),
-    each shard checked against its index entry as it is read (trainer/data/shard_verify.py)."""
+    """Rows of shards (datasets gives each loader worker and process its own), streamed through
+    the store: Parquet a row group, tars a member at a time, grouped into samples by
+    `features`, each checked against its index entry as read (trainer/data/shard_verify.py)."""
     store = open_store(location)
     for entry in shards:
         shard = Shard(**entry)

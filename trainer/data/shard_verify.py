@@ -1,14 +1,13 @@
-"""A shard's bytes checked against its index entry while a stream reads them: CRC32C
-computed over the bytes as they pass (no second download), size and example count compared
-at the shard's end. A shard that disagrees stops the run with one line naming it
-(`DataFault`): damaged audio is not trained on silently, and a short shard does not make a
-silently short epoch.
+"""A shard's bytes checked against its index entry while a stream reads them: CRC32C over the
+bytes as they pass (no second download), size and example count compared at the shard's end. A
+shard that disagrees stops the run with one line naming it (`DataFault`): damaged audio is not
+trained on, and a short shard makes no silently short epoch.
 
-Readers do not always read front to back: Parquet is read footer first, then row group
-after row group. The checksum runs over the bytes in file order; a read that starts past
-the checked prefix by a little (Parquet's 4-byte magic) has the gap read in, a read far
-ahead (the footer) is left for `finish`, which reads what is still unchecked (for Parquet
-the footer again, a few KB; for a tar its end-of-archive padding).
+Readers do not always read front to back: Parquet reads the footer first, then row group after
+row group. The checksum runs over the bytes in file order; a read starting a little past the
+checked prefix (Parquet's 4-byte magic) has the gap read in, one far ahead (the footer) is left
+for `finish`, which reads what is still unchecked (Parquet's footer again, a few KB; a tar's
+end-of-archive padding).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns, split_names
+from trainer.data.checks import check_columns, check_splits, split_names
 from trainer.data.shard_index import KEY_COLUMN, ShardIndex, check_listing, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
@@ -61,13 +61,10 @@ def local_directory(name: str) -> Path:
 
 
 def fetch_directory(uri: str) -> Path:
-    """A gs:// dataset directory, copied (once per machine) into the local cache.
-
-    Audio and image decoders read local files, and every epoch reads every file again, so
-    one verified copy per node beats streaming each read from Cloud Storage. A marker
-    beside the copy records the listing it was made from; an unchanged listing means the
-    copy is complete and current, and nothing is read or sent again.
-    """
+    """A gs:// dataset directory, copied (once per machine) into the local cache: decoders read
+    local files, and every epoch reads every file again, so one verified copy per node beats
+    streaming each read. A marker beside the copy records the listing it was made from; an
+    unchanged listing means the copy is complete and current, and nothing is sent again."""
     store = open_store(uri)
     entries = sorted(store.list_files().values(), key=lambda entry: entry.path)
     if not entries:
@@ -87,14 +84,6 @@ EVALUATION_HINT = (
 )
 
 
-def check_splits(layout: LocalLayout, spec: str, directory: Path, hint: str = "") -> None:
-    """Every split of `spec` is in the layout; `hint` ends the error line."""
-    for name in split_names(spec):
-        if name not in layout.splits:
-            available = ", ".join(sorted(layout.splits))
-            raise UserError(f'Split "{name}" not found in {directory}: it has {available}.{hint}')
-
-
 def check_shard_set(
     index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
 ) -> None:
@@ -102,11 +91,8 @@ def check_shard_set(
     Cloud Storage's checksums) from a listing: no shard is opened."""
     names = []
     for spec in specs:
-        for name in split_names(spec):
-            if name not in index.splits:
-                available = ", ".join(sorted(index.splits))
-                raise UserError(f'Split "{name}" not found in {location}: it has {available}.')
-            names.append(name)
+        check_splits(index.splits, spec, location)
+        names += split_names(spec)
     check_columns(index.columns, wanted, location)
     check_listing(index, open_store(location), sorted(set(names)))
 
@@ -114,11 +100,10 @@ def check_shard_set(
 def select_source_columns(
     dataset: Dataset | IterableDataset, flags: dict[str, str], renames: dict[str, str], where: str
 ) -> Dataset | IterableDataset:
-    """The columns a task reads, under the names it reads them by (`renames`: source column
-    -> task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`).
-
-    `flags` (flag name -> column) are checked first where the dataset knows its columns
-    before it is read; a Hub stream may not, and then fails on its first example."""
+    """The columns a task reads, under the names it reads them by (`renames`: source column ->
+    task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`). `flags`
+    (flag name -> column) are checked first where the dataset knows its columns before it is
+    read; a Hub stream may not, and then fails on its first example."""
     columns = dataset.column_names
     if columns is not None:
         check_columns(columns, flags, where)
@@ -181,10 +166,9 @@ UTF8_CHUNK = 4 << 20
 
 
 def check_utf8(path: Path) -> None:
-    """A table file must be UTF-8, as the `datasets` CSV and JSON readers read it: one
-    stray byte (a Latin-1 "é" from a spreadsheet export) otherwise fails the job inside
-    the reader, in every training process, with a traceback that names neither the file
-    nor the place. Checked in one pass at launch (decoding runs at about 1 GB/s)."""
+    """A table file must be UTF-8, as `datasets`' CSV and JSON readers read it: one stray byte (a
+    Latin-1 "é" from a spreadsheet) otherwise fails every training process inside the reader,
+    with a traceback naming neither file nor place. One pass at launch (about 1 GB/s)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     with path.open("rb") as handle:
@@ -218,19 +202,16 @@ def load_split(
     streaming: bool = False,
     files: LocalLayout | None = None,
 ) -> tuple[Dataset | IterableDataset, Path | None]:
-    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local
-    directory; with `streaming`, as an IterableDataset that copies nothing whole.
-
-    Returns the dataset and, for a local directory, the directory. The files of every local
-    split are declared, not only the requested ones, so that labels inferred from folder
-    names agree across splits. Streams of several splits are concatenated, one after the
-    other, as `split="a+b"` concatenates map-style splits. `files` is a layout of named
-    files (`--train_file` ...), read in place of `--dataset_name`.
-    """
+    """One split spec (e.g. `train+validation`) from a shard set, the hub or a local directory
+    (`files`: a layout of named files, `--train_file` ..., read instead of `--dataset_name`);
+    with `streaming`, as an IterableDataset that copies nothing whole. Returns the dataset and,
+    for a local directory, the directory. Every local split's files are declared, not only the
+    requested ones, so labels inferred from folder names agree across splits. Streams of
+    several splits are concatenated, as `split="a+b"` concatenates map-style splits."""
     from datasets import concatenate_datasets, load_dataset
 
     if files is not None:
-        check_splits(files, spec, FILES)
+        check_splits(files.splits, spec, FILES)
         return load_layout(FILES, files, spec, streaming), None
     name = data_args.dataset_name
     index = shard_index_of(name)
@@ -262,7 +243,7 @@ def load_split(
         )
     directory = local_directory(name)
     layout = detect_layout(directory)
-    check_splits(layout, spec, directory)
+    check_splits(layout.splits, spec, directory)
     return load_layout(name, layout, spec, streaming), directory
 
 
@@ -302,14 +283,11 @@ def load_layout(
 def split_from_stream(
     stream: IterableDataset, name: str, config: str | None, spec: str, cache_dir: str | None
 ) -> Dataset:
-    """A map-style split of a hub dataset (an evaluation split of a streaming run), written
-    from its stream to the `datasets` cache.
-
-    A map-style `load_dataset` of a hub dataset downloads and prepares every split of it:
-    loading the evaluation split that way would copy the whole training split, which the
-    run streams, to every node's disk. Media are read undecoded and stored as they came.
-    The copy is named after the dataset's commit, so that every process of a node, and
-    every later run, reuses it until the dataset changes."""
+    """A map-style split of a hub dataset (an evaluation split of a streaming run), written from
+    its stream to the `datasets` cache: a map-style `load_dataset` of a hub dataset prepares
+    every split, copying the streamed training split to every node's disk. Media are stored
+    undecoded, as they came. The copy is named after the dataset's commit, so every process of
+    a node, and every later run, reuses it until the dataset changes."""
     from datasets import Dataset
     from datasets.fingerprint import Hasher
     from huggingface_hub import HfApi

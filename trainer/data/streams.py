@@ -1,28 +1,26 @@
-"""Training data as a stream: read from shards or the Hub, divided among all processes,
-shuffled reproducibly, and resumable at the exact example where a checkpoint was taken.
+"""Training data as a stream: read from shards or the Hub, divided among all processes, shuffled
+reproducibly, and resumable at the exact example where a checkpoint was taken.
 
-With `--streaming true` nothing is copied whole to a node. A shard set (made or indexed
-by `python -m trainer.shards`) is read through trainer/storage/store.py from a local directory,
-gs:// or /gcs/: Parquet shards row group by row group, a ranged read at a time, WebDataset
-tars front to back (trainer/data/tar_shards.py); a Hub dataset through
-`load_dataset(..., streaming=True)`. The pipeline is `datasets`' own:
-`shuffle(seed, buffer_size)` (shard order and a buffer of examples, reseeded each epoch
-with `set_epoch`), then `split_dataset_by_node` with the global rank and world size
-(whole shards per process when they divide evenly, else every world-size-th example), and
-`datasets` divides a process's shards among its DataLoader workers.
+With `--streaming true` nothing is copied whole to a node. A shard set (made or indexed by
+`python -m trainer.shards`) is read through trainer/storage/store.py from a local directory,
+gs:// or /gcs/: Parquet shards a row group (a ranged read) at a time, WebDataset tars front to
+back (trainer/data/tar_shards.py); a Hub dataset through `load_dataset(..., streaming=True)`.
+The pipeline is `datasets`' own: `shuffle(seed, buffer_size)` (shard order and a buffer of
+examples, reseeded each epoch with `set_epoch`), then `split_dataset_by_node` with the global
+rank and world size (whole shards per process when they divide evenly, else every world-size-th
+example); `datasets` divides a process's shards among its DataLoader workers.
 
-Undecodable examples (trainer/data/bad_examples.py): a task marks them as the stream is
-read, and `ResumableStream` drops them in the loader worker, carrying their names in the
-next example it yields (the last one of its part, for those after it) to the training
-process, which counts them (`StreamSkips`).
+Undecodable examples (trainer/data/bad_examples.py): a task marks them as the stream is read,
+and `ResumableStream` drops them in the loader worker, carrying their names in the next example
+it yields (the last one of its part, for those after it) to the training process, which counts
+them (`StreamSkips`).
 
 Resuming: the shuffle is deterministic, so a position is (epoch, examples consumed) per
-DataLoader worker of each process. The training loop records the positions of the batches
-it actually trained on (the loader runs ahead of it), each checkpoint stores them per
-rank (`stream-state/rank-R.json`, uploaded with the checkpoint under its manifest), and a
-resumed process replays its stream up to there, reading but not training on what it
-skips: no example is repeated or lost, even when the checkpoint fell mid-shard with a
-full shuffle buffer (whose content `IterableDataset.state_dict()` does not keep).
+DataLoader worker of each process. The training loop records the positions of the batches it
+trained on (the loader runs ahead), each checkpoint stores them per rank
+(`stream-state/rank-R.json`, under its manifest), and a resumed process replays its stream up
+to there, reading but not training on what it skips: no example is repeated or lost, even
+mid-shard with a full shuffle buffer (which `IterableDataset.state_dict()` does not keep).
 """
 
 from __future__ import annotations
@@ -67,12 +65,8 @@ class StreamStart:
 
 
 class ResumableStream(torch.utils.data.IterableDataset):
-    """One process's part of the stream, each example tagged with its position.
-
-    The Trainer calls `set_epoch(n)` with its own epoch count, which restarts at 0 when it
-    resumes from a checkpoint; the stream adds the epoch it resumed in, so the shuffle order
-    continues where it was.
-    """
+    """One process's part of the stream, each example tagged with its position; it adds the epoch
+    it resumed in to the Trainer's `set_epoch(n)`, which restarts at 0, so shuffling goes on."""
 
     def __init__(self, stream: IterableDataset, start: StreamStart | None = None) -> None:
         self.stream = stream
@@ -121,12 +115,10 @@ def prepare_stream(
 
 
 def past_finished_epoch(stream: IterableDataset, start: StreamStart) -> StreamStart:
-    """`start`, or the next epoch's beginning when `start` is the end of its epoch.
-
-    A checkpoint taken right after a process's last batch of an epoch records the whole
-    epoch as trained; resumed there, its loader would yield nothing, and the Trainer stops
-    at an empty epoch. Whether anything is left is read once from the stream (at most the
-    examples the replay skips anyway)."""
+    """`start`, or the next epoch's beginning when `start` is the end of its epoch: a checkpoint
+    taken right after a process's last batch of an epoch records it all as trained, and resumed
+    there its loader would yield nothing (the Trainer stops at an empty epoch). Whether
+    anything is left is read once from the stream (at most what the replay skips anyway)."""
     trained = sum(start.consumed.values())
     if trained == 0:
         return start

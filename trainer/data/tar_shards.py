@@ -1,24 +1,23 @@
-"""WebDataset tar shards: written by `python -m trainer.shards --format webdataset`, read
-by `--streaming` (trainer/data/streams.py), and indexed where they lie when another tool made
-them (`python -m trainer.shards LOCATION --index_only`).
+"""WebDataset tar shards: written by `python -m trainer.shards --format webdataset`, read by
+`--streaming` (trainer/data/streams.py), and indexed where they lie when another tool made them
+(`python -m trainer.shards LOCATION --index_only`).
 
-A tar is read front to back as it arrives (`tarfile` stream mode on the store's reader):
-no seeking and no local copy, one member in memory at a time, so any reader of a byte
-stream can consume it, and users' existing WebDataset sets train without conversion.
+A tar is read front to back as it arrives (`tarfile` stream mode on the store's reader): no
+seeking, no local copy, one member in memory at a time, so users' existing WebDataset sets
+train without conversion.
 
 Naming is WebDataset's: a sample is a run of consecutive members `KEY.FIELD`, KEY being a
-member's path up to the first dot of its file name and FIELD the rest. `trainer.shards`
-names a sample by its `__key__` (`SPLIT/ROW`: members `train/17.wav`, `train/17.json`; the
-"/" is a folder inside the tar, and the rule gives the key back unchanged), stores the
-media column as the source file's own bytes under its own extension, and every other
-column as a field of `KEY.json`. Members carry a fixed time, owner and mode, so one
-source always gives the same bytes.
+member's path up to the first dot of its file name and FIELD the rest. `trainer.shards` names a
+sample by its `__key__` (`SPLIT/ROW`: members `train/17.wav`, `train/17.json`; the "/" is a
+folder inside the tar, and the rule gives the key back unchanged), stores the media column as
+the source file's bytes under its own extension, and every other column in `KEY.json`. Members
+carry a fixed time, owner and mode, so one source always gives the same bytes.
 
-A sample becomes an example thus: the fields of its `json` member are columns; any other
-member fills the column named by its field (`flac`, `txt`, `cls`: the names the `datasets`
-webdataset builder gives them, decoded as it decodes them), media as `{"bytes", "path"}`;
-a media file whose field is no column of the index (`wav`, written for the column `audio`)
-fills the index's one Audio or Image column.
+A sample becomes an example thus: its `json` member's fields are columns; any other member
+fills the column named by its field (`flac`, `txt`, `cls`: the names and decoding of the
+`datasets` webdataset builder), media as `{"bytes", "path"}`; a media file whose field is no
+column of the index (`wav`, written for the column `audio`) fills its one Audio or Image
+column.
 """
 
 from __future__ import annotations
@@ -142,8 +141,7 @@ def media_feature(name: str):
 
 
 def sample_columns(fields: dict[str, tuple[str, bytes]], where: str) -> dict[str, Any]:
-    """A sample's members as columns, named by their fields; a `json` member's fields
-    merged in."""
+    """A sample's members as columns, named by their fields; a `json` member's fields merged in."""
     from datasets.packaged_modules.webdataset.webdataset import DECODERS
 
     columns = {}
@@ -212,10 +210,9 @@ class TarSummary:
 def index_in_place(
     store: Store, task_name: str, label_column: str | None, column_flags: dict[str, str]
 ) -> ShardIndex:
-    """The index of the WebDataset tars under `store`, each read once (several at a time,
-    through the store's reader: nothing is saved to disk), written there last; checked
-    against the task's `column_flags` (flag -> column), with `label_column`'s values
-    recorded for classification."""
+    """The index of the WebDataset tars under `store`, each read once through the store (several
+    at a time, nothing saved to disk), written there last; checked against the task's
+    `column_flags`, with `label_column`'s values recorded for classification."""
     stored = store.list_files()
     files = sorted(name for name in stored if name.endswith(TAR_SUFFIX))
     if not files:

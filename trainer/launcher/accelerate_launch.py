@@ -1,15 +1,13 @@
 """`accelerate launch`, ending a failed run with one line instead of torchrun's error box.
 
-The launcher execs this module in place of `accelerate.commands.launch` (same flags). When
-a training process fails, torchrun raises ChildFailedError, whose traceback box (one per
-node, in every node's log) repeats what the training process has already said in its own
-`error:` line (trainer/training/failures.py). So: a process that reported itself (exit
-code 1, 78 or 75) gets no second report, and its code is this node's; one that could not
-(killed by a signal: the kernel's OOM killer, a preempted machine) gets one `error:` line
+The launcher execs this module in place of `accelerate.commands.launch` (same flags). When a
+training process fails, torchrun's ChildFailedError box (one per node, in every node's log)
+repeats the process's own `error:` line (trainer/training/failures.py). So a process that
+reported itself (exit code 1, 78 or 75) gets no second report, and its code is this node's; one
+that could not (killed by a signal: the OOM killer, a preempted machine) gets one `error:` line
 naming its rank and node, and exit code 1. The same holds for a single process without
-DeepSpeed, which accelerate starts itself (its CalledProcessError instead of torchrun's).
-A node whose rendezvous never completes gives up after --rdzv_timeout
-(trainer/launcher/start_deadline.py).
+DeepSpeed, which accelerate starts itself (CalledProcessError instead). A node whose rendezvous
+never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py).
 """
 
 from __future__ import annotations
@@ -98,10 +96,9 @@ def report_exit(exitcode: int, signal_name: str | None, where: str) -> int:
 
 
 def what_is_kept() -> str:
-    """The end of a killed process's line: where the newest complete checkpoint is, for
-    the run whose configuration the launcher handed over in the environment (nothing
-    without one). A process killed by a signal cannot say it itself, and this line is
-    then the run's last word."""
+    """The end of a killed process's line, which is then the run's last word: where the newest
+    complete checkpoint is, for the run whose configuration the launcher handed over in the
+    environment (nothing without one)."""
     config_json = os.environ.get(RUN_CONFIG_VARIABLE)
     if not config_json:
         return ""

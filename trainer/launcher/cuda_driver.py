@@ -1,19 +1,17 @@
 """Does this node's NVIDIA driver run the CUDA torch was built with? Decided before torch loads.
 
-torch 2.13's wheels are CUDA 13.0 builds, which need an R580 driver or newer; Vertex AI
-nodes may run an older branch (docs/deploy.md, "GPU drivers"). On such a driver nothing
-fails where the cause is visible: torch reports no GPU, or a collective dies deep in
-DeepSpeed. So the launcher decides first, from two cheap reads that load no CUDA: the
-kernel driver's version (/proc/driver/nvidia/version) and the CUDA version of torch's
-wheel (its requirement on NVIDIA's `cuda-toolkit` wheels, in the package metadata).
-
+torch 2.13's wheels are CUDA 13.0 builds, which need an R580 driver or newer; Vertex AI nodes
+may run an older branch (docs/deploy.md, "GPU drivers"). There nothing fails where the cause is
+visible: torch reports no GPU, or a collective dies deep in DeepSpeed. So the launcher decides
+first, from two cheap reads that load no CUDA: the kernel driver's version
+(/proc/driver/nvidia/version) and the CUDA version of torch's wheel (its requirement on
+NVIDIA's `cuda-toolkit` wheels, in the package metadata).
 - New enough: CUDA runs natively.
-- An older branch that CUDA's forward compatibility covers, with its libraries present
-  (the `cuda-compat` package the nvidia/cuda base image installs, data-center GPUs only):
-  the launcher starts again with them first on LD_LIBRARY_PATH (the dynamic loader reads
-  it only when a process starts) and every process it launches inherits it. Never on a
-  driver that is new enough: an older libcuda on a newer kernel module fails (CUDA error
-  803), so the image cannot simply put them on the path for everyone.
+- An older branch that CUDA's forward compatibility covers, with its libraries present (the
+  `cuda-compat` package of the nvidia/cuda base image, data-center GPUs only): the launcher
+  starts again with them first on LD_LIBRARY_PATH (read only when a process starts), inherited
+  by every process it launches. Never on a new enough driver: an older libcuda on a newer
+  kernel module fails (CUDA error 803), so the image cannot put them on everyone's path.
 - Older still, or no compatibility libraries: one `error:` line, before anything starts.
 
 `check_cuda_driver` is pure and is tested with made-up driver versions.
@@ -35,10 +33,9 @@ NATIVE_DRIVER = {12: (525, 60, 13), 13: (580, 65, 6)}
 from NVIDIA's CUDA toolkit release notes."""
 
 FORWARD_COMPATIBLE_BRANCH = {13: 535}
-"""Oldest driver branch on which the launcher tries CUDA 13's forward-compatibility
-libraries: R535, the oldest long-term-support branch in NVIDIA's support matrix when CUDA 13
-shipped (NVIDIA's own NeMo images bridge CUDA 13 to R535 hosts the same way); the branches
-before it had reached their end of life."""
+"""Oldest driver branch on which the launcher tries CUDA 13's forward-compatibility libraries:
+R535, the oldest long-term-support branch in NVIDIA's matrix when CUDA 13 shipped (NeMo images
+bridge CUDA 13 to R535 hosts the same way); older branches had reached their end of life."""
 
 
 @dataclass(frozen=True)

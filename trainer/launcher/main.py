@@ -40,12 +40,9 @@ def wait_for_name(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) until `timeout` seconds pass.
-
-    On Vertex AI a worker may start before the chief, whose name resolves only once the
-    chief's Service exists; static rendezvous given a name that does not resolve fails at
-    once instead of waiting. A name that never resolves is one UserError.
-    """
+    """Retry resolving `host` with backoff (1, 2, 4 ... 15 s) for `timeout` seconds, then one
+    UserError: a worker may start before the chief, whose name resolves once its Service
+    exists, and static rendezvous fails at once on a name that does not resolve."""
     deadline = clock() + timeout
     delay, attempt = 1.0, 1
     while True:
@@ -89,9 +86,9 @@ def checked_plan(argv: list[str], secrets: list[str]) -> LaunchPlan | None:
     if set(HELP_FLAGS) & set(argv):
         # Imported here, not at the top: it loads the tasks (and with them torch),
         # which must not happen before the driver check of a real launch.
-        from trainer.command_line.help import print_help
+        from trainer.command_line.help import render_help
 
-        print_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv)
+        print(render_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv), end="")
         return None
     driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
     silence_known_noise()  # the demo's assets are built here; the environment is inherited

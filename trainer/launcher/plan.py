@@ -65,9 +65,8 @@ def build_launch_plan(
     secrets: Mapping[str, str] | None = None,
     model: dict | None = None,
 ) -> LaunchPlan:
-    """The `accelerate launch` command and environment for this node (pure). `secrets`:
-    the `--secret` variables' values (trainer/node/secret_manager.py); `model`: the
-    model's plan, shown by the dry run."""
+    """The `accelerate launch` command and environment for this node (pure). `secrets`: the
+    `--secret` variables' values (trainer/node/secret_manager.py); `model`: the dry run's plan."""
     handed_over, secret_env = config.without_secrets()
     secret_env |= secrets or {}
     procs = config.topology.nproc_per_node

@@ -17,10 +17,9 @@ from trainer.preflight.run_checks import check_run
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
-    """Detect the hardware, resolve the run's configuration once, read its `--secret`s
-    from Secret Manager, build the demo's assets if it is the demo, check the run with the
-    code the training processes will run (trainer/preflight/run_checks.py), and plan the
-    exec."""
+    """Detect the hardware, resolve the run's configuration once, read its `--secret`s from Secret
+    Manager, build the demo's assets if it is the demo, check the run with the code the
+    training processes will run (trainer/preflight/run_checks.py), and plan the exec."""
     hardware = machine.detect_hardware()
     machine.check_gpus_usable(
         hardware.gpu_count, requested_accelerators(env), machine.gpu_evidence(), env

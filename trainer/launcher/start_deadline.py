@@ -1,19 +1,18 @@
-"""A deadline for a node's start: its training processes run within --rdzv_timeout, or the
-node gives up with one line instead of waiting for ever.
+"""A deadline for a node's start: its training processes run within --rdzv_timeout, or the node
+gives up with one line instead of waiting for ever.
 
-torchrun's agent starts the training processes only after its rendezvous with the chief.
-The rendezvous is meant to fail after `--rdzv_conf timeout=T`, but its store client does
-not always keep to it: connected to a chief address that accepts the connection and never
-answers (a wedged chief, a half-dead machine), it waits indefinitely; a worker restarted
-alone whose chief never came back waited 54 minutes with T at 30 before it was killed by
-hand (docs/restarts.md). On Vertex AI a replica that waits for ever holds its GPUs for
-nothing; a replica that exits non-zero is restarted, and with restartJobOnWorkerRestart
-the whole job with it, which is how a job gets its nodes back together.
+torchrun's agent starts the training processes after its rendezvous with the chief, meant to
+fail after `--rdzv_conf timeout=T`; but its store client, connected to a chief address that
+accepts and never answers (a wedged chief, a half-dead machine), waits indefinitely: a worker
+restarted alone whose chief never came back waited 54 minutes with T at 30 until killed by hand
+(docs/restarts.md). On Vertex AI such a replica holds its GPUs for nothing; one that exits
+non-zero is restarted, with restartJobOnWorkerRestart the whole job with it, which is how a job
+gets its nodes back together.
 
-So the agent's process watches itself: once one of its children is a training process,
-the deadline is over; if none is by T plus a margin (torch's own timeout, if it works,
-fires first and says more), it prints one `error:` line and exits 1. Nothing is lost: no
-training process has run, so there is nothing to save.
+So the agent's process watches itself: once one of its children is a training process, the
+deadline is over; if none is by T plus a margin (torch's own timeout, if it works, fires first
+and says more), it prints one `error:` line and exits 1. No training process has run, so
+nothing is lost.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Assets of the built-in demo: a tiny Whisper model and a synthesized English speech set.
 
-The demo fine-tunes a ~3.6 M parameter Whisper on about a thousand three-word sentences
-spoken by `espeak-ng` in 36 voices, so the whole training pipeline (audio decoding,
-resampling from 22,050 Hz to 16 kHz, tokenization, accelerate + DeepSpeed, generation-based
-evaluation) runs end to end in minutes on any machine. Everything is built locally rather
-than downloaded because training images must work without network access and without a
-model hub: the tokenizer is rebuilt from the `multilingual.tiktoken` ranks shipped in the
-`openai-whisper` package, the model is randomly initialised with a fixed seed, and the
-audio is synthesized.
+The demo fine-tunes a ~3.6 M parameter Whisper on about a thousand three-word sentences spoken
+by `espeak-ng` in 36 voices, so the whole pipeline (audio decoding, resampling from 22,050 Hz
+to 16 kHz, tokenization, accelerate + DeepSpeed, generation-based evaluation) runs end to end
+in minutes on any machine. Everything is built locally, as training images must work without
+network access or a model hub: the tokenizer is rebuilt from the `multilingual.tiktoken` ranks
+shipped in `openai-whisper`, the model randomly initialised with a fixed seed, the audio
+synthesized.
 
-The set is built so that the demo's WER means something: sentences combine words freely
-(so the text alone cannot predict them), and the test clips are spoken by voices that never
-speak in training, half of them in word combinations never heard in training. An earlier
-set (12 sentences, the test voices also in training) let the model learn the sentences as
-a language model and ignore the audio: WER 93.
+The set makes the demo's WER mean something: sentences combine words freely (the text alone
+cannot predict them), and the test clips are spoken by voices never heard in training, half of
+them in unheard word combinations. An earlier set (12 sentences, test voices also in training)
+let the model learn the sentences as a language model and ignore the audio: WER 93.
 """
 
 import base64
@@ -102,9 +100,8 @@ def _random_voices(speakers: tuple[str, ...], count: int, rng: random.Random) ->
 
 
 def default_clips() -> dict[str, list[tuple[str, Voice]]]:
-    """The demo's speech set: training clips in the training voices; test clips, half of
-    them sentences never heard in training, in voices never heard in training. Seeded, so
-    every machine builds the same set."""
+    """The demo's speech set, seeded (the same on every machine): training clips in the training
+    voices; test clips, half of them unheard sentences, in voices never heard in training."""
     rng = random.Random(0)
     sentences = list(DEMO_SENTENCES)
     rng.shuffle(sentences)
@@ -112,12 +109,9 @@ def default_clips() -> dict[str, list[tuple[str, Voice]]]:
     train_texts = [seen[i % len(seen)] for i in range(TRAIN_CLIPS)]
     rng.shuffle(train_texts)
     test_texts = held_out + rng.sample(seen, TEST_CLIPS - HELD_OUT_SENTENCES)
-    return {
-        "train": list(
-            zip(train_texts, _random_voices(TRAIN_SPEAKERS, TRAIN_CLIPS, rng), strict=True)
-        ),
-        "test": list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True)),
-    }
+    train = list(zip(train_texts, _random_voices(TRAIN_SPEAKERS, TRAIN_CLIPS, rng), strict=True))
+    test = list(zip(test_texts, _random_voices(TEST_SPEAKERS, TEST_CLIPS, rng), strict=True))
+    return {"train": train, "test": test}
 
 
 class _LocalTikTokenConverter(TikTokenConverter):
@@ -140,14 +134,12 @@ def language_tokens(num_languages: int = len(LANGUAGES)) -> tuple[str, ...]:
 def build_whisper_tokenizer(
     multilingual: bool = True, num_languages: int = MULTILINGUAL_LANGUAGES
 ) -> WhisperTokenizer:
-    """The exact Whisper tokenizer, rebuilt from openai-whisper's tiktoken ranks.
-
-    Multilingual models use `multilingual.tiktoken` (51,865 ids with 99 languages, 51,866
-    with large-v3's 100); English-only `*.en` models use `gpt2.tiktoken` (51,864 ids: GPT-2's
-    vocabulary, then the same special tokens, language tokens included, as openai-whisper
-    registers them). The converter derives a merge for every split of a token into two
-    known tokens, which makes the BPE pick the same pieces as tiktoken does.
-    """
+    """The exact Whisper tokenizer, rebuilt from openai-whisper's tiktoken ranks: multilingual
+    models use `multilingual.tiktoken` (51,865 ids with 99 languages, 51,866 with large-v3's
+    100), English-only `*.en` models `gpt2.tiktoken` (51,864 ids: GPT-2's vocabulary, then the
+    same special tokens, language tokens included, as openai-whisper registers them). The
+    converter derives a merge for every split of a token into two known tokens, which makes the
+    BPE pick the same pieces as tiktoken."""
     encoding = "multilingual" if multilingual else "gpt2"
     ranks_file = str(whisper_package_dir() / "assets" / f"{encoding}.tiktoken")
     vocab, merges = _LocalTikTokenConverter(ranks_file).extract_vocab_merges_from_model(ranks_file)
@@ -183,9 +175,8 @@ def begin_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
 
 
 def suppress_tokens(tokenizer: WhisperTokenizer, multilingual: bool) -> list[int]:
-    """The released generation configs' `suppress_tokens`: non-speech symbols of the
-    vocabulary (transformers keeps openai-whisper's lists of them), then the start and
-    task tokens, which a transcript never contains."""
+    """Released checkpoints' `suppress_tokens`: non-speech symbols (openai-whisper's lists, kept
+    by transformers), then the start and task tokens no transcript holds."""
     ids = tokenizer.convert_tokens_to_ids
     symbols = NON_SPEECH_TOKENS_MULTI if multilingual else NON_SPEECH_TOKENS
     specials = ("<|startoftranscript|>", *TASK_TOKENS.values(), "<|startoflm|>", "<|startofprev|>",
@@ -196,13 +187,11 @@ def suppress_tokens(tokenizer: WhisperTokenizer, multilingual: bool) -> list[int
 def whisper_generation_config(
     tokenizer: WhisperTokenizer, multilingual: bool = True, **overrides
 ) -> GenerationConfig:
-    """The generation config a released checkpoint ships, for this tokenizer's ids.
-
-    English-only checkpoints carry no `lang_to_id`/`task_to_id` (so `generate()` refuses a
-    language or task for them) and force `<|notimestamps|>` right after the start token;
-    multilingual ones leave position 1 (the language) to detection and force transcribe.
-    `max_length` counts generated tokens only (Whisper adds the prompt length itself).
-    """
+    """The generation config a released checkpoint ships, for this tokenizer's ids. English-only
+    checkpoints carry no `lang_to_id`/`task_to_id` (so `generate()` refuses a language or task
+    for them) and force `<|notimestamps|>` right after the start token; multilingual ones leave
+    position 1 (the language) to detection and force transcribe. `max_length` counts generated
+    tokens only (Whisper adds the prompt length itself)."""
     ids = tokenizer.convert_tokens_to_ids
     eot, start = ids(ENDOFTEXT), ids("<|startoftranscript|>")
     values = {
@@ -246,12 +235,10 @@ TINY_DIMENSIONS = {
 
 def build_tiny_whisper(model_dir: Path, chunk_length: int = 3) -> None:
     """Save a randomly initialised (seed 0) tiny Whisper plus its processor to `model_dir`.
-
     `chunk_length` seconds of audio give `chunk_length * 100` mel frames, which the encoder's
-    two convolutions halve to `max_source_positions`; a short window keeps the demo fast.
-    The demo generates at most 64 tokens and suppresses none: a random model's first
-    evaluations would otherwise run to 448 tokens per clip.
-    """
+    two convolutions halve to `max_source_positions`: a short window keeps the demo fast. It
+    generates at most 64 tokens and suppresses none: a random model's first evaluations would
+    otherwise run to 448 tokens per clip."""
     tokenizer = build_whisper_tokenizer()
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = WhisperConfig(
@@ -322,11 +309,9 @@ def _clips_for(sentences_per_split: dict[str, list[str]]) -> dict[str, list[tupl
 def synthesize_speech_dataset(
     dataset_dir: Path, sentences_per_split: dict[str, list[str]] | None = None
 ) -> None:
-    """Write an `audiofolder` dataset: `<split>/NNNN.wav` (22,050 Hz) + `<split>/metadata.csv`.
-
-    Without `sentences_per_split`, the demo's own set (`default_clips`). The WAVs keep
-    espeak's native rate on purpose: the training pipeline must resample.
-    """
+    """Write an `audiofolder` dataset: `<split>/NNNN.wav` (22,050 Hz) + `<split>/metadata.csv`;
+    without `sentences_per_split`, the demo's own set (`default_clips`). The WAVs keep espeak's
+    native rate on purpose: the training pipeline must resample."""
     if shutil.which("espeak-ng") is None:
         raise UserError(
             "the demo synthesizes its speech with espeak-ng; install it (apt-get install espeak-ng)"

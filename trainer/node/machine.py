@@ -79,12 +79,10 @@ def expected_gpus(requested: int | None, evidence: GpuEvidence, env: Mapping[str
 def check_gpus_usable(
     visible: int, requested: int | None, evidence: GpuEvidence, env: Mapping[str, str]
 ) -> None:
-    """Refuse to plan a CPU run on a node that was given GPUs torch cannot use.
-
-    When CUDA cannot start (host driver older than the image's CUDA, driver not mounted),
-    torch only warns and reports no GPU, and the launcher would train on CPU until the job
-    times out while every GPU of the job is billed.
-    """
+    """Refuse to plan a CPU run on a node that was given GPUs torch cannot use: when CUDA cannot
+    start (host driver older than the image's CUDA, driver not mounted), torch only warns and
+    reports no GPU, and the launcher would train on CPU until the job times out, every GPU of
+    the job billed."""
     expected = expected_gpus(requested, evidence, env)
     if visible >= expected:
         return

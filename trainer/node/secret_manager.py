@@ -2,13 +2,12 @@
 start-up, before any training process exists, for the training processes' environment.
 
 A job spec is readable by everyone who can list the project's jobs, so it holds references
-only; the values come from Secret Manager with the job's service account (application
-default credentials: on Vertex AI the `serviceAccount` of the job, docs/deploy.md). A
-secret that cannot be read is one `error:` line naming its resource, never a value.
-
-`SECRET_MANAGER_EMULATOR_HOST` (`http://127.0.0.1:PORT`) points the client at a local
-server with anonymous credentials, as `STORAGE_EMULATOR_HOST` does for Cloud Storage: the
-tests' fake (tests/secret_manager_fake.py) answers the REST call the real client makes.
+only; the values come from Secret Manager with the job's service account (application default
+credentials: on Vertex AI the job's `serviceAccount`, docs/deploy.md). A secret that cannot be
+read is one `error:` line naming its resource, never a value. `SECRET_MANAGER_EMULATOR_HOST`
+(`http://127.0.0.1:PORT`) points the client at a local server with anonymous credentials, as
+`STORAGE_EMULATOR_HOST` does for Cloud Storage: the tests' fake (tests/secret_manager_fake.py)
+answers the REST call the real client makes.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ from trainer.settings.run_config import RunConfig
 
 
 def prepare_node(config: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
-    """Read the run's `--secret`s from Secret Manager (before anything starts), and build
-    the demo's assets if it is the demo (on every node, once: nodes share no disk). Returns
-    the secrets' values by variable name."""
+    """Read the run's `--secret`s (before anything starts; their values by variable name), and
+    build the demo's assets if it is the demo (on every node, once: nodes share no disk)."""
     secrets = resolve_secrets(config.launcher.secret, env)
     if config.demo is not None:
         prepare_demo_assets(config.demo.model_dir.parent)
@@ -28,9 +27,8 @@ def prepare_node(config: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
 def process_env(
     config: RunConfig, current_env: Mapping[str, str], cache_dir: Path, secrets: Iterable[str]
 ) -> dict[str, str]:
-    """Variables for every training process of this node: unbuffered output, the names of
-    the variables that hold secrets (so that failure reports mask their values), and on a
-    CPU node DeepSpeed's CPU accelerator and where its compiled op is."""
+    """Variables for every training process of this node: unbuffered output, which variables hold
+    secrets (failure reports mask them), on CPU DeepSpeed's CPU accelerator and its op."""
     env = {"PYTHONUNBUFFERED": "1"}
     if names := sorted(secrets):
         env[SECRET_VARIABLES_VARIABLE] = ",".join(names)

@@ -1,21 +1,18 @@
 """Check that the Hugging Face Hub still serves the model and dataset a run names.
 
-A Hub id that no longer exists (or a dataset the Hub has taken down) otherwise fails only
-after every node of a job has started, pulled the image and loaded the model; Vertex AI
-then retries the job. One metadata call per id (`HfApi.model_info` / `dataset_info`, no
-files downloaded) settles it in a second, before anything is launched or written.
-
-No call is made for a local path or for an id already in the local Hugging Face cache
-(what `from_pretrained` and `load_dataset` would use). With `HF_HUB_OFFLINE=1` nothing is
-ever asked of the network: an id must then be in the cache. `HF_ENDPOINT` and `HF_TOKEN`
-are honoured like the libraries do; `--skip_hub_check` turns the whole check off.
+A Hub id that no longer exists (or a dataset taken down) otherwise fails only after every node
+started, pulled the image and loaded the model, and Vertex AI retries the job. One metadata
+call per id (`HfApi.model_info` / `dataset_info`, no download) settles it in a second, before
+anything is launched or written. No call is made for a local path or an id already in the local
+cache (what `from_pretrained` and `load_dataset` would use). With `HF_HUB_OFFLINE=1` the
+network is never asked: an id must be cached. `HF_ENDPOINT` and `HF_TOKEN` are honoured like
+the libraries do; `--skip_hub_check` turns the check off.
 
 With `--push_to_hub` the run also writes to the Hub, from the Trainer's start on
-(`create_repo`). `check_hub_writes` asks the Hub `whoami` with the token the Trainer will
-use (`--hub_token`, else `HF_TOKEN`, else `hf auth login`'s), so that no token, a token
-the Hub refuses or a read-only one, and an unreachable Hub fail here too. It is not
-skipped by `--skip_hub_check` or offline mode: a run that pushes needs the Hub, so the
-way out is to leave `--push_to_hub` off.
+(`create_repo`). `check_hub_writes` asks the Hub `whoami` with the token the Trainer will use
+(`--hub_token`, else `HF_TOKEN`, else `hf auth login`'s), so that no token, a refused or
+read-only one, and an unreachable Hub fail here too; not skipped by `--skip_hub_check` or
+offline mode: a run that pushes needs the Hub, so the way out is to leave `--push_to_hub` off.
 """
 
 from __future__ import annotations

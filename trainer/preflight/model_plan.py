@@ -1,9 +1,8 @@
-"""The model a run trains, planned before launch: `--load_in_8bit` only where bitsandbytes
-can run it, the LoRA targets checked, the trainable and total parameters counted and the
-per-GPU memory of a training step estimated (trainer/tasks/step_memory.py), on a
-weightless copy of the model (its config on the meta device: a second, no weights read). A
-plan that cannot fit the GPUs (the node's, or those of a job spec's machine type) is
-refused here, in one line, instead of running out of memory after the image pull, the
+"""The model a run trains, planned before launch on a weightless copy (its config on the meta
+device: a second, no weights read): `--load_in_8bit` only where bitsandbytes can run it, the
+LoRA targets checked, the parameters counted and the per-GPU memory of a step estimated
+(trainer/tasks/step_memory.py). A plan that cannot fit the GPUs (the node's, or a job spec's
+machine type's) is refused in one line, not by running out of memory after the image pull, the
 rendezvous and the model loading."""
 
 from __future__ import annotations
@@ -26,9 +25,8 @@ EIGHT_BIT_CAPABILITY = (7, 5)
 
 
 def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int | None) -> None:
-    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports, and weights that ZeRO-3
-    does not partition (DeepSpeed cannot shard int8 tensors). Checked before anything
-    imports bitsandbytes, which on a CPU node fails with pages of CUDA probing."""
+    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports and weights ZeRO-3 leaves whole (it
+    cannot shard int8); checked before importing bitsandbytes (on CPU: pages of CUDA probing)."""
     if not model.load_in_8bit:
         return
     capability = hardware.compute_capability
@@ -46,11 +44,10 @@ def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int |
 
 
 def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> dict:
-    """What the dry run shows of the model: parameters and, when the task estimates
-    activations, a step's memory per GPU. UserError for bad LoRA settings, 8-bit where it
-    cannot run, or a step that does not fit the GPU. `config_readable` false: a model
-    whose config cannot be read here (a job spec's /gcs/ path) is not estimated, whatever
-    its LoRA settings; the node checks them."""
+    """What the dry run shows of the model: parameters and, when the task estimates activations, a
+    step's memory per GPU. UserError for bad LoRA settings, 8-bit where it cannot run, or a
+    step that does not fit. `config_readable` false: a model whose config cannot be read here
+    (a job spec's /gcs/ path) is not estimated; the node checks its LoRA settings."""
     check_eight_bit(
         config.model, config.hardware, deepspeed_zero_settings(config.training.deepspeed)[0]
     )

@@ -25,14 +25,12 @@ from trainer.tasks import build_task
 
 
 def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -> dict:
-    """UserError (one line) for the first check that fails; else the model's plan
-    (parameters, memory per GPU). `on_node` false (`trainer.jobspec`, before the job
-    exists) leaves to the node what only it can see; a dry run reads and writes no output
-    location.
-
-    The output locations come first: a restart of a job whose run already ended stops
-    there (`RunAlreadyEnded`) before fetching any dataset, and a directory another job owns
-    is refused; the chief claims the directory for this job once every check has passed
+    """UserError (one line) for the first check that fails; else the model's plan (parameters,
+    memory per GPU). `on_node` false (`trainer.jobspec`, before the job exists) leaves to the
+    node what only it can see; a dry run reads and writes no output location. The output
+    locations come first: a restart of a job whose run already ended stops there
+    (`RunAlreadyEnded`) before fetching any dataset, and a directory another job owns is
+    refused; the chief claims it for this job once every check has passed
     (trainer/storage/run_records.py)."""
     task = build_task(config)
     outputs = on_node and not config.launcher.dry_run

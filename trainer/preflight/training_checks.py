@@ -1,13 +1,12 @@
-"""The resolved run checked as the training processes will use it, before launch (by every
-way in: the launcher on its node, `trainer.ray`, `trainer.jobspec` for its machines).
+"""The resolved run checked as the training processes will use it, before launch (by every way in:
+the launcher on its node, `trainer.ray`, `trainer.jobspec` for its machines).
 
-Each check here stands for a failure that the training processes would otherwise hit only
-after the image pull, the nodes' start, the rendezvous and the model loading: a
-`--metric_for_best_model` the task never reports (a KeyError at the first evaluation), a
-`--report_to` integration this image lacks (a RuntimeError when the Trainer starts), a
-DeepSpeed JSON whose fixed values contradict the training flags (a ValueError when
-DeepSpeed starts). They run on the same `TrainingArguments` the training processes build
-(tasks/training_arguments.py), through the same transformers code that would fail there.
+Each check stands for a failure the training processes would otherwise hit only after the image
+pull, the nodes' start, the rendezvous and the model loading: a `--metric_for_best_model` the
+task never reports (a KeyError at the first evaluation), a `--report_to` integration this image
+lacks (a RuntimeError when the Trainer starts), a DeepSpeed JSON whose fixed values contradict
+the training flags (a ValueError when DeepSpeed starts). They run the same transformers code on
+the same `TrainingArguments` (tasks/training_arguments.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The Vertex AI machines a job spec can ask for, and what a training node of each has: the
-hardware `python -m trainer.jobspec` resolves and checks the run against before it writes
-the spec (the launcher detects the same on the node, trainer/node/machine.py).
-
-Sources: Vertex AI's "Configure compute resources for custom training" (machine types,
-their GPU counts and vCPUs) and NVIDIA's data sheets (compute capability, memory as
-nvidia-smi reports it).
+hardware `python -m trainer.jobspec` checks the run against (the launcher detects the same on
+the node, trainer/node/machine.py). Sources: Vertex AI's "Configure compute resources for
+custom training" (machine types, GPU counts, vCPUs) and NVIDIA's data sheets (compute
+capability, memory as nvidia-smi reports it).
 """
 
 from __future__ import annotations
@@ -42,18 +40,14 @@ GPU_MACHINES: dict[str, tuple[str, tuple[int, ...]]] = {
     "g2-standard-96": ("NVIDIA_L4", (8,)),
     **T4_MACHINES,
 }
-"""Vertex AI machine type -> (accelerator type, accelerator counts it can have).
-
-Only GPUs the image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in
-docker/ds-build.env: T4, A100, L4, H100/H200). Add a row here (and its GPU to
-`ACCELERATORS`) to use another machine.
-"""
+"""Vertex AI machine type -> (accelerator type, accelerator counts it can have): only GPUs the
+image's DeepSpeed ops are compiled for (TORCH_CUDA_ARCH_LIST in docker/ds-build.env: T4, A100,
+L4, H100/H200). Add a row here (and its GPU to `ACCELERATORS`) for another machine."""
 
 CPUS_PER_GPU = 4
-"""vCPUs one GPU's training process needs: itself plus about three data-loader workers
-decoding and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU).
-A T4 fed by one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs
-cannot feed."""
+"""vCPUs one GPU's training process needs: itself plus about three data-loader workers decoding
+and batching (each `n1-standard` vCPU brings 3.75 GB of memory, so 15 GB per GPU). A T4 fed by
+one vCPU waits for its data: n1-standard-4 offers 4 T4s, which its 4 vCPUs cannot feed."""
 
 
 def default_gpu_count(machine_type: str, counts: tuple[int, ...]) -> int:

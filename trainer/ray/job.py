@@ -18,10 +18,9 @@ from trainer.settings.run_config import Hardware, RunConfig
 
 
 def worker_hardware(workers: Workers) -> Hardware:
-    """What one worker sees (GPUs, CPUs, /dev/shm), from a task with a worker's resources:
-    the flags are resolved for the workers' machines, not for the node running this entry
-    (on Ray on Vertex AI the head node has no GPU). GPUs that torch cannot use are refused
-    there, as the launcher refuses them on its node."""
+    """What one worker sees (GPUs, CPUs, /dev/shm), from a task with a worker's resources: flags
+    are resolved for the workers' machines, not this entry's node (Ray on Vertex AI's head has
+    no GPU). GPUs torch cannot use are refused there, as the launcher does on its node."""
     probe = ray.remote(num_cpus=workers.cpus, num_gpus=workers.gpus)(_detect_hardware)
     return ray.get(probe.remote(int(workers.gpus) if workers.use_gpu else None))
 
@@ -42,11 +41,10 @@ def build_trainer(
     env: dict,
     launched_at: float,
 ) -> TorchTrainer:
-    """Each worker trains with `handed_over` (`config` as JSON, without secret values: Ray
-    stores the loop's arguments); a failed worker makes Ray start them all again (up to
-    --max_failures), and they resume from the run's last complete checkpoint. Ray keeps no
-    model checkpoint of its own: the project's protocol (manifest last, in
-    --checkpoint_dir) is what every restart resumes from (docs/ray.md)."""
+    """Each worker trains with `handed_over` (`config` as JSON, no secret values: Ray stores the
+    loop's arguments); a failed worker makes Ray restart all (up to --max_failures), resuming
+    the run's last complete checkpoint: the project's (manifest last, in --checkpoint_dir), as
+    Ray keeps none of its own (docs/ray.md)."""
     return TorchTrainer(
         train_on_worker,
         train_loop_config={
@@ -72,9 +70,8 @@ def build_trainer(
 
 
 class CoreReleasedTorchConfig(TorchConfig):
-    """Ray's torch setup, except at the end: the training core destroys the process group
-    itself after a successful run (trainer/training/distributed.py, for torchrun), and
-    Ray 2.47 destroying it a second time fails a finished run."""
+    """Ray's torch setup but for the end: the core destroys the process group after a successful
+    run (training/distributed.py); Ray 2.47 doing it again fails the run."""
 
     @property
     def backend_cls(self):

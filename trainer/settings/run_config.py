@@ -103,10 +103,9 @@ class Value(Generic[T]):
 
 @dataclass(frozen=True)
 class TrainingFlags:
-    """The Trainer's `TrainingArguments` values by their Hugging Face names, resolved: what
-    each training process builds the task's TrainingArguments class from
-    (trainer/tasks/training_arguments.py). Over a hundred names, all passed on as they are;
-    the ones this project reads before that object exists are typed below."""
+    """The Trainer's `TrainingArguments` values by their Hugging Face names, resolved: what each
+    training process builds the task's class from (trainer/tasks/training_arguments.py). Over a
+    hundred, all passed on; those read before that object exists are typed below."""
 
     values: dict[str, Any]
 
@@ -184,10 +183,9 @@ class RunConfig:
         )
 
     def without_secrets(self) -> tuple[RunConfig, dict[str, str]]:
-        """This configuration with its secret flags (`--hub_token`) emptied, and their values
-        as the environment variables their libraries read instead (SECRET_FLAG_VARIABLES):
-        what the launcher hands to the training processes, so that the configuration they
-        get, and everything built from it, holds no secret."""
+        """This configuration with its secret flags (`--hub_token`) emptied, and their values as
+        the variables their libraries read instead (SECRET_FLAG_VARIABLES): what the launcher
+        hands the training processes, so nothing built from their configuration holds a secret."""
         values = dict(self.training.values)
         variables = {}
         for name, variable in SECRET_FLAG_VARIABLES.items():

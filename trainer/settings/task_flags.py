@@ -1,9 +1,8 @@
 """The flags of each task (`--task`), beside the flags every task reads: the dataclasses its
-parser is built from and the run configuration holds (trainer/settings/run_config.py).
-
-They live here, below the tasks, so that reading a run's configuration imports no task
-module (and with it no transformers or torch). A new task adds its flags here and one line
-to `TASK_FLAGS`, and its module in trainer/tasks/ (docs/tasks.md).
+parser is built from and the run configuration holds (trainer/settings/run_config.py). They
+live below the tasks, so reading a run's configuration imports no task module (nor transformers
+or torch). A new task adds its flags here, one line to `TASK_FLAGS`, and its module in
+trainer/tasks/ (docs/tasks.md).
 """
 
 from __future__ import annotations

@@ -1,27 +1,25 @@
 """Checkpoints that survive a dead node, on storage no two nodes share.
 
-With DeepSpeed every rank writes its own optimizer shard, so a checkpoint is spread over
-the local disks of all nodes. The protocol (docs/storage.md ("The checkpoint protocol")):
+With DeepSpeed every rank writes its own optimizer shard, so a checkpoint is spread over the
+local disks of all nodes. The protocol (docs/storage.md, "The checkpoint protocol"):
 
 1. The Trainer saves `checkpoint-N` to the local output dir on every node.
 2. Each node's local main process snapshots what its node wrote (hard links, instant) and
    uploads it to `<store>/checkpoint-N/` in a background thread; training goes on.
 3. When a node's upload is verified, it writes `.nodes/node-R.json` listing its files.
-4. The global main process waits for every node's marker, checks the listed files are in
-   the store with the recorded size and CRC32C, and writes `manifest.json` LAST. A
-   checkpoint without a manifest does not exist: it is never resumed or counted.
-5. Retention then deletes complete checkpoints beyond `save_total_limit`, never the best
-   one and never one without a manifest (whose upload may still be running).
+4. The global main process waits for every node's marker, checks the listed files' size and
+   CRC32C in the store, and writes `manifest.json` LAST. A checkpoint without a manifest does
+   not exist: it is never resumed or counted.
+5. Retention then deletes complete checkpoints beyond `save_total_limit`, never the best one
+   and never one without a manifest (whose upload may still be running).
 
 On start, `find_resumable_checkpoint` picks the newest checkpoint whose manifest verifies
-against local files (fetching what is missing), skipping incomplete ones and those whose
-stored bytes are proven wrong. A complete checkpoint that cannot be read (refused, an
-outage past every retry, a full local disk) is not skipped: `CheckpointUnreadable` stops
-the run before training, since starting from step 1 would lose the work it holds and
-retention would then delete it (its step numbers being higher than the new run's).
-
-The final model gets a manifest too (`publish_model`), written after its files, so a model
-directory whose upload failed is visibly incomplete.
+against local files (fetching what is missing), skipping incomplete ones and those whose stored
+bytes are proven wrong. One that cannot be read (refused, an outage past every retry, a full
+local disk) is not skipped: `CheckpointUnreadable` stops the run before training, since
+starting from step 1 would lose its work, and retention would then delete it (its step numbers
+being higher). The final model gets a manifest too (`publish_model`), written after its files,
+so a model whose upload failed is visibly incomplete.
 """
 
 from __future__ import annotations
@@ -99,10 +97,9 @@ def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None =
 
 
 class CheckpointUnreadable(Exception):
-    """Complete checkpoints exist (or may: the store cannot even be listed), but reading
-    them failed for a reason that proves nothing about their bytes. `name` is the one
-    being read (None when listing failed), `local` where it was going; the cause is
-    `__cause__`."""
+    """Complete checkpoints exist (or may: the store cannot even be listed), but reading them
+    failed for a reason that proves nothing about their bytes. `name` is the one being read
+    (None when listing failed), `local` where it was going; the cause is `__cause__`."""
 
     def __init__(self, store: Store, name: str | None, local: Path, error: BaseException):
         what = f"{store.uri}/{name}" if name else store.uri
@@ -112,10 +109,8 @@ class CheckpointUnreadable(Exception):
 
 
 def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
-    """The newest complete checkpoint, present and verified under `local_root`.
-
-    Skips a checkpoint only when it has no manifest or its stored files are proven not to
-    match it; raises `CheckpointUnreadable` when reading failed otherwise."""
+    """The newest complete checkpoint, present and verified under `local_root`, skipping only
+    those without a manifest or with stored files proven wrong; else `CheckpointUnreadable`."""
     try:
         names = checkpoint_names(store)
     except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
@@ -138,10 +133,8 @@ def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
 
 
 def publish_model(store: Store, local_dir: Path) -> None:
-    """Upload a saved model, then its manifest: the manifest says the model is whole.
-
-    A manifest left by an earlier delivery to the same place goes first, so a failed
-    upload over an older model never looks complete."""
+    """Upload a saved model, then its manifest (the model is whole), removing an earlier one
+    first: a failed upload over an older model never looks complete."""
     store.child(MANIFEST).delete()
     entries = store.upload(local_dir, [f for f in relative_files(local_dir) if f != MANIFEST])
     write_manifest(store, {"model": True, "files": [asdict(e) for e in entries]})
@@ -177,15 +170,13 @@ def gave_up_marker(node_rank: int) -> str:
 class CheckpointUploader:
     """Runs on each node's local main process; uploads checkpoints one after another.
 
-    Only the newest save waits for the upload in progress: a newer one makes those still
-    queued obsolete (their staged snapshots are released at once), so uploads slower than
-    saves cost disk for two checkpoints at most, and a stop checkpoint is next in line.
-    A node that gives up on a checkpoint (failed or obsolete) says so in the store, next
-    to where its done-marker would be, so the chief abandons it at once instead of
-    waiting `peer_timeout` for a marker that never comes. `fatal` says why uploads cannot
-    succeed at all (the bucket is gone, or `GIVE_UP_AFTER` checkpoints failed in a row);
-    the training side stops the run on it.
-    """
+    Only the newest save waits for the upload in progress: a newer one makes those still queued
+    obsolete (their snapshots are released at once), so slow uploads cost disk for two
+    checkpoints at most, and a stop checkpoint is next in line. A node that gives up on a
+    checkpoint (failed or obsolete) says so in the store, beside its done-marker, so the chief
+    abandons it at once instead of waiting `peer_timeout`. `fatal` says why uploads cannot
+    succeed at all (the bucket is gone, or `GIVE_UP_AFTER` failures in a row); training stops
+    on it."""
 
     def __init__(
         self,
@@ -242,9 +233,8 @@ class CheckpointUploader:
         return [path.name for path in obsolete]
 
     def close(self, timeout: float | None = None) -> bool:
-        """Wait until every queued checkpoint is uploaded (or has failed), at most
-        `timeout` seconds; whether the uploads are over. Uploads still running after a
-        timeout are abandoned with the process: their checkpoint never gets a manifest."""
+        """Wait at most `timeout` s for the queued uploads; whether they are over. Uploads still
+        running are abandoned with the process: their checkpoint never gets a manifest."""
         with self._changed:
             self._closing = True
             self._changed.notify()

@@ -1,16 +1,14 @@
 """What kind of failure a storage or disk error is, so that each gets the right answer.
 
-Three kinds must never be confused with one another (docs/storage.md, "When storage or
-the disk fails"):
-
+Three kinds must never be confused (docs/storage.md, "When storage or the disk fails"):
 - bytes proven wrong (a stored file whose size or CRC32C differs from its manifest): the
   checkpoint is skipped, an older one is tried;
-- storage that refuses or cannot answer (403, 401, a bucket gone, an outage past every
-  retry): nothing is proven about the checkpoint, so it is not skipped, and the run stops;
+- storage that refuses or cannot answer (403, 401, a bucket gone, an outage past every retry):
+  nothing is proven about the checkpoint, so it is not skipped, and the run stops;
 - a full local disk: retrying cannot help; the line names the disk and its free space.
 
-Retrying a refusal or a full disk only delays the one line that says what to fix, so
-`permanent` tells the transfer loop in trainer/storage/store.py to stop at once.
+Retrying a refusal or a full disk only delays the line that says what to fix, so `permanent`
+tells the transfer loop in trainer/storage/store.py to stop at once.
 """
 
 from __future__ import annotations
@@ -22,11 +20,10 @@ from pathlib import Path
 
 DISK_FULL_MARKERS = ("no space left on device", "storagefull", "unexpected pos",
                      "file write failed")  # fmt: skip
-"""How a full disk shows in messages that lost the errno: the OS's own text, safetensors'
-Rust error ("IoError(Os { code: 28, kind: StorageFull, ... })"), and torch.save's zip
-writer, which reports only that a write came short ("[enforce fail at
-inline_container.cc] ... unexpected pos", or "PytorchStreamWriter failed writing file
-...: file write failed")."""
+"""How a full disk shows in messages that lost the errno: the OS's own text, safetensors' Rust
+error ("IoError(Os { code: 28, kind: StorageFull, ... })"), and torch.save's zip writer, which
+reports only that a write came short ("[enforce fail at inline_container.cc] ... unexpected
+pos", or "PytorchStreamWriter failed writing file ...: file write failed")."""
 
 REFUSALS = ("Forbidden", "Unauthorized", "PermissionDenied")
 """google.api_core exception names for requests the service will refuse again."""

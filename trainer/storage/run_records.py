@@ -2,20 +2,19 @@
 `<checkpoints>/.run/`, on Cloud Storage or a local disk alike.
 
 Two things go wrong without them (docs/restarts.md, "One output directory, one job"):
+- two jobs given the same output directory both run, one overwriting the other's checkpoints
+  and model. `owner.json` names the job owning the directory (Vertex AI's `CLOUD_ML_JOB_ID`,
+  plus the tuning trial); the launcher refuses another job there unless told to continue that
+  job's run (`--resume_from_output_dir`);
+- Vertex AI restarts a replica that exits non-zero, so a run that delivered its model and then
+  failed (the final evaluation), or whose failure will only repeat (a configuration, data or
+  code error), would train again, up to five times. `model.json` records a delivered model,
+  `failure-rank-R.json` a failure a restart cannot cure; a restart of the same job finding them
+  stops before launch.
 
-- two jobs given the same output directory both run, and one overwrites the other's
-  checkpoints and model. `owner.json` names the job that owns the directory (Vertex AI's
-  `CLOUD_ML_JOB_ID`, plus the tuning trial); the launcher refuses another job there
-  unless it is told to continue that job's run (`--resume_from_output_dir`);
-- Vertex AI restarts a replica that exits non-zero, so a run that delivered its model and
-  then failed (the final evaluation), or one whose failure will only repeat (a
-  configuration, data or code error), would train again, up to five times over.
-  `model.json` records a delivered model, `failure-rank-R.json` a failure a restart cannot
-  cure; a restart of the same job that finds them stops before launch.
-
-Runs outside Vertex AI have no job id: they are all one "local" job, so running
-`python -m trainer` again in the same folder continues the run there, as it always did, and
-neither record stops it (a person re-running a command has usually changed something).
+Runs outside Vertex AI have no job id: they are all one "local" job, so running `python -m
+trainer` again in the same folder continues the run there, and neither record stops it (a
+person re-running a command has usually changed something).
 """
 
 from __future__ import annotations

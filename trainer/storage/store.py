@@ -1,12 +1,11 @@
 """The only module that talks to Cloud Storage.
 
-A `Store` is a directory-like place: a `gs://bucket/prefix` URI, or a local directory.
-A `/gcs/BUCKET/...` path (Vertex AI's Cloud Storage FUSE mount) is opened as the
-`gs://BUCKET/...` it mirrors (`open_store`). Everything else in the project works
-on local paths and hands whole directories to a store: upload these files, download
-those, list what is there. Transfers to GCS run in parallel (the client's transfer
-manager), are retried with backoff, and are verified by size and CRC32C afterwards; a
-file that does not verify is sent again, and an error is raised if it never does.
+A `Store` is a directory-like place: a `gs://bucket/prefix` URI, or a local directory; a
+`/gcs/BUCKET/...` path (Vertex AI's FUSE mount) is opened as the `gs://BUCKET/...` it mirrors
+(`open_store`). The rest of the project works on local paths and hands whole directories to a
+store. Transfers to GCS run in parallel (the client's transfer manager), are retried with
+backoff and verified by size and CRC32C afterwards; a file that does not verify is sent again,
+and an error is raised if it never does.
 """
 
 from __future__ import annotations
@@ -135,13 +134,10 @@ class Store(ABC):
         raise TransferError(f"upload to {self.uri} failed for: {', '.join(pending)}")
 
     def download(self, local_root: Path, expected: list[FileEntry] | None = None) -> None:
-        """Fetch files here into `local_root`, skipping those already present and intact.
-
-        Files whose stored size or CRC32C differs from `expected` are corrupt or missing in
-        the store itself: no retry can fix that, so it fails at once (`StoredFilesDiffer`).
-        Any other failure (a refusal, an outage, a full local disk) is a `TransferError` or
-        the error itself: it proves nothing about the stored files.
-        """
+        """Fetch files here into `local_root`, skipping those present and intact. Files whose
+        stored size or CRC32C differs from `expected` are corrupt or missing in the store,
+        which no retry fixes: `StoredFilesDiffer` at once. Any other failure (a refusal, an
+        outage, a full local disk) proves nothing about the stored files."""
         remote = self.list_files()
         expected = list(remote.values()) if expected is None else expected
         damaged = differing(expected, remote)
@@ -156,9 +152,8 @@ class Store(ABC):
         raise TransferError(f"download from {self.uri} failed for: {', '.join(pending)}")
 
     def bucket_gone(self) -> bool:
-        """Whether the bucket that holds this store no longer exists (deleted mid-run):
-        every later write must fail, so a caller stops instead of retrying. A local
-        directory is recreated by any write, so it is never gone."""
+        """Whether this store's bucket was deleted mid-run: every later write must fail, so a
+        caller stops retrying. A local directory is recreated by any write: never gone."""
         return False
 
     def check_writable(self) -> None:
@@ -375,10 +370,8 @@ def _process_client(pid: int):
 
 
 def _retry():
-    """Exponential backoff on 429/5xx and dropped connections, for writes too.
-
-    Our writes are idempotent (the same bytes to the same name), so retrying them is safe.
-    """
+    """Exponential backoff on 429/5xx and dropped connections, for writes too: ours are idempotent
+    (the same bytes to the same name)."""
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     return DEFAULT_RETRY.with_deadline(120)
@@ -389,12 +382,9 @@ FUSE_MOUNT = "gcs"
 
 
 def bucket_uri(location: str) -> str:
-    """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged.
-
-    Through the FUSE mount a store would read every uploaded byte back to compute its
-    CRC32C, and FUSE has no atomic rename; through the client, Cloud Storage reports size
-    and CRC32C of each object itself, and uploads are retried by the client's policy.
-    """
+    """`/gcs/BUCKET/x` as `gs://BUCKET/x`; any other location unchanged. Through FUSE a store
+    would read every uploaded byte back for its CRC32C, without atomic rename; Cloud Storage
+    reports each object's size and CRC32C, and the client retries uploads."""
     parts = Path(location).parts
     if len(parts) < 3 or parts[:2] != ("/", FUSE_MOUNT):
         return location

@@ -16,6 +16,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
+from trainer.data.checks import check_columns, check_splits
+from trainer.data.sources import (
+    EVALUATION_HINT,
+    FILES,
+    check_shard_set,
+    local_directory,
+    looks_like_path,
+    shard_index_of,
+)
 from trainer.tasks.lora_adapters import weightless, with_lora
 
 if TYPE_CHECKING:
@@ -107,8 +116,30 @@ class Task(ABC):
         return Trainer
 
     def check_inputs(self) -> None:
-        """Cheap checks of the data's paths and columns, run before any launch on a node
-        (trainer/preflight/run_checks.py)."""
+        """Cheap checks of the data's splits and columns, run before any launch on a node
+        (trainer/preflight/run_checks.py): a shard set's from its index, a local directory's
+        or named files' from their layout; a hub dataset is checked when it is loaded."""
+        data, name = self.data_args, self.data_args.dataset_name
+        index = shard_index_of(name)
+        if index is not None:
+            specs = [data.train_split_name, data.eval_split_name]
+            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
+            return
+        layout, directory = self.file_layout(), FILES
+        if layout is None:
+            if name is None or not looks_like_path(name):
+                return
+            directory = local_directory(name)
+            layout = self.detect_local_layout(directory)
+        check_splits(layout.splits, data.train_split_name, directory)
+        if data.eval_split_name:
+            check_splits(layout.splits, data.eval_split_name, directory, EVALUATION_HINT)
+        check_columns(layout.columns, self.column_flags(), str(directory))
+
+    def file_layout(self) -> LocalLayout | None:
+        """The layout of data named file by file (`--train_file` ...), for tasks that take
+        such flags; None when the data is `--dataset_name`."""
+        return None
 
     def check_model(self) -> None:
         """Cheap checks of the model against the task's flags, from its files on this
@@ -116,9 +147,8 @@ class Task(ABC):
 
     @classmethod
     def settled_options(cls, options: Any) -> Any:
-        """The task's flags as training reads them (spellings normalised); UserError for
-        a value the task cannot use. Resolution applies it, so that the run configuration
-        holds them so, and so does every task built."""
+        """The task's flags as training reads them (spellings normalised), UserError for unusable
+        values; resolution applies it, so run configuration and tasks agree."""
         return options
 
     @classmethod
@@ -129,11 +159,8 @@ class Task(ABC):
 
     @abstractmethod
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
-        """Training and evaluation datasets, with only the columns the collator needs.
-
-        Called after `build_model_and_processor`, so limits that depend on the model (such
-        as Whisper's input window) can be applied while loading.
-        """
+        """Training and evaluation datasets with only the columns the collator needs; called after
+        `build_model_and_processor`, to apply limits of the model (Whisper's input window)."""
 
     @classmethod
     @abstractmethod
@@ -156,9 +183,8 @@ class Task(ABC):
 
     @abstractmethod
     def load_source(self, spec: str, streaming: bool = False) -> Dataset | IterableDataset:
-        """A split (or `a+b`) with every column the source holds, media not yet decoded
-        into arrays: what `python -m trainer.shards` writes, and what training selects from
-        (with `streaming`, as a stream)."""
+        """A split (or `a+b`) with all the source's columns, media undecoded: what `python -m
+        trainer.shards` writes and training selects from (with `streaming`, as a stream)."""
 
     @abstractmethod
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
@@ -197,9 +223,8 @@ class Task(ABC):
         return with_lora(model, self.model_args, self.head_modules(model))
 
     def model_to_merge_into(self) -> PreTrainedModel:
-        """The pretrained model as `build_model_and_processor` loaded it, in full precision
-        (never 8-bit), for merging the trained adapter into at delivery. Called after
-        `build_model_and_processor` on the same task."""
+        """The pretrained model as `build_model_and_processor` (called first) loaded it, in full
+        precision (never 8-bit), to merge the trained adapter into at delivery."""
         raise NotImplementedError
 
     @abstractmethod
@@ -207,9 +232,8 @@ class Task(ABC):
         """Turns a list of raw examples into a model batch (feature extraction happens here)."""
 
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
-        """Activation values one training sample keeps for the backward pass, without and
-        with gradient checkpointing; (0, 0) when the task does not estimate them, so the
-        training program never turns checkpointing on by itself."""
+        """Activation values a sample keeps for backward, without and with gradient checkpointing;
+        (0, 0): no estimate, so training never turns checkpointing on itself."""
         return 0, 0
 
     @abstractmethod

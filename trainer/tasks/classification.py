@@ -27,17 +27,10 @@ import numpy as np
 import torch
 
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns
 from trainer.data.sources import (
-    EVALUATION_HINT,
     FILES,
-    LocalLayout,
-    check_shard_set,
-    check_splits,
     first_examples,
     load_split,
-    local_directory,
-    looks_like_path,
     select_source_columns,
     shard_index_of,
     split_off_evaluation,
@@ -63,12 +56,10 @@ def _is_missing(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class LabelSet:
-    """The classes the model predicts, and how a dataset's label values map to their ids.
-
-    A `ClassLabel` feature gives the names and ids as they are. Other label columns (strings
-    such as "positive" in a CSV, or plain integers) give the sorted distinct values of the
-    training split; evaluation labels must be among them.
-    """
+    """The classes the model predicts, and how a dataset's label values map to their ids: a
+    `ClassLabel` feature's names and ids as they are; other label columns (strings such as
+    "positive" in a CSV, or integers) the training split's sorted distinct values, which
+    evaluation labels must be among."""
 
     names: tuple[str, ...]
     ids: Mapping[Any, int]
@@ -123,9 +114,8 @@ class LabelSet:
         return cls(tuple(str(v) for v in indexed), {v: i for i, v in enumerate(indexed)}, source)
 
     def describe(self) -> str:
-        """One line naming the ids, which `--class_weights` and predictions refer to, and
-        where each label came from: the training split, or only the dataset's declared
-        classes (`untrained`)."""
+        """One line naming the ids (as `--class_weights` and predictions use them) and each
+        label's origin: the training split, or only the dataset's classes (`untrained`)."""
         trained = [(i, name) for i, name in enumerate(self.names) if name not in self.untrained]
         line = f"labels from {self.source}: {_listed(trained)}"
         if self.untrained:
@@ -336,22 +326,7 @@ class ClassificationTask(Task):
                 "--class_weights balanced counts the training split, which a stream cannot "
                 "do before training: give one weight per label (e.g. 1,2.5,1)."
             )
-        name = self.data_args.dataset_name
-        index = shard_index_of(name)
-        if index is not None:
-            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
-            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
-            return
-        layout, directory = self.file_layout(), FILES
-        if layout is None:
-            if name is None or not looks_like_path(name):
-                return  # a hub dataset: checked when it is loaded
-            directory = local_directory(name)
-            layout = self.detect_local_layout(directory)
-        check_splits(layout, self.data_args.train_split_name, directory)
-        if self.data_args.eval_split_name:
-            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
-        check_columns(layout.columns, self.column_flags(), str(directory))
+        super().check_inputs()
 
     @classmethod
     def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
@@ -404,8 +379,7 @@ class ClassificationTask(Task):
         split is loaded: `balanced` counts it); otherwise the plain Trainer."""
         if self._class_weights is None:
             return super().trainer_class
-        # Imported when training only: the launcher imports task modules for their flags,
-        # and importing transformers' Trainer takes seconds.
+        # imported when training only, as in Task.trainer_class
         from trainer.tasks.trainers import ClassWeightedTrainer
 
         return partial(ClassWeightedTrainer, class_weights=self._class_weights)
@@ -438,8 +412,3 @@ class ClassificationTask(Task):
             self.file_layout(),
         )  # fmt: skip
         return dataset
-
-    def file_layout(self) -> LocalLayout | None:
-        """The layout of data named file by file (`--train_file` ...), for tasks that take
-        such flags; None when the data is `--dataset_name`."""
-        return None

@@ -1,12 +1,11 @@
 """The English spelling table of Whisper's WER normaliser, restored where a checkpoint lost it.
 
-`WhisperTokenizer.normalize` (the English text normaliser applied before WER) maps British
-to American spellings with a table that released checkpoints carry as `normalizer.json`.
-transformers 5's tokenizer save no longer writes that file, so an English-only model saved
-by transformers 5 (this project's own delivered model among them) has no table, and
-`normalize()` raises inside the first evaluation, after training. The table is
-openai-whisper's `normalizers/english.json`, the file the released checkpoints carry; the
-image installs openai-whisper for its tokenizer assets.
+`WhisperTokenizer.normalize` (the English normaliser applied before WER) maps British to
+American spellings with a table released checkpoints carry as `normalizer.json`. transformers
+5's tokenizer save no longer writes it, so an English-only model it saved (this project's
+delivered model among them) has none, and `normalize()` raises inside the first evaluation,
+after training. The table is openai-whisper's `normalizers/english.json`, the released
+checkpoints' file; the image installs openai-whisper for its tokenizer assets.
 """
 
 from __future__ import annotations

@@ -1,22 +1,20 @@
 """Image classification (ViT or any `AutoModelForImageClassification`), scored by accuracy.
 
-Images are decoded when an example is read, and the model's image processor (resize,
-rescale, normalise) runs batched in the collator, so no pass over the corpus writes
-pixel arrays before training. With `--augment`, training images first get a random
-resized crop and a horizontal flip, as in the Hugging Face image-classification example.
+Images are decoded when an example is read, and the model's image processor (resize, rescale,
+normalise) runs batched in the collator: no pass over the corpus writes pixel arrays before
+training. With `--augment`, training images first get a random resized crop and a horizontal
+flip, as in the Hugging Face image-classification example.
 
-Data sources (`--dataset_name`): a hub dataset with an image column and a label column, or
-a local `imagefolder` directory, with one folder per class (`DIR/CLASS/*.jpg`, all of it
-the `train` split) or one folder per split holding them (`DIR/train/CLASS/*.jpg`,
-`DIR/test/CLASS/*.jpg`; the split names are the folder names). The label names are the
-class folder names.
+Data sources (`--dataset_name`): a hub dataset with an image and a label column, or a local
+`imagefolder` directory, with one folder per class (`DIR/CLASS/*.jpg`, all the `train` split)
+or one folder per split holding them (`DIR/train/CLASS/*.jpg`, `DIR/test/CLASS/...`; the split
+names are the folder names). The label names are the class folder names.
 
 Images that cannot be decoded (not an image, truncated, unknown format) are skipped and
-counted, with one line naming the first of them: one bad file in a scraped set of
-thousands should not stop a job, and a split where nothing decodes is an error. The check
-is a pass over the split before training; `datasets` caches its result on each machine.
-A streamed training split is checked as it is read: each image is decoded whole in the
-loader, once, and a bad one is skipped and counted there (trainer/data/bad_examples.py).
+counted, with one line naming the first: one bad file in a scraped set of thousands should not
+stop a job, and a split where nothing decodes is an error. The check is a pass over the split
+before training, cached by `datasets` on each machine; a streamed training split is checked as
+it is read, each image decoded whole in the loader, once (trainer/data/bad_examples.py).
 """
 
 from __future__ import annotations
@@ -34,11 +32,7 @@ from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
 from trainer.settings.task_flags import ImageArguments
-from trainer.tasks.classification import (
-    LABEL,
-    ClassificationTask,
-    LabelSet,
-)
+from trainer.tasks.classification import LABEL, ClassificationTask, LabelSet
 
 if TYPE_CHECKING:
     from datasets import Dataset

@@ -1,10 +1,9 @@
-"""`--peft lora`: low-rank adapters (PEFT) on a frozen pretrained model, and the merge that
-turns a trained adapter back into a plain full model for delivery.
+"""`--peft lora`: low-rank adapters (PEFT) on a frozen pretrained model, and the merge that turns
+a trained adapter back into a plain full model for delivery.
 
-The launcher checks the adapter's target modules on a weightless copy of the model (built
-on the meta device from its config, in a second), so that an unknown module name or a model
-type without default targets is one line before launch instead of a failure after the
-training processes loaded the weights.
+The launcher checks the adapter's target modules on a weightless copy of the model (built on
+the meta device from its config, in a second), so an unknown module name or a model type
+without default targets is one line before launch, not a failure after the weights loaded.
 """
 
 from __future__ import annotations
@@ -25,11 +24,10 @@ DEFAULT_TARGET_MODULES = {
     "bert": ("query", "value"),
     "roberta": ("query", "value"),
 }
-"""Per model type, the modules that get adapters unless `--lora_target_modules` names
-others: Whisper's attention projections (encoder, decoder and cross-attention), and the
-query and value projections for ViT and BERT-style encoders, as in the LoRA paper (Hu et
-al. 2021, sec. 7.1). The names are transformers 5's (ViT's attention became q_proj/v_proj
-there; BERT's is still query/value)."""
+"""Per model type, the modules that get adapters unless `--lora_target_modules` names others:
+Whisper's attention projections (encoder, decoder, cross-attention), and ViT's and BERT-style
+encoders' query and value projections, as in the LoRA paper (Hu et al. 2021, sec. 7.1). The
+names are transformers 5's (ViT's became q_proj/v_proj there; BERT's are still query/value)."""
 
 ADAPTER_DIRNAME = "adapter"
 """Where the delivered model folder keeps the trained adapter beside the merged model."""
@@ -110,9 +108,8 @@ def with_lora(
 
 
 def merge_adapter(base: PreTrainedModel, adapter_dir: Path) -> PreTrainedModel:
-    """`base` (the pretrained model, as the task loaded it, in full precision) with the
-    adapter saved in `adapter_dir` merged into its weights: a plain model again, which
-    loads with `from_pretrained` and `pipeline()` without PEFT."""
+    """`base` (the pretrained model as the task loaded it, in full precision) with the adapter in
+    `adapter_dir` merged in: a plain model, loading without PEFT."""
     from peft import PeftModel
 
     return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
@@ -126,9 +123,8 @@ def parameter_counts(model) -> tuple[int, int]:
 
 
 def eight_bit_loading(model_args: ModelArguments) -> dict:
-    """`from_pretrained` arguments that load the frozen base in 8 bits on this process's
-    GPU with `--load_in_8bit` (the launcher refused it on a node without a suitable GPU);
-    none otherwise."""
+    """`from_pretrained` arguments loading the frozen base in 8 bits on this process's GPU with
+    `--load_in_8bit` (the launcher refused it without a suitable GPU); none otherwise."""
     if not model_args.load_in_8bit:
         return {}
     import os

@@ -2,15 +2,14 @@
 
 Unlike the classic recipe, no `datasets.map` pass computes log-mel features over the whole
 corpus on every node before training: audio is decoded (and resampled to 16 kHz) when an
-example is read, and log-mel features are computed a batch at a time, in one vectorised
-call. Training starts as soon as the first batch is ready. Where that call runs is
-`--log_mel_on`: on a GPU node the training process computes them on its GPU, and the data
-loader only decodes audio; on CPU the loader computes them.
+example is read, and log-mel features are computed a batch at a time, in one vectorised call,
+so training starts with the first batch. `--log_mel_on` says where: on a GPU node the training
+process computes them on its GPU, the loader only decoding audio; on CPU the loader.
 
-Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory
-(`metadata.csv` or `metadata.jsonl` with a `file_name` column, at the top or in one folder
-per split), or a local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`,
-`test.tsv`, ...; `dev` is the `validation` split).
+Data sources (`--dataset_name`): a hub dataset, a local `audiofolder` directory (`metadata.csv`
+or `metadata.jsonl` with a `file_name` column, at the top or in one folder per split), or a
+local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`, `test.tsv`, ...;
+`dev` is the `validation` split).
 """
 
 from __future__ import annotations
@@ -30,18 +29,11 @@ from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
-from trainer.data.checks import check_columns
 from trainer.data.sources import (
-    EVALUATION_HINT,
     LocalLayout,
-    check_shard_set,
-    check_splits,
     first_examples,
     load_split,
-    local_directory,
-    looks_like_path,
     select_source_columns,
-    shard_index_of,
     split_off_evaluation,
     table_header,
 )
@@ -120,22 +112,6 @@ class SpeechRecognitionTask(Task):
     detect_local_layout = staticmethod(detect_local_layout)
     _prompt: Prompt | None = None
     """The language and task tokens, once the model is loaded."""
-
-    def check_inputs(self) -> None:
-        name = self.data_args.dataset_name
-        index = shard_index_of(name)
-        if index is not None:
-            specs = [self.data_args.train_split_name, self.data_args.eval_split_name]
-            check_shard_set(index, name, specs, self.column_flags())
-            return
-        if name is None or not looks_like_path(name):
-            return  # a hub dataset: checked when it is loaded
-        directory = local_directory(name)
-        layout = detect_local_layout(directory)
-        check_splits(layout, self.data_args.train_split_name, directory)
-        if self.data_args.eval_split_name:
-            check_splits(layout, self.data_args.eval_split_name, directory, EVALUATION_HINT)
-        check_columns(layout.columns, self.column_flags(), str(directory))
 
     def check_model(self) -> None:
         """Refuse, before any launch, what the checkpoint's own files say it cannot do."""
@@ -243,12 +219,9 @@ class SpeechRecognitionTask(Task):
         return train, evaluation
 
     def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
-        """Each example's label token count, in the column the Trainer's length-grouped
-        samplers read (they would otherwise look for `input_features`, which raw rows lack).
-
-        Every clip is padded to the model's 30 s window, so only decoder lengths vary; this
-        reads the transcripts only, never the audio.
-        """
+        """Each example's label token count, in the column the Trainer's length-grouped samplers
+        read (else they look for `input_features`, which raw rows lack). Clips are padded to
+        the 30 s window, so only decoder lengths vary: this reads transcripts, never audio."""
         normalize = self._target_normalizer()
 
         def label_lengths(texts: list[str]) -> dict[str, list[int]]:
@@ -261,8 +234,7 @@ class SpeechRecognitionTask(Task):
 
     @property
     def trainer_class(self):
-        # Imported when training only: the launcher imports task modules for their flags,
-        # and importing transformers' Trainer takes seconds.
+        # imported when training only, as in Task.trainer_class
         from trainer.tasks.trainers import WhisperTrainer
 
         return WhisperTrainer
@@ -389,14 +361,12 @@ class SpeechRecognitionTask(Task):
 def use_prompt(prompt: Prompt, model, tokenizer) -> None:
     """Make labels and generation start with the same tokens, and save them with the model.
 
-    The tokenizer's attributes are set directly because `set_prefix_tokens` keeps its old
-    value for a None argument, and a checkpoint may have been saved with a language. The
-    generation config gets `language`/`task` (None on English-only checkpoints, where
-    `generate()` refuses them), and the deprecated `forced_decoder_ids` that released
-    checkpoints carry are dropped: they would otherwise override the prompt in older
-    transformers and warn in newer ones. The saved model then transcribes with a plain
-    `generate()` or `pipeline()`.
-    """
+    The tokenizer's attributes are set directly because `set_prefix_tokens` keeps its old value
+    for a None argument, and a checkpoint may have been saved with a language. The generation
+    config gets `language`/`task` (None on English-only checkpoints, where `generate()` refuses
+    them), and released checkpoints' deprecated `forced_decoder_ids` are dropped: they would
+    override the prompt in older transformers and warn in newer ones. The saved model then
+    transcribes with a plain `generate()` or `pipeline()`."""
     tokenizer.language, tokenizer.task = prompt.language, prompt.task
     tokenizer.set_prefix_tokens(predict_timestamps=False)
     model.generation_config.language = prompt.language
@@ -408,16 +378,13 @@ def use_prompt(prompt: Prompt, model, tokenizer) -> None:
 def filter_by_duration(
     dataset, low: float, high: float, data_args, where: str, training: bool = True
 ):
-    """Drop clips outside [low, high] seconds, reading only each file's header, and clips
-    whose header cannot be read at all (trainer/data/bad_examples.py: skipped and counted,
-    up to `--max_bad_examples`).
-
-    A stream is filtered as it is read, in the loader's workers, on the decoder that
-    decoding makes anyway (it reads the header only; samples are read by the collator);
-    a clip whose decoder cannot be made or read is kept, marked, for the stream to skip
-    and count (`mark_undecodable`). The map-style path measures undecoded files instead,
-    in a pass with its own processes.
-    """
+    """Drop clips outside [low, high] seconds, reading only each file's header, and clips whose
+    header cannot be read (trainer/data/bad_examples.py: skipped and counted, up to
+    `--max_bad_examples`). A stream is filtered as read, in the loader's workers, on the
+    decoder that decoding makes anyway (it reads the header; the collator reads samples); a
+    clip whose decoder cannot be made or read is kept, marked, for the stream to skip and count
+    (`mark_undecodable`). The map-style path measures undecoded files in a pass with its own
+    processes."""
     from datasets import Audio
 
     if is_stream(dataset):

@@ -19,13 +19,10 @@ AUDIO_BATCH_KEY = "input_audio"
 
 @dataclass
 class SpeechCollator:
-    """Decoded waveforms + transcripts -> Whisper's log-mel features and padded label ids.
-
-    With `extract_features`, feature extraction runs here, batched, inside the data loader's
-    workers: no corpus-wide preprocessing pass, and the work is spread over the loader
-    processes of every rank. Without it, the batch carries the waveforms padded to the
-    model's window under `AUDIO_BATCH_KEY`, for `LogMelOnDevice`.
-    """
+    """Decoded waveforms + transcripts -> Whisper's log-mel features and padded label ids. With
+    `extract_features`, feature extraction runs here, batched, in the loader workers of every
+    rank (no corpus-wide preprocessing pass); without, the batch carries the waveforms padded
+    to the model's window under `AUDIO_BATCH_KEY`, for `LogMelOnDevice`."""
 
     processor: Any
     normalize_target: Callable[[str], str]
@@ -66,14 +63,11 @@ def log_mel_features(feature_extractor, waveforms: list[np.ndarray]):
 
 
 class LogMelOnDevice:
-    """Log-mel features of padded waveforms (a float32 tensor), computed on `device`.
-
-    The same computation as the feature extractor's own torch path
-    (`WhisperFeatureExtractor._torch_extract_fbank_features`; a test checks that both agree),
-    but tensor in, tensor out: that path takes NumPy arrays and hands its result back on the
-    CPU, and that copy would make the training process wait for the GPU at every step. The
-    STFT window and mel filters are put on the device once, not copied there every batch.
-    """
+    """Log-mel features of padded waveforms (a float32 tensor), computed on `device`: the feature
+    extractor's own torch path (`WhisperFeatureExtractor._torch_extract_fbank_features`; a test
+    checks they agree), but tensor in, tensor out: that path takes NumPy arrays and hands its
+    result back on the CPU, a copy that would make training wait for the GPU every step. The
+    STFT window and mel filters are put on the device once."""
 
     def __init__(self, feature_extractor, device) -> None:
         import torch

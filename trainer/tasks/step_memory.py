@@ -1,11 +1,10 @@
-"""How much GPU memory a training step of a task's model needs, per GPU: arithmetic on the
-model's parameter counts and the task's activation counts, shared by the preflight (the
-plan's estimate, and its refusal of a plan that cannot fit, trainer/preflight/model_plan.py)
-and the training processes (the gradient checkpointing decision,
-trainer/training/gradient_checkpointing.py).
+"""How much GPU memory a training step of a task's model needs, per GPU: arithmetic on the model's
+parameter counts and the task's activation counts, shared by the preflight (the plan's estimate
+and refusal, trainer/preflight/model_plan.py) and the training processes (the gradient
+checkpointing decision, trainer/training/gradient_checkpointing.py).
 
-Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with
-and without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
+Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with and
+without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -77,10 +76,9 @@ class TrainingFootprint:
         return self.weight_bytes() + self.gradient_bytes() + self.optimizer_bytes()
 
     def activation_bytes_per_sample(self, checkpointing: bool) -> float:
-        """2 bytes per value under DeepSpeed's bf16/fp16, whose weights and activations are
-        16-bit; 4 in fp32, and also under autocast without DeepSpeed, which keeps fp32
-        inputs next to their 16-bit copies (autograd saved about as many bytes as in fp32
-        when measured on whisper-tiny and -base)."""
+        """2 bytes per value under DeepSpeed's bf16/fp16 (16-bit weights and activations); 4 in
+        fp32 and under autocast without DeepSpeed, which keeps fp32 inputs beside their 16-bit
+        copies (autograd saved about the fp32 bytes, measured on whisper-tiny and -base)."""
         values = self.checkpointed_activation_values if checkpointing else self.activation_values
         return values * (2 if self.mixed_precision and self.zero_stage is not None else 4)
 
@@ -107,11 +105,8 @@ def usable_gpu_bytes(gpu_bytes: int) -> float:
 
 
 def gradient_checkpointing_needed(footprint: TrainingFootprint, gpu_bytes: int) -> bool:
-    """True when a step does not fit in the GPU's usable memory without checkpointing.
-
-    Checkpointing costs about a third more compute (every layer's forward runs again during
-    backward), so it is only worth turning on when memory forces it.
-    """
+    """True when a step does not fit in the GPU's usable memory without checkpointing, which costs
+    about a third more compute (every layer's forward runs again during backward)."""
     return footprint.step_bytes(checkpointing=False) > usable_gpu_bytes(gpu_bytes)
 
 

@@ -1,15 +1,14 @@
 """Text classification (BERT or any `AutoModelForSequenceClassification`): accuracy, macro F1.
 
-Texts are tokenised in the collator, batch by batch: truncated to `--max_seq_length` tokens
-and padded to the longest text of the batch (dynamic padding), so short texts cost short
-batches and no pass over the corpus writes token ids before training.
+Texts are tokenised in the collator, batch by batch: truncated to `--max_seq_length` tokens and
+padded to the batch's longest (dynamic padding), so short texts cost short batches and no pass
+over the corpus writes token ids before training.
 
 Data sources (`--dataset_name`): a hub dataset, or a local directory holding one file per
-split, all in one format: `train.csv`, `test.csv`, ... (or `.tsv`, `.jsonl` with one
-JSON object per line, `.json` with JSON Lines or one array of objects, `.parquet`); the
-split names are the file names without their suffix. Labels
-may be strings ("positive") or integers; the label set is the sorted distinct labels of
-the training split unless the dataset declares a `ClassLabel`.
+split, all in one format: `train.csv`, `test.csv`, ... (or `.tsv`, `.jsonl`, `.json` with JSON
+Lines or one array of objects, `.parquet`), split names being the file names without suffix.
+Labels may be strings ("positive") or integers; the label set is the training split's sorted
+distinct labels unless the dataset declares a `ClassLabel`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Trainer subclasses that tasks hand to the training program.
-
-They live apart from the task modules because importing `transformers.Trainer` takes
-seconds, and the launcher imports the task modules (for their flags) without ever training.
+"""Trainer subclasses that tasks hand to the training program, apart from the task modules:
+importing `transformers.Trainer` takes seconds, and the launcher imports the task modules (for
+their flags) without ever training.
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ from trainer.tasks.speech_batches import AUDIO_BATCH_KEY, LogMelOnDevice
 
 
 class ClassWeightedTrainer(Trainer):
-    """Trainer whose loss is cross-entropy weighted per class.
-
-    Overriding `compute_loss` keeps the model and its saved config unchanged, and works the
-    same under DeepSpeed (the engine only sees the loss). The loss is a per-batch mean, so
-    the Trainer divides it by the gradient accumulation steps like a model's own loss.
-    """
+    """Trainer whose loss is cross-entropy weighted per class (in `compute_loss`: the model and
+    its config stay as they are, and DeepSpeed sees only the loss). A per-batch mean, so the
+    Trainer divides it by the accumulation steps like a model's own loss."""
 
     loss_is_scaled_for_ga = False
 
@@ -44,25 +40,22 @@ class ClassWeightedTrainer(Trainer):
 
 
 class WhisperTrainer(Seq2SeqTrainer):
-    """Seq2SeqTrainer for Whisper: a loss that does not grow with the process count,
-    log-mel features computed on the training device, and the English spelling table saved
-    with every checkpoint and the model.
+    """Seq2SeqTrainer for Whisper: a loss that does not grow with the process count, log-mel
+    features computed on the training device, and the English spelling table saved with every
+    checkpoint and the model.
 
-    The Trainer takes a model whose `forward` has `**kwargs` for one that divides its loss
-    by `num_items_in_batch` (the label tokens of every process), and so multiplies the loss
-    by the process count to undo DDP's averaging (`average_tokens_across_devices`, on by
-    default). Whisper's `forward` has `**kwargs` but takes the mean over this process's
-    tokens: its gradients and its logged loss came out N times too large on N processes
-    (Adam's steps hardly notice a constant factor; gradient clipping, the logged curves and
-    a comparison across node counts do). Telling the Trainer it takes no loss arguments
-    keeps DDP's mean of the processes' means.
+    The Trainer takes a model whose `forward` has `**kwargs` for one that divides its loss by
+    `num_items_in_batch` (all processes' label tokens), and multiplies the loss by the process
+    count to undo DDP's averaging (`average_tokens_across_devices`, on by default). Whisper's
+    `forward` has `**kwargs` but averages over this process's tokens: gradients and logged loss
+    came out N times too large on N processes (Adam hardly notices a constant factor; gradient
+    clipping, logged curves and comparisons across node counts do). Telling the Trainer it
+    takes no loss arguments keeps DDP's mean of the processes' means.
 
-    With `--log_mel_on device` the collator hands over padded waveforms; they are copied to
-    this process's GPU and become features there, a batch at a time, before the batch is
-    cast like any other (features are computed in float32, then cast to bf16/fp16 for
-    DeepSpeed). Nothing comes back to the host, so the GPU never waits for it. Batches that
-    already hold features pass through unchanged.
-    """
+    With `--log_mel_on device` the collator hands over padded waveforms, copied to this
+    process's GPU and made features there, a batch at a time, before the batch is cast like any
+    other (features in float32, then cast to bf16/fp16 for DeepSpeed). Nothing comes back to
+    the host, so the GPU never waits for it. Batches already holding features pass unchanged."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -73,9 +66,8 @@ class WhisperTrainer(Seq2SeqTrainer):
         return LogMelOnDevice(self.processing_class.feature_extractor, self.args.device)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """Save as the Trainer does, plus the English spelling table the tokenizer's own save
-        leaves out (trainer/tasks/english_spelling.py): every checkpoint and the delivered
-        model can then be evaluated and fine-tuned again."""
+        """Save as the Trainer does, plus the English spelling table the tokenizer's save omits
+        (english_spelling.py), so every save can be evaluated and trained again."""
         super()._save(output_dir, state_dict)
         if self.args.should_save:  # every rank calls _save (ZeRO-3 gathers); one writes
             save_english_spelling(

@@ -27,28 +27,27 @@ def build_training_arguments(config: RunConfig, gradient_checkpointing: bool | N
 
 
 def training_arguments_before_launch(config: RunConfig):
-    """The training processes' TrainingArguments, built in the launcher to check them: same
-    class, same values, same `__post_init__` (its validation, `report_to` normalised, the
-    DeepSpeed config filled in and compared by `HfTrainerDeepSpeedConfig`), but nothing
-    that asks torch about this process's devices.
+    """The training processes' TrainingArguments, built in the launcher to check them: same class,
+    values and `__post_init__` (its validation, `report_to` normalised, the DeepSpeed config
+    filled in and compared by `HfTrainerDeepSpeedConfig`), but nothing that asks torch about
+    this process's devices.
 
-    `__post_init__` ends by setting up devices (`_setup_devices`), which creates
-    accelerate's `PartialState` for this process. In the launcher that is wrong three ways:
-    on a CPU-only node the run's `use_configured_state` (trainer/config/resolve.py
-    `platform_requirements`: the training processes create that state themselves)
-    makes it refuse outright; on a GPU node it makes cuda:0 current, a CUDA context in a
-    process that only execs the agent; and with --use_cpu where Vertex AI set WORLD_SIZE
-    and RANK (one per node) it waits for a gloo process group that no peer ever joins. So
-    the launcher's copy is a subclass that replaces exactly that step (the device reads as
-    CPU) and reports the run's planned world size instead of this process's 1: DeepSpeed's
-    `train_batch_size` is compared with world size x batch size x accumulation steps.
+    `__post_init__` ends by setting up devices (`_setup_devices`), creating accelerate's
+    `PartialState` for this process, wrong three ways in the launcher: on a CPU-only node the
+    run's `use_configured_state` (trainer/config/resolve.py `platform_requirements`: the
+    training processes create that state) makes it refuse; on a GPU node it makes cuda:0
+    current, a CUDA context in a process that only execs the agent; with --use_cpu where Vertex
+    AI set WORLD_SIZE and RANK (one per node) it waits for a gloo group no peer joins. So the
+    launcher's copy is a subclass replacing exactly that step (the device reads as CPU) and
+    reporting the run's planned world size instead of 1: DeepSpeed's `train_batch_size` is
+    compared with world size x batch size x accumulation steps.
 
     Two more steps ask this process's GPU: bf16 support (skipped under `use_cpu`) and TF32
     support (which also switches TF32 on). The launcher judges both from the detected
-    `Hardware` instead, like every other device decision (`resolve_mixed_precision`,
-    `preflight/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on
-    and `tf32` unset, and then gets the run's values back (of `dataloader_pin_memory` too,
-    which `use_cpu` turns off)."""
+    `Hardware`, like every device decision (`resolve_mixed_precision`,
+    `preflight/training_checks.py` `check_tf32`), so the copy is built with `use_cpu` on and
+    `tf32` unset, then gets the run's values back (`dataloader_pin_memory` too, which `use_cpu`
+    turns off)."""
     values = copy.deepcopy(config.training.values)
     task_arguments = load_task(config.task).training_arguments_class
     arguments_class = _without_devices(task_arguments, config.topology.world_size)

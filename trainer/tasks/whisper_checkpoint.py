@@ -53,12 +53,9 @@ def language_name(language: str) -> str:
 
 @dataclass(frozen=True)
 class Prompt:
-    """The language and task tokens that start every label sequence and every generation.
-
-    None means no such token: English-only checkpoints have neither, and a multilingual
-    checkpoint trained without a language leaves it to `generate()`, which detects the
-    language of each clip and then forces the task.
-    """
+    """The language and task tokens that start every label sequence and generation; None: no such
+    token (English-only checkpoints have neither; a multilingual one without a language leaves
+    it to `generate()`, which detects each clip's, then forces the task)."""
 
     language: str | None
     task: str | None
@@ -157,8 +154,7 @@ class WhisperCheckpoint:
 
 def read_checkpoint(name_or_path: str, cache_dir: str | None) -> WhisperCheckpoint | None:
     """The checkpoint's description from a local folder or the local hub cache, or None
-    when its config is not on this machine (the training processes check it after loading).
-    """
+    when its config is not on this machine (the training processes check it after loading)."""
     files = {}
     for filename in CHECKPOINT_FILES:
         path = _local_file(name_or_path, filename, cache_dir)

@@ -103,11 +103,10 @@ def assemble(config: RunConfig, startup: StartupTimer) -> TrainingRun:
 
 def model_and_arguments(config: RunConfig, task: Task):
     """The model to train (with --peft lora: frozen, with adapters), its processor, and the
-    TrainingArguments. The model is loaded before TrainingArguments exists on purpose: with
-    a ZeRO-3 config, TrainingArguments makes from_pretrained run under
-    deepspeed.zero.Init, where Whisper's weight init fails on already-partitioned tensors
-    (transformers 5.23: sinusoids() gets an empty shape). Loaded normally, the model is
-    partitioned when DeepSpeed starts."""
+    TrainingArguments, made after the model on purpose: with a ZeRO-3 config, TrainingArguments
+    makes from_pretrained run under deepspeed.zero.Init, where Whisper's weight init fails on
+    partitioned tensors (transformers 5.23: sinusoids() gets an empty shape). Loaded normally,
+    the model is partitioned when DeepSpeed starts."""
     model, processor = task.build_model_and_processor()
     model = task.trained_model(model)
     checkpointing = None

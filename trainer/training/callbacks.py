@@ -24,12 +24,11 @@ logger = logging.getLogger(__name__)
 def reports_to_tuning(env: Mapping[str, str]) -> bool:
     """Whether evaluations are reported to Vertex AI hyperparameter tuning (cloudml-hypertune).
 
-    No Google page documents what marks a trial for a custom container: cloudml-hypertune
-    reads `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, and CLUSTER_SPEC
-    may carry `task.trial`. A trial none of these mark would end without a metric, so on
-    Vertex AI (any CLUSTER_SPEC) the reports are written anyway: outside tuning they are a
-    small file nobody reads. Off Vertex AI, only when a variable asks for them.
-    """
+    No Google page says what marks a trial for a custom container: cloudml-hypertune reads
+    `CLOUD_ML_HP_METRIC_FILE`, AI Platform set `CLOUD_ML_TRIAL_ID`, CLUSTER_SPEC may carry
+    `task.trial`. An unmarked trial would end without a metric, so on Vertex AI (any
+    CLUSTER_SPEC) reports are always written (outside tuning, a small file nobody reads); off
+    it, only when a variable asks."""
     return any(
         name in env for name in ("CLUSTER_SPEC", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_FILE")
     )
@@ -41,9 +40,8 @@ class UploadsImpossible(RunFailed):
 
 
 class CheckpointSyncCallback(TrainerCallback):
-    """Hands every saved checkpoint to this node's uploader (see trainer/storage/checkpoints.py),
-    warns once when uploads fall a whole save behind, and stops training when the uploader
-    finds that uploads cannot succeed at all."""
+    """Hands every saved checkpoint to this node's uploader (trainer/storage/checkpoints.py),
+    warns once when uploads fall a save behind, and stops training when they cannot succeed."""
 
     def __init__(self, uploader: CheckpointUploader | None) -> None:
         self.uploader = uploader
@@ -85,11 +83,8 @@ def backlog_warning(uploader: CheckpointUploader, obsolete: list[str], newest: s
 
 
 class TensorBoardSyncCallback(TrainerCallback):
-    """Copies the TensorBoard logs to their store every few seconds and at the end.
-
-    Event files grow while they are written, so each sync copies them to a staging dir
-    first: what is uploaded is a consistent snapshot that verifies.
-    """
+    """Copies the TensorBoard logs to their store every few seconds and at the end. Event files
+    grow while written, so each sync uploads a consistent snapshot from a staging dir."""
 
     def __init__(self, local_dir: Path, store: Store, staging: Path, interval: float) -> None:
         self.local_dir = local_dir
@@ -138,11 +133,8 @@ class TensorBoardSyncCallback(TrainerCallback):
 
 
 class HypertuneCallback(TrainerCallback):
-    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service.
-
-    Only the global main process reports, once per evaluated step, through one HyperTune
-    instance (a second instance would overwrite the metrics file).
-    """
+    """Reports `metric_for_best_model` after each evaluation to Vertex AI's tuning service, once
+    per step, from the global main process, with one HyperTune (a second overwrites its file)."""
 
     def __init__(self, metric: str) -> None:
         import hypertune
@@ -153,9 +145,8 @@ class HypertuneCallback(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         value = (metrics or {}).get(f"eval_{self.metric}")
-        if not state.is_world_process_zero or value is None:
-            return
-        if state.global_step in self._reported_steps:
+        reported = state.global_step in self._reported_steps
+        if not state.is_world_process_zero or value is None or reported:
             return
         self._reported_steps.add(state.global_step)
         self._reporter.report_hyperparameter_tuning_metric(
@@ -166,15 +157,11 @@ class HypertuneCallback(TrainerCallback):
 
 
 class SaveOnStopOrInterval(TrainerCallback):
-    """After each step: on an agreed stop request, save and stop; when rank 0's clock says
-    the interval has passed since the last save (whatever triggered it), save. Between
-    evaluation batches: on an agreed stop request, abandon the evaluation
-    (`EvaluationStopped`; trainer/training/keep_work.py saves the step then).
-
-    `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
-    happened once training returns.
-    `clock` and `agree` are parameters so tests can drive time and ranks.
-    """
+    """After each step: on an agreed stop request, save and stop; when rank 0's clock says the
+    interval has passed since the last save (whatever triggered it), save. Between evaluation
+    batches: on an agreed stop, abandon the evaluation (`EvaluationStopped`;
+    trainer/training/keep_work.py saves the step then). `stopped_at_step`, `stop_origin_node`
+    and `agreed_at` (this rank's clock) say what happened; `clock` and `agree` are for tests."""
 
     def __init__(
         self,

@@ -21,14 +21,10 @@ class ModelNotDelivered(RunFailed):
 
 
 def deliver_model(run) -> str:
-    """Save the final model and processor of `run` (a trainer/training/run.py `TrainingRun`)
-    and upload them to their destination. The model's manifest is written last: without
-    it, the model there is incomplete.
-
-    Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective);
-    the global main process writes (with `--peft lora`, merges) and uploads. Returns where
-    the model is.
-    """
+    """Save the final model and processor of `run` (a trainer/training/run.py `TrainingRun`),
+    upload them, return where the model is; its manifest, written last, says it is complete.
+    Every rank takes part in saving (under ZeRO-3 gathering the weights is a collective); the
+    global main process writes (with `--peft lora`, merges) and uploads."""
     final_dir = Path(run.trainer.args.output_dir) / FINAL_MODEL_DIRNAME
     destination = run.config.locations.model
     try:

@@ -37,23 +37,20 @@ def use_gloo_on_cpu(ddp_timeout: int, deepspeed: bool) -> None:
     """Without CUDA, accelerate leaves the backend unset and every rank thinks it is alone.
 
     Creating the process group over gloo before TrainingArguments exists (whose resolved
-    `accelerator_config` tells the Trainer to use this configured state, see
-    trainer/config/resolve.py) makes multi-process CPU runs (tests, demos) real. Without
-    DeepSpeed the state must be told it is a CPU one: otherwise accelerate calls it
-    DistributedType.NO although it has every process, the Trainer never wraps the model in
-    DDP, and each rank trains its own copy on its own share of the data. With DeepSpeed it
-    must not be (that would make it MULTI_CPU instead of DEEPSPEED).
-    """
+    `accelerator_config` has the Trainer use this state, see trainer/config/resolve.py) makes
+    multi-process CPU runs (tests, demos) real. Without DeepSpeed the state must be told it is
+    a CPU one: otherwise accelerate calls it DistributedType.NO, the Trainer never wraps the
+    model in DDP, and each rank trains its own copy. With DeepSpeed it must not be (that would
+    make it MULTI_CPU instead of DEEPSPEED)."""
     if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
         return
     PartialState(cpu=not deepspeed, backend="gloo", timeout=timedelta(seconds=ddp_timeout))
 
 
 def release_process_group() -> None:
-    """Destroy the process group at the end of a run, as torch asks every training process
-    to. Left to the interpreter's exit, gloo's worker threads can abort a finished process
-    ("terminate called without an active exception", SIGABRT: pytorch/pytorch#179291), and
-    torchrun then reports a run that delivered its model as failed. Only after success: a
-    failed run's peers may still be inside a collective."""
+    """Destroy the process group at a run's end, as torch asks: left to the interpreter's exit,
+    gloo's threads can abort a finished process ("terminate called without an active
+    exception", SIGABRT: pytorch/pytorch#179291), and torchrun reports a delivered run as
+    failed. Only after success: failed peers may be in a collective."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -25,9 +25,8 @@ ROUNDS = 5
 
 
 def report_fabric(place: ProcessPlace, args) -> None:
-    """Measure the inter-node all-reduce speed (every process takes part); the global main
-    process prints it. `args` (TrainingArguments) sets up the process group on first use of
-    its device, with the run's backend and timeout."""
+    """The inter-node all-reduce speed, measured by all processes, printed by the global main one;
+    `args` makes the process group on first device use (the run's backend and timeout)."""
     args.device  # noqa: B018 (the property's side effect is the point)
     bandwidth, payload = measure_bus_bandwidth()
     if place.is_global_main:
@@ -35,9 +34,8 @@ def report_fabric(place: ProcessPlace, args) -> None:
 
 
 def measure_bus_bandwidth() -> tuple[float, int]:
-    """All-reduce a payload `ROUNDS` times among every process; (bus bandwidth in GB/s, the
-    payload in bytes). Every process calls it (it is collective); the slowest process's
-    time counts, as a step waits for it."""
+    """All-reduce a payload `ROUNDS` times among all processes (a collective); (bus bandwidth in
+    GB/s, payload bytes). The slowest process's time counts, as a step waits for it."""
     on_gpu = torch.cuda.is_available() and dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     payload = GPU_PAYLOAD_BYTES if on_gpu else CPU_PAYLOAD_BYTES

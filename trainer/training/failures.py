@@ -16,10 +16,9 @@ from trainer.common.secrets import mask, secret_values
 
 
 class RunFailed(Exception):
-    """A failure whose message is the whole report: what failed, and where the newest
-    complete checkpoint and the model are (or that there is none, and why). The run exits
-    1 (a tuning trial or pipeline must not count it as a success). Printed once per node,
-    by local rank 0, unless `rank_local` (the failure happened on this rank alone)."""
+    """A failure whose message is the whole report: what failed, and where the newest complete
+    checkpoint and the model are (or why there is none). Exit 1 (no tuning trial or pipeline
+    may count it a success); printed by local rank 0, unless `rank_local` (this rank's alone)."""
 
     rank_local = False
 
@@ -42,17 +41,16 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 
 
 def report_failure(error: Exception, sleep=time.sleep) -> str:
-    """The failing process's traceback, then one `error:` line naming its rank, node and
-    the exception (the line torchrun's error box would otherwise stand in for), ended by
-    the exception's notes (training adds where the newest complete checkpoint is). Returns
-    the line without `error: `.
+    """The failing process's traceback, then one `error:` line naming its rank, node and the
+    exception (what torchrun's error box would stand in for), ended by the exception's notes
+    (training adds where the newest complete checkpoint is); returns the line without `error:
+    `.
 
-    When one process fails, the collectives of the others break too ("connection closed by
-    peer"): those are echoes, not causes. Such a process waits a moment first; torchrun
-    stops it meanwhile if the cause was on this node (and reported itself). If it is still
-    alive, the cause was on another node (whose log has it; a dead machine prints nothing):
-    the node's local rank 0 says so in one line, without the echo's traceback.
-    """
+    When one process fails, the others' collectives break too ("connection closed by peer"):
+    echoes, not causes. Such a process waits a moment first; torchrun stops it meanwhile if the
+    cause was on this node. If still alive, the cause was on another node (whose log has it; a
+    dead machine prints nothing): the node's local rank 0 says so in one line, without the
+    echo's traceback."""
     env = os.environ
     place = (
         f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "

@@ -13,13 +13,9 @@ from trainer.tasks.step_memory import GIB, footprint_of, gradient_checkpointing_
 
 
 def decide_gradient_checkpointing(config: RunConfig, task: Task, model) -> bool | None:
-    """On a GPU, gradient checkpointing on only if a step would not fit without it; None
-    when the task gives no estimate (the flag's value stands).
-
-    Called only when the user left the choice open (`gradient_checkpointing_left_open`). The
-    estimate and the decision are printed once, so an out-of-memory error can be checked
-    against them.
-    """
+    """On a GPU, gradient checkpointing on only if a step would not fit without it; None without
+    the task's estimate (the flag stands). Called when the user left it open; estimate and
+    decision are printed once, to check an out-of-memory error against."""
     footprint = footprint_of(config, task, model, int(os.environ.get("WORLD_SIZE", "1")))
     if footprint is None:
         return None

@@ -1,28 +1,26 @@
-"""The Trainer's side of "nothing trained is lost": a step whose evaluation fails or is
-stopped is still saved, and a save that fails says why.
+"""The Trainer's side of "nothing trained is lost": a step whose evaluation fails or is stopped is
+still saved, and a save that fails says why.
 
-The HF Trainer evaluates a step before it saves it (`_maybe_log_save_evaluate`): a metric
-that raises, a failing report, one rank's bad evaluation batch or a SIGTERM during the
-evaluation would lose the step, and at the last step the model too (every shipped recipe
-evaluates there). So every failure is first agreed on by all ranks, at a point where none
-of them is inside a collective, and then every rank saves the step together:
+The HF Trainer evaluates a step before it saves it (`_maybe_log_save_evaluate`): a metric that
+raises, a failing report, one rank's bad evaluation batch or a SIGTERM during the evaluation
+would lose the step, and at the last step the model too (every shipped recipe evaluates there).
+So every failure is first agreed on by all ranks, where none is inside a collective, and then
+every rank saves the step together:
 
 - a stop agreed during an evaluation (`EvaluationStopped`, raised on every rank at the same
   batch) abandons it; every rank saves the step and training ends as for any stop;
-- a batch that fails on one rank (its data cannot be read or collated, or its prediction
-  raises) would leave the other ranks waiting in the batch's gathers. So around each
-  batch's prediction the ranks agree, in one small all-reduce before it and one after it,
-  whether any rank's batch failed; if one did, every rank abandons the evaluation
-  (`BatchFailed`, naming the rank and its error) before any gather. Two scalar all-reduces
-  per evaluation batch, next to a generation of many forward passes. (A prediction that
-  fails half-way under ZeRO-3, whose forward passes gather weights from every rank, leaves
-  the others inside that gather: nothing can line up there, and the newest earlier save is
-  what is kept.);
-- a failure after the evaluation's collectives (in the metric, a report, the logs) is
-  held; every rank learns in one all-reduce whether any rank's evaluation failed, all save
-  the step together, and then the ranks that failed raise `EvaluationFailed`;
-- a save that fails raises `SaveFailed` naming the checkpoint and, for a full disk, the
-  disk and its free space (torch's own message is "unexpected pos").
+- a batch that fails on one rank (unreadable data, a failing collate or prediction) would leave
+  the others waiting in the batch's gathers. So around each batch's prediction the ranks agree,
+  in one scalar all-reduce before and one after (little next to a generation), whether any
+  rank's batch failed; if one did, every rank abandons the evaluation (`BatchFailed`, naming
+  the rank and its error) before any gather. (A prediction failing half-way under ZeRO-3, whose
+  forward passes gather weights from every rank, leaves the others inside that gather: nothing
+  can line up there, and the newest earlier save is what is kept.);
+- a failure after the evaluation's collectives (in the metric, a report, the logs) is held; one
+  all-reduce tells every rank whether any rank's evaluation failed, all save the step together,
+  and then the ranks that failed raise `EvaluationFailed`;
+- a save that fails raises `SaveFailed` naming the checkpoint and, for a full disk, the disk
+  and its free space (torch's own message is "unexpected pos").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""What a run has kept, said truthfully when it ends early: the newest complete checkpoint
-(read from the store, after this node's uploads had their chance) and the model.
-
-`WhatIsKept.keeping` is the one place that decides how a run that ends early ends: every
-way (a failed evaluation, save, upload or delivery; a stop; a crash; bad data found in
-training) leaves it with one line built here, so the lines cannot disagree with each other
-or with the store.
+"""What a run has kept, said truthfully when it ends early: the newest complete checkpoint (read
+from the store, after this node's uploads had their chance) and the model. `WhatIsKept.keeping`
+alone decides how a run that ends early ends: every way (a failed evaluation, save, upload or
+delivery; a stop; a crash; bad data found in training) leaves it with one line built here, so
+the lines cannot disagree with each other or with the store.
 """
 
 from __future__ import annotations
@@ -38,13 +36,12 @@ class WhatIsKept:
 
     @contextmanager
     def keeping(self, stop: StopRequest) -> Iterator[None]:
-        """Around the run from its first step to its end. SIGTERM is held throughout:
-        whenever it comes, the step or the model in hand is kept first, and the run ends
-        with one `preempted:` line. Whatever else ends the run early gets the line of what
-        is kept: a `RunFailed` (its own message first), a `UserError` found by training
-        (a stream past --max_bad_examples), a failure in a named `step` after delivery, or
-        an unexpected exception (the line's end, as a note, for trainer/training/failures.py).
-        """
+        """Around the run from its first step to its end. SIGTERM is held throughout: whenever it
+        comes, the step or model in hand is kept first, and the run ends with one `preempted:`
+        line. Whatever else ends the run early gets the line of what is kept: a `RunFailed`
+        (its message first), a `UserError` found by training (a stream past
+        --max_bad_examples), a failure in a named `step` after delivery, or an unexpected
+        exception (the line's end, as a note, for trainer/training/failures.py)."""
         stop.install()
         try:
             yield
@@ -85,10 +82,9 @@ class WhatIsKept:
             raise Stopped(f"{stop_cause(self.node)} after training: {self.line()}")
 
     def stopped_after_saving(self, saver: SaveOnStopOrInterval, stop: StopRequest) -> Stopped:
-        """After every rank saved the step of an agreed stop: wait for this node's uploads,
-        up to `--stop_grace_seconds` from the moment this process learned of the stop (its
-        own SIGTERM, or the ranks' agreement), and say what was kept. The chief's upload
-        ends with the manifest, so "complete" there means resumable."""
+        """After every rank saved an agreed stop's step: wait for this node's uploads up to
+        `--stop_grace_seconds` from when this process learned of the stop, and say what was
+        kept (the chief's upload ends with the manifest: "complete" there means resumable)."""
         learned_at = stop.requested_at if stop.requested else saver.agreed_at
         name = f"checkpoint-{saver.stopped_at_step}"
         cause = stop_cause(saver.stop_origin_node)

@@ -1,19 +1,17 @@
 """Save when the machine is about to go away, and at least every N minutes.
 
-A Spot VM gets a short notice before it is preempted, and a stopped job's containers get
-SIGTERM (docs/restarts.md has the sources and the timings). Every process then finishes
-its current step, and all of them must save a checkpoint at the SAME step: a checkpoint is
-spread over every rank's files (DeepSpeed shards), so a rank that saved one step later
-makes it useless. Likewise a time-based save (`--save_interval_minutes`) must happen on
-every rank at the same step, while each rank's clock says something slightly different.
+A Spot VM gets a short notice before preemption, and a stopped job's containers get SIGTERM
+(docs/restarts.md has sources and timings). Every process then finishes its step, and all must
+save at the SAME step: a checkpoint spans every rank's files (DeepSpeed shards), so one rank
+saving a step later makes it useless. So must a timed save (`--save_interval_minutes`), though
+each rank's clock differs slightly.
 
-So after every optimizer step the ranks agree in one small collective (`agree`): each
-contributes "a stop was requested here" (as its node rank + 1, so everyone learns where;
-the highest such node when several got the signal), and rank 0 alone contributes "the save
-interval has passed", its clock deciding for all. One all-reduce (MAX) of two numbers,
-measured in bench/stop_flag.py. The Trainer callback that does this is
-`trainer.training.callbacks.SaveOnStopOrInterval`; this module holds what the launcher needs too
-and imports no ML library.
+So after every optimizer step the ranks agree in one small collective (`agree`, one MAX
+all-reduce of two numbers, measured in bench/stop_flag.py): each contributes "a stop was
+requested here" (its node rank + 1, so all learn where; the highest such node when several got
+the signal), and rank 0 alone "the save interval has passed", its clock deciding for all. The
+callback is `trainer.training.callbacks.SaveOnStopOrInterval`; this module holds what the
+launcher needs too and imports no ML library.
 """
 
 from __future__ import annotations
@@ -45,11 +43,8 @@ class EvaluationStopped(Exception):
 
 
 class StopRequest:
-    """Remembers a SIGTERM instead of dying from it, so the step in flight can finish.
-
-    Installed just before training starts: earlier, there is nothing to save, and the
-    default (ending at once) is what a stop should do.
-    """
+    """Remembers a SIGTERM instead of dying from it, so the step in flight can finish. Installed
+    just before training: earlier, there is nothing to save, and ending at once is right."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -61,10 +56,9 @@ class StopRequest:
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def uninstall(self) -> None:
-        """Back to the default, where SIGTERM ends the process at once: for a process that
-        is failing (torchrun stops the echoes of a failure that way,
-        trainer/training/failures.py) or has finished training. A SIGTERM that came meanwhile
-        is delivered again now."""
+        """Back to the default, where SIGTERM ends the process at once: for a process that is
+        failing (torchrun stops the echoes of a failure that way, trainer/training/failures.py)
+        or has finished training. A SIGTERM that came meanwhile is delivered again now."""
         if not _in_main_thread():
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

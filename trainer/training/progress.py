@@ -32,15 +32,12 @@ def _format_number(value: object) -> str:
 
 
 class DataWaitClock:
-    """Counts the seconds the training loop spends waiting for batches from the data loader.
-
-    If that share of step time is large, the GPU idles on input: more loader workers or
-    features on the device (`--log_mel_on device`) are the fix. It is measured where the
-    Trainer pulls batches (`get_batch_samples`), around each `next()` on the loader only,
-    so the token count's all-reduce that follows (time spent on slower ranks) is not in it.
-    On a GPU the kernels queued for the previous step may still run during the wait, so it
-    is an upper bound of the GPU's idle time.
-    """
+    """Counts the seconds the training loop waits for batches from the data loader: a large share
+    of step time means the GPU idles on input (more loader workers or `--log_mel_on device` fix
+    it). Measured where the Trainer pulls batches (`get_batch_samples`), around each `next()`
+    only, so the token count's all-reduce after it (waiting on slower ranks) is not in it.
+    Kernels queued for the previous step may still run meanwhile: it is an upper bound of the
+    GPU's idle time."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -77,12 +74,9 @@ LINES_PER_RUN = 20
 
 
 def slowest_rank(seconds: float) -> float:
-    """The largest of every rank's value (the value itself in a single process).
-
-    Logging gathers the loss from every rank, so all ranks must log at the same steps: each
-    rank's clock gives a different step time, and the slowest one decides for all. Called
-    once per progress line, beside the Trainer's own gather of the loss.
-    """
+    """The largest of every rank's value (the value itself in a single process). Logging gathers
+    the loss from every rank, so all must log at the same steps: the slowest rank's step time
+    decides for all. Called once per progress line, beside the Trainer's gather."""
     import torch
     import torch.distributed as dist
 
@@ -96,13 +90,9 @@ def slowest_rank(seconds: float) -> float:
 
 
 class TimedLogSchedule:
-    """The steps that print a progress line when the user chose no `--logging_steps`.
-
-    The first step logs (the first line comes right after it); after each line the next one
-    is planned from the step time measured since the previous line, at most AIM_SECONDS and
-    at most 5% of the run ahead. Plans are step numbers, not deadlines, so every rank (which
-    must log at the same step) follows the same plan.
-    """
+    """The steps printing a progress line when the user chose no `--logging_steps`: the first,
+    then each planned from the step time since the last line, at most AIM_SECONDS and 5% of the
+    run ahead; step numbers, not deadlines, so all ranks (logging together) agree."""
 
     def __init__(self, total_steps: int, start_step: int) -> None:
         self.most_steps_between = max(1, total_steps // LINES_PER_RUN)
@@ -124,13 +114,11 @@ def gather_lists(values: list) -> list:
 class ProgressLogCallback(TrainerCallback):
     """Prints training progress, evaluation results and the final summary as single lines.
 
-    `timed` (the user gave no logging interval) adds lines on a `TimedLogSchedule`; `clock`
-    and `agree` (how ranks agree on a step time) are parameters so tests drive them. With
-    `stream_skips` (a streamed training split), every rank merges its undecodable
-    examples with the others' at each progress line and at the summary (`gather`), where
-    `--max_bad_examples` is applied: all ranks log at the same steps, so the exchange
-    costs one small collective per line, none per step.
-    """
+    `timed` (no logging interval given) adds lines on a `TimedLogSchedule`; `clock` and `agree`
+    (how ranks agree on a step time) are for tests. With `stream_skips` (a streamed training
+    split) every rank merges its undecodable examples with the others' at each progress line
+    and the summary (`gather`), where `--max_bad_examples` applies: one small collective per
+    line, none per step."""
 
     def __init__(
         self,
@@ -241,10 +229,9 @@ class ProgressLogCallback(TrainerCallback):
         return " | ".join([line, *self._skipped_part()])
 
     def _skipped_part(self) -> list[str]:
-        """Undecodable training examples skipped (trainer/data/bad_examples.py), when there
-        are any: of a map-style split, the count of the whole split each epoch, the same in
-        every process; of a stream, the files every process skipped so far, of the examples
-        they read."""
+        """Undecodable training examples skipped (trainer/data/bad_examples.py), if any: of a
+        map-style split, the whole split's count per epoch, the same everywhere; of a stream,
+        the files every process skipped so far, of the examples read."""
         skips = self._stream_skips
         if skips is not None:
             count = len(skips.names)
@@ -283,11 +270,8 @@ def headline_metric(metrics: dict, metric_for_best_model: str | None = None) -> 
 
 
 def evaluation_logged_at(log_history: list[dict], step: int) -> dict | None:
-    """The metrics of the evaluation logged at `step` (step 0: `--eval_on_start`), if any.
-
-    The Trainer keeps its log history on every rank, so every rank reaches the same answer:
-    deciding from it whether to evaluate again cannot leave one rank alone in a collective.
-    """
+    """The metrics of the evaluation logged at `step` (0: `--eval_on_start`), if any: every rank
+    keeps the log history, so no rank is left alone in a collective by what it decides."""
     for logs in log_history:
         if logs.get("step") == step and "eval_loss" in logs:
             return {key: value for key, value in logs.items() if key != "step"}
@@ -302,15 +286,10 @@ def before_after_line(
     model_location: str,
     metric_for_best_model: str | None = None,
 ) -> str:
-    """One closing line: what training changed, on how many evaluation examples, and where
-    the model is, e.g. `result: WER 112.0 before training -> 18.5 after 300 steps on 24
-    eval examples; model in outputs/demo/model`.
-
-    The "before" number comes only from an evaluation at step 0 (`--eval_on_start true`,
-    the Trainer's own flag): it costs one more full evaluation, generation included for
-    speech, which a long run on a large eval set should not pay unasked. The demo recipe
-    turns it on (24 short clips, about two seconds).
-    """
+    """One closing line, e.g. `result: WER 112.0 before training -> 18.5 after 300 steps on 24
+    eval examples; model in outputs/demo/model`. "Before" needs an evaluation at step 0
+    (`--eval_on_start true`): a full evaluation more (generation, for speech), which a long run
+    should not pay unasked; the demo recipe turns it on (24 short clips, ~2 s)."""
     key = headline_metric(after, metric_for_best_model)
     name = key.removeprefix("eval_")
     name = name.upper() if name in ("wer", "cer") else name
@@ -321,15 +300,11 @@ def before_after_line(
 
 
 class FirstBatchReport:
-    """On its first training batch, each rank prints who it is and what it got.
-
-    The fingerprint (a hash of the batch's labels) shows at a glance whether ranks were
-    given different data, which is the first thing to check when scaling out goes wrong.
-    It is taken where the training loop pulls its batches (`get_batch_samples`, as
-    `DataWaitClock` does), not in the collator: the collator also makes evaluation
-    batches (`--eval_on_start` evaluates before the first training batch) and may run in
-    loader worker processes.
-    """
+    """On its first training batch, each rank prints who it is and what it got: the fingerprint (a
+    hash of the labels) shows at a glance whether ranks got different data, the first thing to
+    check when scaling out goes wrong. Taken where the loop pulls batches (`get_batch_samples`,
+    as `DataWaitClock`), not in the collator, which also makes evaluation batches
+    (`--eval_on_start` comes first) and may run in loader workers."""
 
     def __init__(self) -> None:
         self._reported = False
@@ -364,11 +339,8 @@ class FirstBatchReport:
 
 
 class StartupTimer(TrainerCallback):
-    """Time from `python -m trainer` to the first optimizer step, phase by phase.
-
-    A slow start costs every GPU of every node; one line at the first step says where the
-    time went (launch, imports, rendezvous, model, data, engine start and first step).
-    """
+    """Time from `python -m trainer` to the first optimizer step, phase by phase: a slow start
+    costs every GPU of every node, and one line at the first step says where the time went."""
 
     def __init__(self, launched_at: float | None) -> None:
         self._start = self._last = launched_at or time.time()

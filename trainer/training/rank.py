@@ -1,13 +1,12 @@
-"""The training program that `accelerate launch` starts in every process
-(`python -m trainer.training.rank`): the run's configuration comes from the launcher, in
-the environment (trainer/common/handoff.py), already resolved and checked.
+"""The training program that `accelerate launch` starts in every process (`python -m
+trainer.training.rank`), its configuration resolved and checked by the launcher and handed over
+in the environment (trainer/common/handoff.py).
 
-This module turns the run's outcome into one line and an exit code that torchrun and
-Vertex AI understand (trainer/common/exit_codes.py): 0 done, 78 a configuration error
-(a UserError: only what the launcher could not check before launch, such as a label or a
-length that shows only in the loaded data or model), 75 preempted after saving, 1
-anything else. Run it through `python -m trainer`, which resolves the configuration once
-per node; started alone it says so (78 too).
+It turns the run's outcome into one line and an exit code torchrun and Vertex AI understand
+(trainer/common/exit_codes.py): 0 done, 78 a configuration error (a UserError the launcher
+could not check, such as a label or length that shows only in the loaded data or model), 75
+preempted after saving, 1 anything else. Started without `python -m trainer`, which resolves
+the configuration once per node, it says so (78 too).
 """
 
 from __future__ import annotations
@@ -22,12 +21,7 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.settings.run_config import RunConfig
-from trainer.training.failures import (
-    RunFailed,
-    report_failure,
-    report_run_failed,
-    without_secrets,
-)
+from trainer.training.failures import RunFailed, report_failure, report_run_failed, without_secrets
 from trainer.training.preemption import Stopped
 from trainer.training.run_end import remember_failure
 

@@ -23,11 +23,8 @@ RESUME_CHOICE_FILENAME = ".resume-from"
 
 
 def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | None:
-    """The local path of the checkpoint to resume from, fetched and verified, or None.
-
-    Each node's local main process looks for it (and downloads what its node lacks) while
-    the node's other processes wait, then they read its choice from a node-local file.
-    """
+    """The local path of the checkpoint to resume, fetched and verified, or None: found by each
+    node's local main process (fetching what the node lacks), told the others in a local file."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     choice = config.outputs.resume

@@ -38,9 +38,8 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
 
 
 def fit(run: TrainingRun) -> None:
-    """Train from the resume point. A stop agreed by every rank saves that step and ends
-    the run here; an evaluation that failed at the last step delivers the model, the
-    result, before the run ends."""
+    """Train from the resume point; an agreed stop saves its step and ends the run here, and an
+    evaluation failed at the last step still delivers the model before the run ends."""
     try:
         result = run.trainer.train(resume_from_checkpoint=run.resume_from)
     except EvaluationFailed as failed:
@@ -76,9 +75,8 @@ def finish(run: TrainingRun) -> None:
 
 
 def evaluate_final(run: TrainingRun) -> None:
-    """The delivered weights' score, printed beside the score before training. An
-    evaluation at the last step already scored them: a second one would only cost time
-    (generation over the whole set, for speech)."""
+    """The delivered weights' score, beside the one before training; skipped when the last step's
+    evaluation scored them (generation over the whole set, for speech, would only cost time)."""
     if run.eval_size is None:
         return
     trainer = run.trainer

@@ -1,15 +1,14 @@
 """How this attempt ended, recorded for the launcher of the next one
-(trainer/storage/run_records.py): Vertex AI restarts a replica that exits non-zero (up to
-five times, then the whole job), and without a record every restart would train again,
-after a delivered model or up to the same failure. Only jobs the platform restarts (with a
-`CLOUD_ML_JOB_ID`) record anything.
+(trainer/storage/run_records.py): Vertex AI restarts a replica that exits non-zero (five times,
+then the whole job), and unrecorded, every restart would train again, after a delivered model
+or up to the same failure. Only jobs with a `CLOUD_ML_JOB_ID` record.
 
-Recorded: a configuration error found in training (`UserError`, exit 78) and any failure
-whose causes hold no storage, network, disk or peer error: damaged data, a metric that
-raises, a bug. Not recorded, so that the restart resumes: a lost peer, a preemption (75,
-never routed here), a storage outage or refusal (which may be fixed meanwhile), a full
-disk, and a `RunFailed` with no cause (uploads that failed): when in doubt a restart costs
-some GPU time, while a wrongly recorded failure would end a job that could have finished.
+Recorded: a configuration error found in training (`UserError`, exit 78) and any failure whose
+causes hold no storage, network, disk or peer error (damaged data, a raising metric, a bug).
+Not recorded, so the restart resumes: a lost peer, a preemption (75, never routed here), a
+storage outage or refusal (maybe fixed meanwhile), a full disk, a `RunFailed` with no cause
+(failed uploads): a needless restart costs some GPU time, a wrong record ends a job that could
+have finished.
 """
 
 from __future__ import annotations

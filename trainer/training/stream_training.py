@@ -1,15 +1,13 @@
-"""The Trainer's side of a stream: every process reads only its own part, the position of
-what it trained on goes into each checkpoint, the undecodable examples its loader workers
-dropped are counted (their names come in the batches), and (on request) an audit of the
-examples.
+"""The Trainer's side of a stream: every process reads only its own part, the position of what it
+trained on goes into each checkpoint, the undecodable examples its loader workers dropped are
+counted (their names come in the batches), and (on request) an audit.
 
-Left alone, accelerate would not let each process read its own part: for an
-IterableDataset it either has the main process read every batch and send slices to the
-others (`dispatch_batches`, its default), or shards the dataset once more by process
-(`IterableDataset.shard`, or `IterableDatasetShard`, which keeps one batch in N and pads
-the last ones with repeats). The stream is already this process's part
-(trainer/data/streams.py, `split_dataset_by_node`), so its DataLoader is prepared as a
-one-process loader: batches still go to the device through accelerate, unsplit.
+Left alone, accelerate would either have the main process read every batch and send slices to
+the others (`dispatch_batches`, its default) or shard the IterableDataset again by process
+(`IterableDataset.shard`, or `IterableDatasetShard`, which keeps one batch in N and pads the
+last with repeats). The stream already is this process's part (`split_dataset_by_node`,
+trainer/data/streams.py), so its DataLoader is prepared as a one-process loader: batches still
+go to the device through accelerate, unsplit.
 """
 
 from __future__ import annotations
@@ -38,12 +36,7 @@ class StreamingTrainerMixin:
     """Mixed in before a task's Trainer class when the training set is a stream."""
 
     def __init__(
-        self,
-        *args,
-        stream_start: StreamStart,
-        audit_dir: str | None,
-        skips: StreamSkips,
-        **kwargs,
+        self, *args, stream_start: StreamStart, audit_dir: str | None, skips: StreamSkips, **kwargs
     ) -> None:
         super().__init__(*args, **kwargs)
         self.stream_positions = StreamPositions.starting_at(stream_start)

@@ -1,32 +1,26 @@
 """A ZeRO checkpoint resumed by another number of processes: converted, then resumed.
 
-DeepSpeed's ZeRO splits the optimizer state into one file per data-parallel rank
+DeepSpeed's ZeRO keeps the optimizer state in one file per data-parallel rank
 (`global_stepN/zero_pp_rank_R_mp_rank_00_optim_states.pt`) and cannot load it into another
 count: it would fail the same way on every restart. Its universal checkpoint
-(`deepspeed.checkpoint.ds_to_universal`) holds each parameter's optimizer state whole and
-loads into any count when the engine's config says `"checkpoint": {"load_universal":
-true}`. So the count is read from the shards before training, and on a mismatch each
-node's local main process converts its node's copy while the node's other processes wait;
-every process then resumes the converted copy with `load_universal` set in the DeepSpeed
-config its engine is built from.
+(`deepspeed.checkpoint.ds_to_universal`) holds each parameter's state whole and loads into any
+count with `"checkpoint": {"load_universal": true}` in the engine's config. So the count is
+read from the shards before training; on a mismatch each node's local main process converts its
+node's copy while the others wait, and every process resumes it with `load_universal` set.
 
-The converted copy lives in `<output_dir>/.universal/checkpoint-N`, never in the original:
-its Trainer files (state, RNG, processor, weights) are hard links to the original's, its
+The copy lives in `<output_dir>/.universal/checkpoint-N`, never in the original: its Trainer
+files (state, RNG, processor, weights) are hard links to the original's,
 `global_stepN_universal` and `latest_universal` the converter's output. Nothing uploads or
-rotates it (the uploader and retention handle `checkpoint-*` folders only), and the first
-checkpoint this run saves is an ordinary one, in this run's count. The folder holds one
-conversion: a restart that needs the same one finds it complete (the converter writes
-`latest_universal` last) and reuses it; any other conversion replaces it.
+rotates it (they handle `checkpoint-*` folders only), and this run's first save is an ordinary
+one, in its own count. The folder holds one conversion: a restart needing the same one finds it
+complete (the converter writes `latest_universal` last) and reuses it; any other replaces it.
 
-What the converter needs here (DeepSpeed 0.19): the checkpoint's
-`universal_checkpoint_info`, which a Hugging Face model never records (the engine saves it
-only for DeepSpeed's own tensor- or expert-parallel models), so it runs with
-`inject_missing_state`; and one worker each for extraction and merging, which keeps it in
-this process (its `ProcessPoolExecutor` would fork a training process that holds a
-process group).
-
-A checkpoint the converter cannot read ends the run with one line naming the process count
-it needs.
+The converter (DeepSpeed 0.19) runs with `inject_missing_state`, as a Hugging Face model never
+records `universal_checkpoint_info` (the engine saves it only for DeepSpeed's own tensor- or
+expert-parallel models), and with one worker each for extraction and merging, which keeps it in
+this process (its `ProcessPoolExecutor` would fork a training process that holds a process
+group). A checkpoint it cannot read ends the run with one line naming the process count it
+needs.
 """
 
 from __future__ import annotations
@@ -86,10 +80,9 @@ def needs_conversion(checkpoint: Path, world_size: int, deepspeed_config) -> int
 
 
 def resume_with_world_size(checkpoint: Path, args, place: ProcessPlace) -> Path:
-    """The checkpoint this run's processes resume: `checkpoint` itself, or, when another
-    count saved it, its universal conversion (made once per node), with the engine's
-    DeepSpeed config told to load it (`args.hf_deepspeed_config` is the dict accelerate
-    hands to `deepspeed.initialize`)."""
+    """The checkpoint this run's processes resume: `checkpoint`, or, when another count saved it,
+    its universal conversion (made once per node), the engine's DeepSpeed config told to load
+    it (`args.hf_deepspeed_config` is the dict accelerate gives `deepspeed.initialize`)."""
     saved = needs_conversion(checkpoint, args.world_size, args.deepspeed)
     if saved is None:
         return checkpoint
