@@ -8,6 +8,10 @@ work: Whisper on several processes is the demo's and the fault tests' run), eval
 transformers: `generate()` with no arguments and `pipeline("automatic-speech-recognition")`.
 The prompt that generation chose and the saved tokenizer's label prefix must be the
 family's own: no language or task token for English-only checkpoints.
+
+The cases' trainings are independent one-process runs: they run two at a time, each on its
+own rendezvous port, from one fixture (a run waits on imports, saving and its peer's
+evaluation about as much as it computes, so two share the 2-core machine's CPUs well).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import run_trainer, trainer_env, use_delivered_model
+from tests.support.helpers import free_port, run_trainer, trainer_env, use_delivered_model
 
 pytestmark = pytest.mark.slow
 
@@ -88,21 +94,37 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def family_runs(request, family_checkpoints, demo_assets, demo_cache, tmp_path_factory):
+    """case -> (its run's folder, a future of its exit code and output), for the cases this
+    session runs, started when the first of them runs, two at a time in CASES' order."""
+    wanted = [item.callspec.params["case"] for item in request.session.items
+              if item.module is request.module]  # fmt: skip
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs: dict[str, tuple[Path, Future]] = {}
+        for case in (case for case in CASES if case in wanted):
+            family, flags, _, _ = CASES[case]
+            model_in = family_checkpoints(family)
+            workdir = tmp_path_factory.mktemp(case)
+            if case == "english-only-saved-by-transformers-5":
+                model_in = shutil.copytree(model_in, workdir / "saved-by-transformers-5")
+                (model_in / "normalizer.json").unlink()
+            argv = ["--model_name_or_path", str(model_in),
+                    "--dataset_name", str(demo_assets.dataset_dir), *TWO_STEPS, *flags]  # fmt: skip
+            runs[case] = (workdir, pool.submit(train, argv, workdir, trainer_env(demo_cache)))
+        yield runs
+
+
+def train(argv: list[str], workdir: Path, env: dict[str, str]) -> tuple[int, str]:
+    """One case's run, on a port free when it starts (the other run has its own)."""
+    return run_trainer([*argv, "--master_port", str(free_port())], workdir, env)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_family_trains_evaluates_saves_and_transcribes(
-    case, family_checkpoints, demo_assets, demo_cache, tmp_path
-):
-    family, flags, prompt, label_prefix = CASES[case]
-    model_in = family_checkpoints(family)
-    if case == "english-only-saved-by-transformers-5":
-        model_in = shutil.copytree(model_in, tmp_path / "saved-by-transformers-5")
-        (model_in / "normalizer.json").unlink()
-    code, output = run_trainer(
-        ["--model_name_or_path", str(model_in), "--dataset_name", str(demo_assets.dataset_dir),
-         *TWO_STEPS, *flags],
-        cwd=tmp_path,
-        env=trainer_env(demo_cache),
-    )  # fmt: skip
+def test_family_trains_evaluates_saves_and_transcribes(case, family_runs, demo_assets):
+    _, _, prompt, label_prefix = CASES[case]
+    tmp_path, run = family_runs[case]
+    code, output = run.result()
     assert code == 0, output[-4000:]
     assert re.search(r"step 2/2 \(100%\)", output), output[-3000:]
     evaluation = json.loads((tmp_path / "out" / "eval_results.json").read_text())
