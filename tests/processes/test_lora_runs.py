@@ -20,7 +20,9 @@ from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     SLOW_STEPS,
     TEXT_COLUMNS,
+    TrainerProcess,
     complete_from,
+    free_port,
     make_shards_in_process,
     run_trainer,
     start_trainer,
@@ -153,7 +155,9 @@ def test_image_lora_zero3_delivers_a_merged_model_and_resumes(image_assets, tmp_
 
 
 def test_speech_lora_zero2_delivers_a_merged_model_and_the_adapter_alone(tmp_path, demo_assets):
-    """Whisper with adapters on its attention projections, then `--save_adapter_only`."""
+    """Whisper with adapters on its attention projections, and the same run with
+    `--save_adapter_only`: two independent runs, started together (each its own rendezvous
+    port and cache)."""
     args = [
         "--task", "speech-recognition", "--model_name_or_path", str(demo_assets.model_dir),
         "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
@@ -162,15 +166,21 @@ def test_speech_lora_zero2_delivers_a_merged_model_and_the_adapter_alone(tmp_pat
     ]  # fmt: skip
     merged_run, adapter_run = tmp_path / "merged", tmp_path / "adapter"
     merged_run.mkdir(), adapter_run.mkdir()
-    code, output = run_trainer(args, merged_run, trainer_env(tmp_path / "cache"))
-    assert code == 0, output[-3000:]
-    clip = next(demo_assets.dataset_dir.rglob("*.wav"))
-    used = use_delivered_model("speech-recognition", delivered(merged_run), clip)
-    assert isinstance(used["pipeline_text"], str)
-    assert (delivered(merged_run) / "adapter" / "adapter_config.json").is_file()
-
-    code, output = run_trainer([*args, "--save_adapter_only", "true"], adapter_run,
-                               trainer_env(tmp_path / "cache"))  # fmt: skip
+    merged = start_trainer([*args, "--master_port", str(free_port())], merged_run,
+                           trainer_env(merged_run / "cache"))  # fmt: skip
+    adapter_only = start_trainer(
+        [*args, "--save_adapter_only", "true", "--master_port", str(free_port())], adapter_run,
+        trainer_env(adapter_run / "cache"),
+    )  # fmt: skip
+    try:
+        code, output = merged.finish()
+        assert code == 0, output[-3000:]
+        clip = next(demo_assets.dataset_dir.rglob("*.wav"))
+        used = use_delivered_model("speech-recognition", delivered(merged_run), clip)
+        assert isinstance(used["pipeline_text"], str)
+        assert (delivered(merged_run) / "adapter" / "adapter_config.json").is_file()
+    finally:
+        code, output = adapter_only.finish()
     assert code == 0, output[-3000:]
     files = {path.name for path in delivered(adapter_run).iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files
@@ -210,35 +220,52 @@ def test_a_lora_run_with_gradient_checkpointing_saves_on_sigterm_and_resumes_the
     assert b_matrices and all(weight.abs().max() > 0 for weight in b_matrices)
 
 
-def test_a_streamed_lora_run_delivers_a_merged_model(text_assets, tmp_path):
-    """LoRA on a stream (a shard set, `--streaming` with `--max_steps`): the adapters train
-    on the examples as they stream by, and the merged model is delivered."""
+@pytest.fixture(scope="module")
+def streamed_and_ddp(text_assets, tmp_path_factory) -> dict[str, tuple[Path, TrainerProcess]]:
+    """Two independent text LoRA runs, started together (each its own rendezvous port and
+    cache): on a stream of shards under ZeRO-2, and on the table under plain DDP."""
     model_dir, dataset_dir = text_assets
-    shards = tmp_path / "shards"
+    streamed, ddp = tmp_path_factory.mktemp("lora-streamed"), tmp_path_factory.mktemp("lora-ddp")
+    shards = streamed / "shards"
     assert make_shards_in_process(dataset_dir, shards, "--task", "text-classification",
                                   *TEXT_COLUMNS, "--shard_size_mb", "0.001") == 0  # fmt: skip
-    args = [
+    streamed_args = [
         "--task", "text-classification", "--model_name_or_path", str(model_dir),
         "--dataset_name", str(shards), *TEXT_COLUMNS, "--streaming", "true", "--max_steps", "6",
         "--max_seq_length", "16", "--per_device_train_batch_size", "4", "--seed", "3",
         "--learning_rate", "1e-2", "--deepspeed", "zero2", "--eval_strategy", "no",
         *LORA, *TWO_PROCESSES,
     ]  # fmt: skip
-    code, output = run_trainer(args, tmp_path, trainer_env(tmp_path / "cache"))
+    ddp_args = text_args(text_assets, "--deepspeed", "none", "--max_steps", "4",
+                         "--eval_strategy", "no")  # fmt: skip
+    runs = {
+        name: (cwd, start_trainer([*args, "--master_port", str(free_port())], cwd,
+                                  trainer_env(cwd / "cache")))
+        for name, cwd, args in [("streamed", streamed, streamed_args), ("ddp", ddp, ddp_args)]
+    }  # fmt: skip
+    yield runs
+    for _, run in runs.values():
+        run.finish()
+
+
+def test_a_streamed_lora_run_delivers_a_merged_model(streamed_and_ddp):
+    """LoRA on a stream (a shard set, `--streaming` with `--max_steps`): the adapters train
+    on the examples as they stream by, and the merged model is delivered."""
+    cwd, run = streamed_and_ddp["streamed"]
+    code, output = run.finish()
     assert code == 0, output[-3000:]
     assert "step 6/6" in output
-    labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
+    labels = use_delivered_model("text-classification", delivered(cwd), "a fine day")
     assert sorted(labels["labels"]) == SENTIMENTS
-    adapter = load_file(delivered(tmp_path) / "adapter" / "adapter_model.safetensors")
+    adapter = load_file(delivered(cwd) / "adapter" / "adapter_model.safetensors")
     assert any(weight.abs().max() > 0 for name, weight in adapter.items() if "lora_B" in name)
 
 
-def test_lora_under_plain_ddp_delivers_a_merged_model(text_assets, tmp_path):
+def test_lora_under_plain_ddp_delivers_a_merged_model(streamed_and_ddp):
     """Without DeepSpeed the two processes are a DDP group: the frozen base weights take
     no part in its gradient all-reduce, the adapters and the head do."""
-    args = text_args(text_assets, "--deepspeed", "none", "--max_steps", "4",
-                     "--eval_strategy", "no")  # fmt: skip
-    code, output = run_trainer(args, tmp_path, trainer_env(tmp_path / "cache"))
+    cwd, run = streamed_and_ddp["ddp"]
+    code, output = run.finish()
     assert code == 0, output[-3000:]
-    labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
+    labels = use_delivered_model("text-classification", delivered(cwd), "a fine day")
     assert sorted(labels["labels"]) == SENTIMENTS
