@@ -17,7 +17,13 @@ from tests.support.faulty_data import (
     damaged,
     speech_shards_with_bad_clips,
 )
-from tests.support.helpers import DEMO_SPEECH_FLAGS, run_trainer, trainer_env
+from tests.support.helpers import (
+    DEMO_SPEECH_FLAGS,
+    free_port,
+    run_trainer,
+    start_trainer,
+    trainer_env,
+)
 from tests.support.shard_sets import COLUMNS, make_sentiment_shards
 from tests.support.tiny_assets import write_sentiment_csv
 
@@ -126,18 +132,28 @@ def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets,
     """The real command line, two loader workers per process: with room for the two bad
     training clips, two processes finish, the chief's lines counting both processes'
     skips from when they were read; with --max_bad_examples 0 the run stops with one line
-    naming them, exit code 78."""
+    naming them, exit code 78. The two runs are independent: started together, each on its
+    own port and cache."""
     shards = speech_shards_with_bad_clips(demo_assets, tmp_path)
     run = ["--model_name_or_path", str(demo_assets.model_dir), "--dataset_name", str(shards),
            *DEMO_SPEECH_FLAGS, "--streaming", "true", "--dataloader_num_workers", "2",
            "--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
            "--save_strategy", "no", "--generation_max_length", "4"]  # fmt: skip
-    env = trainer_env(tmp_path / "cache")
-    code, output = run_trainer(
+    kept = start_trainer(
         [*run, "--nproc_per_node", "2", "--max_bad_examples", "2", "--eval_strategy", "no",
-         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept"],
-        tmp_path, env,
+         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept",
+         "--master_port", str(free_port())],
+        tmp_path, trainer_env(tmp_path / "cache-kept"), log_name="kept.log",
     )  # fmt: skip
+    stopped = start_trainer(
+        [*run, "--max_bad_examples", "0", "--eval_strategy", "no", "--output_dir", "stopped",
+         "--master_port", str(free_port())],
+        tmp_path, trainer_env(tmp_path / "cache-stopped"), log_name="stopped.log",
+    )  # fmt: skip
+    try:
+        code, output = kept.finish()
+    finally:
+        stopped_code, stopped_output = stopped.finish()
     assert code == 0, output[-3000:]
     assert f"warning: skipped 1 of {STREAMED_CLIPS + 1} clips in split test of" in output
     lines = output.splitlines()
@@ -152,10 +168,7 @@ def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets,
                         rf"\(split train of {shards}\): ({BAD_SAMPLES})", line)
                for line in lines), output[-3000:]  # fmt: skip
 
-    code, output = run_trainer(
-        [*run, "--max_bad_examples", "0", "--eval_strategy", "no", "--output_dir", "stopped"],
-        tmp_path, env,
-    )  # fmt: skip
+    code, output = stopped_code, stopped_output
     assert code == 78, output[-3000:]
     (line,) = error_lines(output)
     assert re.match(
