@@ -387,8 +387,9 @@ def check_the_run(
 
 
 def read_here(path: str, scratch: Path) -> str:
-    """A file the nodes read through the bucket's mount (/gcs/BUCKET/...), copied into
-    `scratch` through Cloud Storage; any other path as it is."""
+    """A file the nodes read through the bucket's mount (/gcs/BUCKET/...), copied into a
+    folder of its own in `scratch` (a recipe and a DeepSpeed JSON may share a name) through
+    Cloud Storage; any other path as it is."""
     if not path.startswith("/gcs/"):
         return path
     folder, name = path.rsplit("/", 1)
@@ -407,8 +408,9 @@ def read_here(path: str, scratch: Path) -> str:
             f"{path} does not exist: upload it first (gcloud storage cp FILE "
             f"gs://{path.removeprefix('/gcs/')})."
         )
-    (scratch / name).write_text(text)
-    return str(scratch / name)
+    copy = Path(tempfile.mkdtemp(dir=scratch)) / name
+    copy.write_text(text)
+    return str(copy)
 
 
 def node_env(options: JobSpecArguments, gpus: int) -> dict[str, str]:

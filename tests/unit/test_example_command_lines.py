@@ -40,6 +40,16 @@ WHISPER_SINGLE_GPU = """
     --predict_with_generate
 """
 
+VIT_BEANS = """
+        --dataset_name beans --output_dir ./beans_outputs/ --remove_unused_columns False
+        --label_column_name labels --do_train --do_eval --push_to_hub
+        --push_to_hub_model_id vit-base-beans --learning_rate 2e-5 --num_train_epochs 5
+        --per_device_train_batch_size 8 --per_device_eval_batch_size 8
+        --logging_strategy steps --logging_steps 10 --evaluation_strategy epoch
+        --save_strategy epoch --load_best_model_at_end True --save_total_limit 3 --seed 1337
+"""
+"""IMAGE_README, "Using datasets from Hub" (beans; no model: the script's default)."""
+
 WHISPER_EVENT_STREAMING = """
     --model_name_or_path="openai/whisper-small"
     --dataset_name="mozilla-foundation/common_voice_11_0"
@@ -89,24 +99,9 @@ COMMAND_LINES = [
                  .replace('--dataset_config_name="hi"', '--dataset_config_name="en"'), None,
                  id="whisper-english"),
     # 7. IMAGE_README, "Using datasets from Hub" (beans; no model: the script's default)
-    pytest.param("""
-        --dataset_name beans --output_dir ./beans_outputs/ --remove_unused_columns False
-        --label_column_name labels --do_train --do_eval --push_to_hub
-        --push_to_hub_model_id vit-base-beans --learning_rate 2e-5 --num_train_epochs 5
-        --per_device_train_batch_size 8 --per_device_eval_batch_size 8
-        --logging_strategy steps --logging_steps 10 --evaluation_strategy epoch
-        --save_strategy epoch --load_best_model_at_end True --save_total_limit 3 --seed 1337
-    """, "add --task image-classification", id="vit-beans"),
+    pytest.param(VIT_BEANS, "add --task image-classification", id="vit-beans"),
     # 8. the same with --task image-classification added, as that error line says
-    pytest.param("""
-        --task image-classification
-        --dataset_name beans --output_dir ./beans_outputs/ --remove_unused_columns False
-        --label_column_name labels --do_train --do_eval --push_to_hub
-        --push_to_hub_model_id vit-base-beans --learning_rate 2e-5 --num_train_epochs 5
-        --per_device_train_batch_size 8 --per_device_eval_batch_size 8
-        --logging_strategy steps --logging_steps 10 --evaluation_strategy epoch
-        --save_strategy epoch --load_best_model_at_end True --save_total_limit 3 --seed 1337
-    """, None, id="vit-beans-with-task"),
+    pytest.param(f"--task image-classification {VIT_BEANS}", None, id="vit-beans-with-task"),
     # 9. IMAGE_README, "Provide them as folders"
     pytest.param("""
         --train_dir /data/images --output_dir ./outputs/ --remove_unused_columns False

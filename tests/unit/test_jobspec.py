@@ -13,6 +13,7 @@ import yaml
 from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuningJob
 from google.protobuf import json_format
 
+from tests.support.gcs_emulator import BUCKET
 from tests.support.helpers import (
     CONFIG,
     HPTUNING,
@@ -23,9 +24,11 @@ from tests.support.helpers import (
 )
 from tests.support.job_specs import rendered
 from trainer import jobspec
+from trainer.command_line.recipes import RECIPES_DIR
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 from trainer.preflight import vertex_machines
 from trainer.settings.run_config import Hardware
+from trainer.storage.store import open_store
 
 
 def test_checked_in_specs_are_the_generators_output_for_the_defaults():
@@ -199,6 +202,7 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         (["--machine_type", "a3-megagpu-8g"],
          "--nodes 2 on a3-megagpu-8g: this image does not set up A3's GPUDirect-TCPX/TCPXO"),
         (["--machine_type", "a3-highgpu-8g", "--nodes", "4"], "pass --accept_tcp_between_nodes"),
+        (["--dry-run"], "--dry-run in a job spec would make every node exit without training"),
     ],
 )  # fmt: skip
 def test_invalid_input_is_one_clear_error(argv, message, tmp_path, capsys):
@@ -254,9 +258,6 @@ def test_a_deepspeed_json_in_the_bucket_is_checked_against_every_gpu_of_the_job(
     """A JSON whose fixed train_batch_size suits 4 nodes but not 2 (8 A100s each, one
     example each): the nodes read it through the bucket's mount, the generator through
     Cloud Storage, and DeepSpeed's own comparison refuses the job of 2 nodes here."""
-    from tests.support.gcs_emulator import BUCKET
-    from trainer.storage.store import open_store
-
     folder = f"{BUCKET}/{os.urandom(4).hex()}"
     config = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto",
               "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}  # fmt: skip
@@ -316,8 +317,7 @@ def vertex_env(job: dict, pool_number: int, index: int, trial: str | None = None
 def recipe_data_in_bucket(gcs, common_voice_dir) -> str:
     """The seed recipe's gs:// dataset, put there as docs/storage.md says (in the emulator):
     every node's launcher fetches it and checks its layout, splits and columns."""
-    from trainer.command_line.recipes import RECIPES_DIR
-    from trainer.storage.store import _client, open_store
+    from trainer.storage.store import _client
 
     uri = yaml.safe_load((RECIPES_DIR / "whisper-small.yaml").read_text())["dataset_name"]
     bucket = uri.removeprefix("gs://").split("/")[0]
@@ -449,12 +449,7 @@ def test_a_recipe_in_the_bucket_is_read_and_checked_as_the_nodes_will_read_it(
 ):
     """The nodes read a /gcs/ recipe through the bucket's mount; the generator reads it
     through Cloud Storage, so its task, metric and flags are checked before the job is."""
-    from tests.support.gcs_emulator import BUCKET
-    from trainer.storage.store import open_store
-
     folder = f"{BUCKET}/{os.urandom(4).hex()}"
-    from trainer.command_line.recipes import RECIPES_DIR
-
     recipe = (RECIPES_DIR / "vit-beans.yaml").read_text()
     open_store(f"gs://{folder}").write_text("recipe.yaml", recipe)
     job = ["--recipe", f"/gcs/{folder}/recipe.yaml", "--base_output_dir", f"gs://{folder}/run"]
