@@ -30,15 +30,19 @@ demo: install
 # The fast tier (a few minutes): the layer contracts, then every test not marked slow.
 # Each tier ends with its 15 slowest tests (--durations): a slow test that grows shows there.
 # pytest exits 5 when a marker selects no test: a tier left empty is not a failure.
+# Tests run in TEST_WORKERS processes (pytest-xdist), a test file per process at a time, so
+# a module's shared run is made once; TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15 tests || test $$? -eq 5
+	$(PYTEST) -m "not slow" tests || test $$? -eq 5
 
 # Everything (what CI runs): the fast tier first, so a broken build fails in minutes,
 # then the end-to-end runs that start real training processes (and the few other tests
 # of many seconds each).
 test-all: test
-	$(BIN)/python -m pytest -q -m slow --durations=15 tests || test $$? -eq 5
+	$(PYTEST) -m slow tests || test $$? -eq 5
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import module_origin, pip_in, trainer_env, venv_with_dependencies
+from tests.support.helpers import (
+    free_port,
+    module_origin,
+    pip_in,
+    trainer_env,
+    venv_with_dependencies,
+)
 
 SHORTEST_DEMO = ["--max_steps", "1", "--per_device_train_batch_size", "2",
                  "--eval_strategy", "no", "--eval_on_start", "false",
@@ -49,7 +55,8 @@ def test_the_demo_runs_from_the_sdist_installed_in_a_fresh_venv(
     assert json.loads(Path(preset).read_text())["zero_optimization"]["stage"] == 2
 
     trained = subprocess.run([python, "-m", "trainer", *SHORTEST_DEMO, "--nproc_per_node", "2",
-                              "--deepspeed", "none"], cwd=run, env=env, capture_output=True,
+                              "--deepspeed", "none", "--master_port", str(free_port())],
+                             cwd=run, env=env, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
     output = trained.stdout + trained.stderr
     assert trained.returncode == 0, output[-3000:]

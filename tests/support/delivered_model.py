@@ -1,8 +1,9 @@
 """Use a delivered model the way its users will: a fresh process, plain transformers.
 
-`python -m tests.support.delivered_model TASK MODEL_DIR INPUT` loads the saved folder with
-`from_pretrained` / `pipeline()` only (nothing from this project is imported) and prints
-one JSON object with what came out, for the calling test to check.
+`python -m tests.support.delivered_model TASK MODEL_DIR INPUT [MODEL_DIR INPUT ...]` loads
+each saved folder with `from_pretrained` / `pipeline()` only (nothing from this project is
+imported) and prints one JSON object per folder, a line each, with what came out, for the
+calling test to check. Several folders share one process's imports.
 
 - speech-recognition: `generate()` with no arguments and the text it decodes to; the
   prompt it chose (the same call with `return_dict_in_generate`, which returns the prompt
@@ -58,9 +59,14 @@ def classify(task: str, model_dir: str, item: str) -> dict:
 
 
 def main() -> None:
-    task, model_dir, item = sys.argv[1:4]
-    result = speech(model_dir, item) if task == "speech-recognition" else classify(*sys.argv[1:4])
-    print(json.dumps(result))
+    task, pairs = sys.argv[1], sys.argv[2:]
+    for model_dir, item in zip(pairs[::2], pairs[1::2], strict=True):
+        use = (
+            speech(model_dir, item)
+            if task == "speech-recognition"
+            else classify(task, model_dir, item)
+        )
+        print(json.dumps(use), flush=True)
 
 
 if __name__ == "__main__":

@@ -317,7 +317,11 @@ def start_trainer(
 
     Output goes to `cwd/log_name`, not a pipe: with several nodes running, an undrained
     pipe blocks one node's prints and with it, through the collectives, every other node.
+    A single-node run without `--master_port` gets a free port, not torchrun's 29500: runs
+    of tests started side by side (pytest-xdist) must not meet at one rendezvous.
     """
+    if "--master_port" not in args and "CLUSTER_SPEC" not in env:
+        args = [*args, "--master_port", str(free_port())]
     log = cwd / log_name
     with log.open("w") as handle:
         process = subprocess.Popen(
@@ -482,12 +486,19 @@ def with_start_hook(env: dict[str, str], folder: Path, code: str) -> dict[str, s
 
 def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
     """Use a saved model in a fresh interpreter with plain transformers, as its users will
-    (tests/support/delivered_model.py); what came out, as a dict.
+    (tests/support/delivered_model.py); what came out, as a dict."""
+    return use_delivered_models(task, [(model_dir, item)])[0]
+
+
+def use_delivered_models(task: str, uses: list[tuple[Path, str | Path]]) -> list[dict]:
+    """`use_delivered_model` for several (model folder, input) pairs, in one fresh
+    interpreter (its imports are most of the cost); what came out of each, in order.
 
     One thread: torch's default (one per core) spins on a loaded 2-core machine, which
     made 20 generated tokens of the tiny model take 16 s instead of 0.2 s."""
+    pairs = [str(part) for pair in uses for part in pair]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.support.delivered_model", task, str(model_dir), str(item)],
+        [sys.executable, "-m", "tests.support.delivered_model", task, *pairs],
         cwd=REPO_ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -495,7 +506,9 @@ def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"')]
+    assert len(results) == len(uses), done.stdout[-3000:]
+    return results
 
 
 # Dry runs -----------------------------------------------------------------------------------

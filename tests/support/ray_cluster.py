@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,9 @@ class RayCluster:
     """http://host:port of the head's dashboard, what job submission takes."""
     nodes: list[subprocess.Popen]
     env: dict[str, str]
+    temp_dir: Path
+    """The head's `--temp-dir`: short, under /tmp, since Ray's socket paths inside it must
+    fit an AF_UNIX address (107 bytes), which a pytest-xdist tmp_path may not leave room for."""
 
     def stop(self) -> None:
         """Kill each `ray start --block` with its whole process group (raylet, GCS,
@@ -34,6 +39,7 @@ class RayCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
             node.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> RayCluster:
@@ -50,7 +56,8 @@ def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> Ra
                       OMP_NUM_THREADS="1", PATH=path)  # fmt: skip
     common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus_per_node),
               "--num-gpus", "0", "--disable-usage-stats"]  # fmt: skip
-    head = [RAY, "start", "--head", "--port", str(port), "--temp-dir", str(root / "ray"),
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
+    head = [RAY, "start", "--head", "--port", str(port), "--temp-dir", str(temp_dir),
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(dashboard_port), *common]  # fmt: skip
     worker = [RAY, "start", "--address", f"127.0.0.1:{port}", *common]
@@ -59,7 +66,9 @@ def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> Ra
     wait_until(lambda: "Ray runtime started" in head_log.read_text() or nodes[0].poll() is not None,
                120, "the Ray head")  # fmt: skip
     nodes.append(start_node(root, 1, worker, env))
-    cluster = RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}", nodes, env)
+    cluster = RayCluster(
+        f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}", nodes, env, temp_dir
+    )
     wait_until(lambda: alive_nodes(cluster) == 2 or any(n.poll() is not None for n in nodes),
                120, "both Ray nodes")  # fmt: skip
     assert all(node.poll() is None for node in nodes), (root / "ray-node0.log").read_text()

@@ -41,8 +41,12 @@ def use_gloo_on_cpu(ddp_timeout: int, deepspeed: bool) -> None:
     multi-process CPU runs (tests, demos) real. Without DeepSpeed the state must be told it is
     a CPU one: otherwise accelerate calls it DistributedType.NO, the Trainer never wraps the
     model in DDP, and each rank trains its own copy. With DeepSpeed it must not be (that would
-    make it MULTI_CPU instead of DEEPSPEED)."""
-    if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
+    make it MULTI_CPU instead of DEEPSPEED). One process without DeepSpeed is started by
+    accelerate itself, not torchrun (no LOCAL_RANK): it gets a CPU state of its own."""
+    if torch.cuda.is_available():
+        return
+    if "LOCAL_RANK" not in os.environ:
+        PartialState(cpu=True)
         return
     PartialState(cpu=not deepspeed, backend="gloo", timeout=timedelta(seconds=ddp_timeout))
 
