@@ -30,21 +30,22 @@ from trainer.settings.run_config import DemoAssets
 
 CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
 """Entries of the repository root that a test run may create: everything else a test
-creates there fails the session (`checkout_stays_clean`)."""
+creates there fails the session (`pytest_sessionfinish`)."""
 _ROOT_AT_START = pytest.StashKey[set]()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def checkout_stays_clean(request):
+def pytest_sessionstart(session):
     """Record the repository root's entries; `pytest_sessionfinish` compares at the end."""
-    request.config.stash[_ROOT_AT_START] = {entry.name for entry in REPO_ROOT.iterdir()}
+    session.config.stash[_ROOT_AT_START] = {entry.name for entry in REPO_ROOT.iterdir()}
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session if a test created a file or directory in the repository root
-    (outputs, logs, caches: tests write under their tmp_path)."""
+    (outputs, logs, caches: tests write under their tmp_path). Under pytest-xdist the
+    controlling process judges, after every worker has ended: a worker's verdict would not
+    reach the exit status."""
     before = session.config.stash.get(_ROOT_AT_START, None)
-    if before is None:  # no test ran
+    if before is None or hasattr(session.config, "workerinput"):
         return
     created = sorted(
         {entry.name for entry in REPO_ROOT.iterdir()} - before - CHECKOUT_LITTER_IGNORED
