@@ -19,7 +19,6 @@ from tests.support.faulty_data import (
 )
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
-    free_port,
     run_trainer,
     start_trainer,
     trainer_env,
@@ -133,7 +132,7 @@ def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets,
     training clips, two processes finish, the chief's lines counting both processes'
     skips from when they were read; with --max_bad_examples 0 the run stops with one line
     naming them, exit code 78. The two runs are independent: started together, each on its
-    own port and cache."""
+    own port (start_trainer picks one) and cache."""
     shards = speech_shards_with_bad_clips(demo_assets, tmp_path)
     run = ["--model_name_or_path", str(demo_assets.model_dir), "--dataset_name", str(shards),
            *DEMO_SPEECH_FLAGS, "--streaming", "true", "--dataloader_num_workers", "2",
@@ -141,13 +140,11 @@ def test_a_streamed_speech_run_skips_a_garbage_clip_up_to_the_limit(demo_assets,
            "--save_strategy", "no", "--generation_max_length", "4"]  # fmt: skip
     kept = start_trainer(
         [*run, "--nproc_per_node", "2", "--max_bad_examples", "2", "--eval_strategy", "no",
-         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept",
-         "--master_port", str(free_port())],
+         "--do_eval", "true", "--stream_audit_dir", "audit", "--output_dir", "kept"],
         tmp_path, trainer_env(tmp_path / "cache-kept"), log_name="kept.log",
     )  # fmt: skip
     stopped = start_trainer(
-        [*run, "--max_bad_examples", "0", "--eval_strategy", "no", "--output_dir", "stopped",
-         "--master_port", str(free_port())],
+        [*run, "--max_bad_examples", "0", "--eval_strategy", "no", "--output_dir", "stopped"],
         tmp_path, trainer_env(tmp_path / "cache-stopped"), log_name="stopped.log",
     )  # fmt: skip
     try:

@@ -22,7 +22,6 @@ from tests.support.helpers import (
     TEXT_COLUMNS,
     TrainerProcess,
     complete_from,
-    free_port,
     make_shards_in_process,
     run_trainer,
     start_trainer,
@@ -166,11 +165,9 @@ def test_speech_lora_zero2_delivers_a_merged_model_and_the_adapter_alone(tmp_pat
     ]  # fmt: skip
     merged_run, adapter_run = tmp_path / "merged", tmp_path / "adapter"
     merged_run.mkdir(), adapter_run.mkdir()
-    merged = start_trainer([*args, "--master_port", str(free_port())], merged_run,
-                           trainer_env(merged_run / "cache"))  # fmt: skip
+    merged = start_trainer(args, merged_run, trainer_env(merged_run / "cache"))
     adapter_only = start_trainer(
-        [*args, "--save_adapter_only", "true", "--master_port", str(free_port())], adapter_run,
-        trainer_env(adapter_run / "cache"),
+        [*args, "--save_adapter_only", "true"], adapter_run, trainer_env(adapter_run / "cache"),
     )  # fmt: skip
     try:
         code, output = merged.finish()
@@ -239,8 +236,7 @@ def streamed_and_ddp(text_assets, tmp_path_factory) -> dict[str, tuple[Path, Tra
     ddp_args = text_args(text_assets, "--deepspeed", "none", "--max_steps", "4",
                          "--eval_strategy", "no")  # fmt: skip
     runs = {
-        name: (cwd, start_trainer([*args, "--master_port", str(free_port())], cwd,
-                                  trainer_env(cwd / "cache")))
+        name: (cwd, start_trainer(args, cwd, trainer_env(cwd / "cache")))
         for name, cwd, args in [("streamed", streamed, streamed_args), ("ddp", ddp, ddp_args)]
     }  # fmt: skip
     yield runs

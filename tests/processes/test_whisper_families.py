@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import free_port, run_trainer, trainer_env, use_delivered_models
+from tests.support.helpers import run_trainer, trainer_env, use_delivered_models
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def family_runs(request, family_checkpoints, demo_assets, demo_cache, tmp_path_f
                 (model_in / "normalizer.json").unlink()
             argv = ["--model_name_or_path", str(model_in),
                     "--dataset_name", str(demo_assets.dataset_dir), *TWO_STEPS, *flags]  # fmt: skip
-            runs[case] = (workdir, pool.submit(train, argv, workdir, trainer_env(demo_cache)))
+            runs[case] = (workdir, pool.submit(run_trainer, argv, workdir, trainer_env(demo_cache)))
         yield runs
 
 
@@ -125,11 +125,6 @@ def delivered_uses(family_runs, demo_assets) -> dict[str, dict]:
     delivered = [case for case, (_, run) in family_runs.items() if run.result()[0] == 0]
     uses = [(family_runs[case][0] / "out" / "model", clip) for case in delivered]
     return dict(zip(delivered, use_delivered_models("speech-recognition", uses), strict=True))
-
-
-def train(argv: list[str], workdir: Path, env: dict[str, str]) -> tuple[int, str]:
-    """One case's run, on a port free when it starts (the other run has its own)."""
-    return run_trainer([*argv, "--master_port", str(free_port())], workdir, env)
 
 
 @pytest.mark.parametrize("case", CASES)
