@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(PIP) torch
 	DS_BUILD_OPS=0 $(PIP) --no-build-isolation deepspeed
-	$(PIP) --editable '.[test,ray]'
+	$(PIP) --editable '.[test,ray,serve]'
 	$(PIP) --no-deps --no-warn-conflicts openai-whisper
 	$(BIN)/python -m trainer.build_cpu_ops
 	touch $@

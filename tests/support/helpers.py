@@ -9,7 +9,8 @@ are in tests/conftest.py). No test module imports another test module; they impo
 - faults planted in the real program: `with_start_hook`, `FAILING_METRICS`, `SLOW_STEPS`,
   `node_stalls_after`;
 - installed copies of the package: `venv_with_dependencies`, `pip_in`, `module_origin`;
-- waiting: `wait_until`, `wait_while_running` (fails at once when a run ends), `complete_from`;
+- waiting: `wait_until`, `wait_until_healthy` (a server process), `wait_while_running`
+  (fails at once when a run ends), `complete_from`;
 - small things: `free_port`, `serving` (a loopback server on a thread),
   `jobspec_refusal`, `warm_hub_cache`, `few_clips`, made-up NVIDIA driver files (`proc`,
   `TORCH_2_13`), the job specs' strict parser (`parse_strictly`).
@@ -133,6 +134,21 @@ def wait_until(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def wait_until_healthy(server: subprocess.Popen, health_url: str, log: Path) -> None:
+    """Wait until a `python -m trainer.serve` process's health route answers 200; fail at
+    once, with the end of its log, if it exits first."""
+    import httpx
+
+    def healthy() -> bool:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            return httpx.get(health_url).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(healthy, 300, f"{health_url} to answer 200")
 
 
 def wait_while_running(runs: list[TrainerProcess], condition, timeout: float, what: str) -> None:

@@ -65,6 +65,11 @@ ALLOWED = [
         "LoRA adapters (--peft lora); the value it gets is right",
         FutureWarning,
     ),
+    KnownNoise(
+        r"You seem to be using the pipelines sequentially on GPU",
+        "python -m trainer.serve calls the task's pipeline once per batch on purpose: the "
+        "batching across requests is its own (trainer/serve/batching.py)",
+    ),
 ]
 
 DEEPSPEED_LOGGER = "DeepSpeed"

@@ -1,0 +1,105 @@
+"""`GET /` of `python -m trainer.serve`, the page to try a model, in a real browser: the server
+as its own process on the demo's tiny Whisper, its predict route from `AIP_PREDICT_ROUTE`;
+Debian's Chromium, headless, driven by Selenium through Debian's chromedriver (never one
+Selenium Manager would download) uploads a held-out clip and reads the transcript off the
+page, which must be what a plain `pipeline()` transcribes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.helpers import free_port, trainer_env, wait_until_healthy
+
+pytestmark = pytest.mark.slow
+
+PREDICT = "/v1/endpoints/1/deployedModels/2:predict"
+HEALTH = "/v1/endpoints/1/deployedModels/2"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+def chromium(profile: Path, monkeypatch):
+    """Headless Chromium from the OS packages, driven through their chromedriver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        assert binary.is_file(), f"{binary} is missing: apt-get install chromium chromium-driver"
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager, were it asked, stays offline
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     f"--user-data-dir={profile}"):  # fmt: skip
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+
+
+def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
+    tmp_path, demo_assets, demo_cache, monkeypatch
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+    from transformers import pipeline
+
+    clip = sorted((demo_assets.dataset_dir / "test").glob("*.wav"))[0]
+    plain = pipeline("automatic-speech-recognition", model=str(demo_assets.model_dir))
+    expected = plain(str(clip), chunk_length_s=30, ignore_warning=True)["text"].strip()
+    port = free_port()
+    env = trainer_env(demo_cache, AIP_HTTP_PORT=str(port), AIP_PREDICT_ROUTE=PREDICT,
+                      AIP_HEALTH_ROUTE=HEALTH)  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trainer.serve", str(demo_assets.model_dir)],
+        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    browser = None
+    try:
+        wait_until_healthy(server, url + HEALTH, tmp_path / "serve.log")
+
+        page = httpx.get(url + "/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert f'data-predict-route="{PREDICT}"' in page.text
+        assert f'data-health-route="{HEALTH}"' in page.text
+        assert "/predict" not in page.text and "/health" not in page.text  # no route of its own
+        assert not re.search(r"(https?:)?//[\w.-]+\.\w", page.text), "loads nothing from elsewhere"
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        for elsewhere in ("/index.html", "/page.html", "/predict", "/health", "/v1/"):
+            assert httpx.get(url + elsewhere).status_code == 404, elsewhere
+        assert httpx.post(url + "/", json={"instances": [{}]}).status_code == 405
+        assert httpx.get(url + PREDICT).status_code == 405
+
+        browser = chromium(tmp_path / "chromium-profile", monkeypatch)
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 120)
+        wait.until(expected_conditions.visibility_of_element_located((By.ID, "file")))
+        assert browser.find_element(By.ID, "status").text == "Task: speech-recognition"
+        assert not browser.find_element(By.ID, "text").is_displayed()
+        browser.find_element(By.ID, "file").send_keys(str(clip))
+        browser.find_element(By.ID, "submit").click()
+        result = browser.find_element(By.ID, "result")
+        wait.until(lambda _: result.get_attribute("data-state") in ("done", "error"))
+        shown = result.get_property("textContent")
+        print(f"the page shows the transcript {shown!r}; a plain pipeline() gives {expected!r}")
+        assert result.get_attribute("data-state") == "done", shown
+        assert shown == expected and result.text == expected.strip()
+
+        server.send_signal(signal.SIGTERM)  # uvicorn shuts down, then ends by that signal
+        assert server.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if browser is not None:
+            browser.quit()
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    output = (tmp_path / "serve.log").read_text()
+    assert "Traceback" not in output, output[-3000:]
+    assert '"batch_size": 1,' in output  # the page's one clip, in one forward pass

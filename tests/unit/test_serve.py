@@ -1,0 +1,310 @@
+"""`python -m trainer.serve`'s contract, on a real uvicorn server on loopback (a thread of
+this process) with tiny models of each task: routes and port from Vertex AI's variables,
+health 503 until the model is loaded, one prediction per instance in order, every form an
+instance's media comes in, batching across concurrent requests, limits and errors that name
+the instance. The server as its own process, on the demo's model, is
+tests/processes/test_serve_runs.py's."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from PIL import Image
+
+from tests.support.helpers import free_port, wait_until
+from trainer.serve.__main__ import checked_model, main
+from trainer.serve.app import make_app
+from trainer.serve.contract import Contract
+from trainer.serve.predictors import load_predictor
+
+LOCAL = Contract.from_environment({})
+COLOURS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
+
+
+@contextlib.contextmanager
+def running(app, contract: Contract = LOCAL):
+    """`app` served by uvicorn on a free loopback port for the block; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 30, "the server to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def serve(predictor, contract: Contract = LOCAL, **limits):
+    settings = {"max_batch_size": 8, "max_wait": 0.01, "max_request_bytes": 2**20,
+                "queue_size": 64} | limits  # fmt: skip
+    return running(make_app(contract, lambda: predictor, **settings), contract)
+
+
+def wait_ready(url: str, route: str = "/health") -> None:
+    wait_until(lambda: httpx.get(url + route).status_code == 200, 60, "health 200")
+
+
+def with_labelled_head(base: Path, folder: Path, model_class, preprocessor_class, labels):
+    """`base` (a tiny encoder) with a classification head naming `labels`, saved with its
+    preprocessor in `folder`: what the project delivers for a classification task."""
+    id2label = dict(enumerate(labels))
+    model = model_class.from_pretrained(
+        base, id2label=id2label, label2id={v: k for k, v in id2label.items()}
+    )
+    model.save_pretrained(folder)
+    preprocessor_class.from_pretrained(base).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory, text_assets) -> Path:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
+                              BertForSequenceClassification, AutoTokenizer,
+                              ["negative", "positive"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory, image_assets) -> Path:
+    from transformers import AutoImageProcessor, ViTForImageClassification
+
+    folder = tmp_path_factory.mktemp("image-model")
+    return with_labelled_head(
+        image_assets[0], folder, ViTForImageClassification, AutoImageProcessor, list(COLOURS)
+    )
+
+
+@pytest.fixture(scope="module")
+def text_predictor(text_model):
+    return load_predictor(text_model)
+
+
+@pytest.fixture(scope="module")
+def image_predictor(image_model):
+    return load_predictor(image_model)
+
+
+def png(colour: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (40, 40), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_routes_and_port_come_from_vertex_ais_variables(text_predictor):
+    contract = Contract.from_environment({
+        "AIP_HTTP_PORT": "7080", "AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",
+        "AIP_HEALTH_ROUTE": "/v1/endpoints/1/deployedModels/2", "AIP_STORAGE_URI": "gs://b/m",
+    })  # fmt: skip
+    assert (contract.port, contract.storage_uri) == (7080, "gs://b/m")
+    assert (LOCAL.port, LOCAL.predict_route, LOCAL.health_route) == (8080, "/predict", "/health")
+    with serve(text_predictor, contract) as url:
+        wait_ready(url, contract.health_route)
+        answer = httpx.post(url + contract.predict_route, json={"instances": ["fine"]})
+        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1
+        assert httpx.post(url + "/predict", json={"instances": ["fine"]}).status_code == 404
+        assert httpx.get(url + "/health").status_code == 404
+
+
+def test_health_is_503_until_the_model_is_loaded_then_200(text_predictor):
+    loaded = threading.Event()
+
+    def slow_load():
+        loaded.wait(30)
+        return text_predictor
+
+    app = make_app(LOCAL, slow_load, 8, 0.01, 2**20, 64)
+    with running(app) as url:
+        assert httpx.get(url + "/health").status_code == 503
+        assert httpx.post(url + "/predict", json={"instances": ["x"]}).status_code == 503
+        loaded.set()
+        wait_ready(url)
+        assert httpx.get(url + "/health").json() == {"status": "ready",
+                                                     "task": "text-classification"}  # fmt: skip
+
+
+def test_a_model_that_fails_to_load_says_so_and_stays_unhealthy(capfd):
+    failed = []
+
+    def broken():
+        raise OSError("model.safetensors is truncated")
+
+    app = make_app(LOCAL, broken, 8, 0.01, 2**20, 64, on_load_failure=lambda: failed.append(1))
+    with running(app) as url:
+        wait_until(lambda: failed, 30, "the load to fail")
+        assert httpx.get(url + "/health").json() == {"status": "failed"}
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert lines == ["error: the model did not load: OSError: model.safetensors is truncated"]
+
+
+def test_text_predictions_come_one_per_instance_in_order_with_the_models_labels(
+    text_predictor, text_model
+):
+    from transformers import pipeline
+
+    texts = ["a great film", "awful", "not bad at all", "the plot", "loved it"]
+    plain = pipeline("text-classification", model=str(text_model))
+    expected = [plain(text)[0] for text in texts]
+    third = {"b64": base64.b64encode(texts[2].encode()).decode()}
+    instances = [{"text": texts[0]}, texts[1], third, {"text": texts[3]}, {"text": texts[4]}]
+    with serve(text_predictor) as url:
+        wait_ready(url)
+        predictions = httpx.post(url + "/predict", json={"instances": instances}).json()
+    got = predictions["predictions"]
+    assert [p["label"] for p in got] == [e["label"] for e in expected]
+    assert [p["score"] for p in got] == pytest.approx([e["score"] for e in expected], abs=1e-5)
+    assert {p["label"] for p in got} <= {"negative", "positive"}
+
+
+def test_a_pair_is_scored_as_a_pair_and_a_text_too_long_is_truncated_with_a_notice(
+    text_predictor, text_model
+):
+    from transformers import pipeline
+
+    plain = pipeline("text-classification", model=str(text_model))
+    pair = {"text": "a great film", "text_pair": "it was awful"}
+    long_text = " ".join(["good"] * 400)  # the tiny model takes 128 tokens
+    with serve(text_predictor) as url:
+        wait_ready(url)
+        got = httpx.post(url + "/predict", json={"instances": [pair, {"text": long_text}]}).json()
+    first, second = got["predictions"]
+    expected = plain(pair)
+    expected = expected[0] if isinstance(expected, list) else expected
+    assert first["score"] == pytest.approx(expected["score"], abs=1e-5)
+    assert "truncated" not in first and second["truncated"] is True
+
+
+def test_an_image_comes_in_every_form_and_gets_the_same_prediction(image_predictor, gcs):
+    from trainer.storage.store import open_store
+
+    picture = png(COLOURS["blue"])
+    encoded = base64.b64encode(picture).decode()
+    folder = Path(__import__("tempfile").mkdtemp())
+    (folder / "blue.png").write_bytes(picture)
+    open_store("gs://test-bucket/serving-media").upload(folder)
+    forms = [{"image": {"b64": encoded}}, {"image": encoded}, {"b64": encoded},
+             {"image": f"data:image/png;base64,{encoded}"},
+             {"image": "gs://test-bucket/serving-media/blue.png"}]  # fmt: skip
+    with serve(image_predictor) as url:
+        wait_ready(url)
+        answer = httpx.post(url + "/predict", json={"instances": forms,
+                                                    "parameters": {"top_k": 2}})  # fmt: skip
+    predictions = answer.json()["predictions"]
+    assert len(predictions) == 5 and all(p == predictions[0] for p in predictions)
+    assert len(predictions[0]["labels"]) == 2 and set(predictions[0]["labels"]) <= set(COLOURS)
+    assert predictions[0]["scores"] == sorted(predictions[0]["scores"], reverse=True)
+
+
+def test_bad_requests_get_json_naming_the_instance_and_the_server_keeps_serving(
+    image_predictor, gcs
+):
+    good = {"image": {"b64": base64.b64encode(png(COLOURS["red"])).decode()}}
+    with serve(image_predictor, max_request_bytes=50_000) as url:
+        wait_ready(url)
+
+        def post(body):
+            answer = httpx.post(url + "/predict", content=body if isinstance(body, bytes)
+                                else json.dumps(body))  # fmt: skip
+            return answer.status_code, answer.json()
+
+        code, body = post({"instances": [good, {"image": {"b64": base64.b64encode(
+            b"this is text").decode()}}, {"picture": "x"}, good,
+            {"image": "gs://test-bucket/no/such.png"}]})  # fmt: skip
+        assert code == 400 and body["error"] == "3 of 5 instances cannot be predicted"
+        reasons = {item["index"]: item["error"] for item in body["instances"]}
+        assert set(reasons) == {1, 2, 4}
+        assert "not an image" in reasons[1] and "'image'" in reasons[2]
+        assert "gs://test-bucket/no/such.png" in reasons[4] and "NotFound" in reasons[4]
+        assert post({"instances": []}) == (400, {"error": "instances is empty"})
+        assert post(b"{not json") == (400, {"error": "the body is not JSON"})
+        assert post({"inputs": [good]})[0] == 400
+        assert post({"instances": [good], "parameters": {"top_k": "2"}}) == (
+            400, {"error": "parameter 'top_k' must be int"})  # fmt: skip
+        code, body = post({"instances": [good] * 100})
+        assert code == 400 and "at most 64 instances" in body["error"], body
+        code, body = post({"instances": [good] * 400})
+        assert code == 413 and "50000 bytes" in body["error"]
+        code, body = post({"instances": [good]})
+        assert code == 200 and len(body["predictions"]) == 1
+
+
+def test_concurrent_requests_share_forward_passes_and_each_gets_its_own_prediction(
+    text_predictor, capsys
+):
+    texts = [f"review number {i} was {'great' if i % 2 else 'awful'}" for i in range(16)]
+    with serve(text_predictor) as url:
+        wait_ready(url)
+        alone = [httpx.post(url + "/predict", json={"instances": [t]}).json()["predictions"][0]
+                 for t in texts]  # fmt: skip
+        capsys.readouterr()
+        with serve(text_predictor, max_wait=0.5) as batched_url:
+            wait_ready(batched_url)
+            with ThreadPoolExecutor(16) as pool:
+                together = list(pool.map(lambda t: httpx.post(
+                    batched_url + "/predict", json={"instances": [t]}, timeout=60
+                ).json()["predictions"][0], texts))  # fmt: skip
+    assert [p["label"] for p in together] == [p["label"] for p in alone]
+    assert [p["score"] for p in together] == pytest.approx([p["score"] for p in alone], abs=1e-5)
+    batches = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]  # fmt: skip
+    sizes = [b["batch_size"] for b in batches if b["message"] == "prediction batch"]
+    assert sum(sizes) == 16 and max(sizes) > 1, sizes
+    assert all(set(b) == {"message", "severity", "batch_size", "queue_wait_ms", "latency_ms"}
+               for b in batches)  # fmt: skip
+
+
+def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
+    from transformers import pipeline
+
+    clip = next((demo_assets.dataset_dir / "test").glob("*.wav"))
+    plain = pipeline("automatic-speech-recognition", model=str(demo_assets.model_dir))
+    expected = plain(str(clip), chunk_length_s=30, ignore_warning=True)["text"].strip()
+    encoded = base64.b64encode(clip.read_bytes()).decode()
+    with serve(load_predictor(demo_assets.model_dir)) as url:
+        wait_ready(url)
+        answer = httpx.post(
+            url + "/predict",
+            json={"instances": [{"audio": {"b64": encoded}}, {"b64": encoded}]},
+            timeout=60,
+        )
+        timed = httpx.post(url + "/predict", json={
+            "instances": [{"audio": encoded}], "parameters": {"return_timestamps": True}},
+            timeout=60)  # fmt: skip
+        bad = httpx.post(url + "/predict", json={"instances": [{"audio": "bm90IGF1ZGlv"}]})
+    first, second = answer.json()["predictions"]
+    assert first == second == {"text": expected}
+    assert set(timed.json()["predictions"][0]) == {"text", "segments"}
+    assert bad.status_code == 400
+    assert bad.json()["instances"] == [{"index": 0, "error": "not audio that ffmpeg can decode"}]
+
+
+def test_the_model_is_checked_before_the_port_opens(tmp_path, text_model):
+    with pytest.raises(ValueError, match="no model"):
+        checked_model(None, LOCAL)
+    with pytest.raises(ValueError, match="no config.json"):
+        checked_model(str(tmp_path), LOCAL)
+    assert checked_model(None, Contract(8080, "/p", "/h", str(text_model))) == str(text_model)
+    assert checked_model("gs://bucket/model", LOCAL) == "gs://bucket/model"
+
+
+def test_a_bad_command_line_is_one_error_line_and_exit_2(tmp_path, capsys):
+    for argv, message in [([str(tmp_path)], f"error: {tmp_path} is not a model folder"),
+                          (["gs://"], "error: gs:// names no bucket"),
+                          (["gs://b/m", "--max_batch_size", "0"],
+                           "error: --max_batch_size must be at least 1")]:  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [message + (
+            " (no config.json in it)" if "folder" in message else "")]  # fmt: skip

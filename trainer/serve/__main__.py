@@ -1,0 +1,135 @@
+"""`python -m trainer.serve [MODEL_DIR_OR_GS_URI]`: serve a delivered model (docs/serving.md).
+
+Without a model it serves `AIP_STORAGE_URI`, where Vertex AI puts a copy of the model's
+artifactUri. The arguments are checked before the port opens (one `error:` line, exit 2);
+the port then opens at once, for Vertex AI's liveness probe, while the model downloads (a
+gs:// model: in parallel, every file's CRC32C verified, by the project's storage layer) and
+loads; health answers 503 until one warm-up prediction has run, then 200. A model that
+cannot be loaded ends the server with exit 1 and one `error:` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from trainer.serve.contract import Contract
+
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_WAIT_MS = 10.0
+DEFAULT_QUEUE_SIZE = 256
+DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
+"""Vertex AI's limit on dedicated and private endpoints (1.5 MB on a shared public one)."""
+
+
+def parser(env) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.serve",
+        description="Serve a model this project delivered on Vertex AI's prediction contract.",
+    )
+    p.add_argument("model", nargs="?", help="a local model folder or gs:// URI (default: "
+                   "$AIP_STORAGE_URI)")  # fmt: skip
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, help="default: $AIP_HTTP_PORT, else 8080")
+    p.add_argument("--max_batch_size", type=int,
+                   default=int(env.get("SERVE_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)),
+                   help="instances in one forward pass ($SERVE_MAX_BATCH_SIZE)")  # fmt: skip
+    p.add_argument("--max_wait_ms", type=float,
+                   default=float(env.get("SERVE_MAX_WAIT_MS", DEFAULT_MAX_WAIT_MS)),
+                   help="how long a batch waits for more instances after its first "
+                        "($SERVE_MAX_WAIT_MS)")  # fmt: skip
+    p.add_argument("--queue_size", type=int,
+                   default=int(env.get("SERVE_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
+                   help="instances that may wait; beyond, 503 ($SERVE_QUEUE_SIZE)")  # fmt: skip
+    p.add_argument("--max_request_bytes", type=int,
+                   default=int(env.get("SERVE_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)),
+                   help="larger bodies get 413 ($SERVE_MAX_REQUEST_BYTES)")  # fmt: skip
+    return p
+
+
+def checked_model(model: str | None, contract: Contract) -> str:
+    """The model's location, or ValueError saying what is wrong with it."""
+    location = model or contract.storage_uri
+    if not location:
+        raise ValueError("no model: name a folder or gs:// URI, or set AIP_STORAGE_URI")
+    if location.startswith("gs://"):
+        if not location.removeprefix("gs://").split("/", 1)[0]:
+            raise ValueError(f"{location} names no bucket")
+        return location
+    folder = Path(location).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{location} is not a model folder (no config.json in it)")
+    from trainer.serve.predictors import task_of_model_dir
+
+    task_of_model_dir(folder)  # a model no predictor serves fails here, before the port opens
+    return str(folder)
+
+
+def loader(location: str):
+    """What loads the predictor on the server's loading thread: downloads a gs:// model
+    first, then loads and warms it."""
+
+    def load():
+        from trainer.serve.predictors import load_predictor, warm_up
+
+        folder = Path(location)
+        if location.startswith("gs://"):
+            from trainer.storage.store import open_store
+
+            folder = Path(tempfile.mkdtemp(prefix="model-"))
+            open_store(location).download(folder)
+        predictor = load_predictor(folder)
+        warm_up(predictor)
+        return predictor
+
+    return load
+
+
+def main(argv: list[str] | None = None) -> None:
+    env = os.environ
+    args = parser(env).parse_args(argv)
+    contract = Contract.from_environment(env)
+    try:
+        location = checked_model(args.model, contract)
+        for name in ("max_batch_size", "queue_size", "max_request_bytes"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be at least 1")
+        if args.max_wait_ms < 0:
+            raise ValueError("--max_wait_ms must not be negative")
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    import uvicorn
+
+    from trainer.common.quiet import silence_known_noise
+    from trainer.serve.app import make_app
+
+    silence_known_noise()  # no progress bars or listed warnings in the endpoint's logs
+
+    server: uvicorn.Server | None = None
+
+    def stop_failed() -> None:
+        server.should_exit = True
+        failed.append(True)
+
+    failed: list[bool] = []
+    app = make_app(
+        contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
+        args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
+    )  # fmt: skip
+    port = args.port or contract.port
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=port, log_level="warning", access_log=False)
+    )
+    print(f"serving {location} on {args.host}:{port} (predict {contract.predict_route}, "
+          f"health {contract.health_route}); loading the model", flush=True)  # fmt: skip
+    server.run()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

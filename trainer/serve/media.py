@@ -1,0 +1,55 @@
+"""An instance's media (a clip, an image) as bytes, from every form a Vertex AI request
+carries it in: `{"b64": ...}` (the convention for binary values, and how batch prediction's
+`file-list` input sends each file), a bare base64 string, a `data:` URI, or a `gs://` URI
+read with the server's own credentials through the project's storage layer."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from urllib.parse import unquote_to_bytes
+
+from trainer.common.errors import UserError
+
+
+class InstanceError(ValueError):
+    """This instance cannot be predicted; the message says why, for the response."""
+
+
+def media_bytes(value: object) -> bytes:
+    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        return _base64(value["b64"])
+    if not isinstance(value, str) or not value:
+        raise InstanceError(
+            'media must be {"b64": ...}, a base64 string, a data: URI or a gs:// URI'
+        )
+    if value.startswith("data:"):
+        header, comma, data = value.partition(",")
+        if not comma:
+            raise InstanceError("a data: URI needs a comma before its data")
+        return _base64(data) if header.endswith(";base64") else unquote_to_bytes(data)
+    if value.startswith("gs://"):
+        return _gcs_object(value)
+    return _base64(value)
+
+
+def _base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InstanceError("not valid base64") from None
+
+
+def _gcs_object(uri: str) -> bytes:
+    from trainer.storage.store import open_store
+
+    parent, _, name = uri.rpartition("/")
+    if not name or parent == "gs:/":
+        raise InstanceError(f"{uri} names no object")
+    try:
+        with open_store(parent).open_read(name) as stream:
+            return stream.read()
+    except UserError as error:
+        raise InstanceError(str(error)) from None
+    except Exception as error:  # noqa: BLE001 - a missing or unreadable object, for the response
+        raise InstanceError(f"cannot read {uri}: {type(error).__name__}") from None
