@@ -2,7 +2,8 @@
 own commands, the DeepSpeed settings of docker/ds-build.env as bash sources them, the
 docker/ scripts, and its Python laid out as the Dockerfile lays it out (fresh virtual
 environments, pip), taking a newer copy of the package from a Python package job's
-installer. What reading the Dockerfile shows: tests/unit/test_dockerfile.py."""
+installer; the serve target's dependency listing. What reading the Dockerfile shows:
+tests/unit/test_dockerfile.py."""
 
 from __future__ import annotations
 
@@ -57,19 +58,41 @@ def test_hadolint_finds_nothing():
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
-def test_the_image_reads_the_packages_dependencies_from_pyproject():
-    """Run the Dockerfile's own command that lists them; every one is pinned for CI."""
-    run = next(rest for keyword, rest in instructions() if keyword == "RUN" and "tomllib" in rest)
+def listed_dependencies(stage) -> list[str]:
+    """Run the stage's own command that lists the package's dependencies for pip."""
+    run = next(rest for keyword, rest in stage if keyword == "RUN" and "tomllib" in rest)
     command = shell_commands(run)[0]
     assert command[:2] == ["python", "-c"] and command[3] == ">"
-    listed = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", command[2]], cwd=REPO_ROOT, capture_output=True, text=True
     ).stdout.split()
+
+
+def test_the_image_reads_the_packages_dependencies_from_pyproject():
+    """Run the Dockerfile's own command that lists them; every one is pinned for CI."""
+    listed = listed_dependencies(stages()[-1])
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     project = pyproject["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["gpu"]
     assert listed == [dep.replace(" ", "") for dep in wanted]
     assert any(requirement_name(dep) == "bitsandbytes" for dep in listed), "--load_in_8bit"
+    pins = constraint_pins()
+    assert [dep for dep in listed if requirement_name(dep) not in pins] == []
+
+
+def test_the_serving_image_reads_its_dependencies_from_pyproject_less_deepspeed():
+    """The serve target's own command: the package's dependencies but DeepSpeed, and the
+    `serve` extra (fastapi, uvicorn), every one pinned for CI."""
+    serve = next(stage for stage in stages() if stage[0][1].endswith(" AS serve"))
+    listed = listed_dependencies(serve)
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [
+        dep for dep in project["dependencies"] if requirement_name(dep) != "deepspeed"
+    ] + project["optional-dependencies"]["serve"]
+    assert listed == [dep.replace(" ", "") for dep in wanted]
+    names = {requirement_name(dep) for dep in listed}
+    assert {"torch", "transformers", "fastapi", "uvicorn"} <= names
+    assert not names & {"deepspeed", "bitsandbytes"}
     pins = constraint_pins()
     assert [dep for dep in listed if requirement_name(dep) not in pins] == []
 
@@ -225,8 +248,9 @@ def test_the_reduction_server_plugin_is_optional_and_off_by_default():
     assert result.returncode == 0 and not result.stdout + result.stderr
 
 
-def test_the_smoke_test_script_is_valid_bash():
-    script = REPO_ROOT / "docker" / "smoke-test.sh"
+@pytest.mark.parametrize("name", ["smoke-test.sh", "serve-smoke-test.sh"])
+def test_the_smoke_test_script_is_valid_bash(name):
+    script = REPO_ROOT / "docker" / name
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

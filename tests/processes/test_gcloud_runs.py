@@ -183,7 +183,7 @@ def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
     assert body["timeout"] == "7200s"
     image = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}"
     assert body["images"] == [f"{image}:${{_TAG}}", f"{image}:latest", f"{image}:builder",
-                              f"{image}-ray:${{_TAG}}"]  # fmt: skip
+                              f"{image}-ray:${{_TAG}}", f"{image}-serve:${{_TAG}}"]  # fmt: skip
 
     steps = {step["id"]: step for step in body["steps"]}
     assert list(steps) == [
@@ -193,6 +193,8 @@ def test_builds_submit_sends_build_smoke_test_and_push(capture, tmp_path):
         "build",
         "smoke-test",
         "build-ray",
+        "build-serve",
+        "smoke-test-serve",
     ], "check the tag, pull, build, test; push last"
     pull = steps["pull-previous"]["args"][-1]
     assert f"docker pull {image}:$$tag" in pull and "for tag in builder latest;" in pull

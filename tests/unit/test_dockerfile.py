@@ -1,9 +1,10 @@
 """docker/Dockerfile, read without a Docker engine: the dependency set it installs, the
-DeepSpeed settings it shares with docker/check-stack.sh, its two stages, its entrypoint,
-what the build context may contain, and the Python layout `make image-check` builds. What
-takes a program run (hadolint, the Dockerfile's own commands, the docker/ scripts, pip in
-fresh virtual environments laid out as the image's Python):
-tests/processes/test_dockerfile_runs.py."""
+DeepSpeed settings it shares with docker/check-stack.sh, the training image's two stages,
+its entrypoint, what the build context may contain, and the Python layout `make
+image-check` builds; its `serve` target (the serving image) and how cloudbuild.yaml builds,
+smoke-tests and pushes it. What takes a program run (hadolint, the Dockerfile's own
+commands, the docker/ scripts, pip in fresh virtual environments laid out as the image's
+Python): tests/processes/test_dockerfile_runs.py."""
 
 from __future__ import annotations
 
@@ -12,18 +13,22 @@ import re
 import shlex
 
 import pytest
+import yaml
 
 from tests.support.helpers import REPO_ROOT
 from tests.support.image_build import (
     CHECK_STACK,
+    CLOUDBUILD,
     DOCKERFILE,
     constraint_pins,
     final_stage_env,
     instructions,
     pip_installs,
     requirement_name,
+    shell_commands,
     stages,
 )
+from trainer.serve.contract import DEFAULT_PORT
 
 TORCH_CUDA = {"2.13": "13.0"}
 """CUDA version of the torch wheels on PyPI, by torch minor version (the base image's
@@ -41,6 +46,35 @@ def targets(pip_args: list[str]) -> list[str]:
         elif not word.startswith("-"):
             found.append(word)
     return found
+
+
+def stage_named(name: str) -> list[tuple[str, str]]:
+    """The instructions of the stage `FROM ... AS name`, the FROM line first."""
+    return next(stage for stage in stages() if stage[0][1].endswith(f" AS {name}"))
+
+
+def training_stages() -> list[list[tuple[str, str]]]:
+    """The training image's stages: the builder and the last stage (the default target)."""
+    return [stage_named("builder"), stages()[-1]]
+
+
+def stage_pip_installs(stage: list[tuple[str, str]]) -> list[list[str]]:
+    """Each `pip install` of the stage's RUN instructions, as `pip_installs` reads them."""
+    installs = []
+    for keyword, rest in stage:
+        for command in shell_commands(rest) if keyword == "RUN" else []:
+            words = [w for w in command if not re.fullmatch(r"[A-Z_]+=.*", w)]  # env prefixes
+            if words[:2] == ["pip", "install"]:
+                installs.append(words[2:])
+    return installs
+
+
+def install_steps(installs: list[list[str]]) -> list[tuple[str, bool, bool, bool]]:
+    """(what, without build isolation, without dependencies, without conflict warnings) of
+    each `pip install` that names what it installs (a --requirement file names nothing)."""
+    return [(targets(a)[0].split("[")[0], "--no-build-isolation" in a, "--no-deps" in a,
+             "--no-warn-conflicts" in a)
+            for a in installs if targets(a)]  # fmt: skip
 
 
 def makefile_installs() -> list[list[str]]:
@@ -62,8 +96,9 @@ def test_every_ignored_hadolint_rule_is_justified():
 
 
 def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
-    docker, make = pip_installs(), makefile_installs()
-    for args in docker:
+    docker = [args for stage in training_stages() for args in stage_pip_installs(stage)]
+    make = makefile_installs()
+    for args in pip_installs():  # every stage's, the serving image's too
         assert "--constraint" in args and args[args.index("--constraint") + 1] == "constraints.txt"
         assert not any(re.search(r"[=<>]=|[<>]", t) for t in targets(args)), args  # no own pins
     copies = [rest for keyword, rest in instructions() if keyword == "COPY"]
@@ -72,11 +107,7 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     # The Makefile's steps, in its order: torch; deepspeed without build isolation; the
     # package (`.[test]` there; in the image its dependencies, read from pyproject.toml, at
     # that point and its code last); openai-whisper without dependencies.
-    def steps(installs):
-        return [(targets(a)[0].split("[")[0], "--no-build-isolation" in a, "--no-deps" in a,
-                 "--no-warn-conflicts" in a)
-                for a in installs if targets(a)]  # fmt: skip
-
+    steps = install_steps
     project = [step for step in steps(docker) if step[0] != "."]
     assert [step for step in steps(make) if step[0] != "."] == project
     assert [step[0] for step in steps(make)].index(".") == 2
@@ -93,8 +124,10 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
         assert requirement_name(package) in pins, f"{package} is not pinned in constraints.txt"
 
 
-def test_code_changes_do_not_reinstall_dependencies():
-    order = [(keyword, rest) for keyword, rest in instructions() if keyword in ("COPY", "RUN")]
+@pytest.mark.parametrize("target", ["training", "serve"])
+def test_code_changes_do_not_reinstall_dependencies(target):
+    stage = stages()[-1] if target == "training" else stage_named(target)
+    order = [(keyword, rest) for keyword, rest in stage if keyword in ("COPY", "RUN")]
     code = order.index(("COPY", "trainer ./trainer"))
     after = [rest for keyword, rest in order[code:] if keyword == "RUN"]
     assert len(after) == 1 and "--no-deps" in after[0], "only the package itself, no deps"
@@ -127,7 +160,7 @@ def test_the_image_and_its_check_share_one_set_of_deepspeed_settings(script):
 
 
 def test_the_final_stage_is_the_cuda_base_image_with_the_builders_venv():
-    builder, final = stages()
+    builder, final = stages()[0], stages()[-1]
     assert builder[0] == ("FROM", "${CUDA_BASE} AS builder") and final[0] == (
         "FROM",
         "${CUDA_BASE}",
@@ -160,7 +193,7 @@ def test_image_check_is_a_make_target_of_its_own():
 
 
 def test_the_entrypoint_is_the_launcher_with_no_default_arguments():
-    entrypoints = [rest for keyword, rest in instructions() if keyword == "ENTRYPOINT"]
+    entrypoints = [rest for keyword, rest in stages()[-1] if keyword == "ENTRYPOINT"]
     assert entrypoints == ['["python", "-m", "trainer"]']
     assert not [rest for keyword, rest in instructions() if keyword == "CMD"], "no args: demo"
     env = final_stage_env()
@@ -217,3 +250,136 @@ def test_the_image_check_lays_out_python_as_the_image_does():
     package = [line for line in code.splitlines() if line.startswith("pip install") and
                line.endswith(" .")]  # fmt: skip
     assert package == [f"pip install {' '.join(pip_installs()[-1])}"]
+
+
+# The serving image: docker/Dockerfile's `serve` target (python -m trainer.serve).
+
+COMPILERS_AND_HEADERS = ("g++", "gcc", "clang", "build-essential", "python3-dev", "-dev ",
+                         "cuda-toolkit", "nvcc", "ninja")  # fmt: skip
+
+
+def serve_stage() -> list[tuple[str, str]]:
+    return stage_named("serve")
+
+
+def test_the_serving_target_is_a_stage_of_its_own_and_training_stays_the_default():
+    names = [stage[0][1] for stage in stages()]
+    assert names == ["${CUDA_BASE} AS builder", "${CUDA_BASE} AS serve", "${CUDA_BASE}"], (
+        "a build without --target still gives the training image: the last stage"
+    )
+    copies = [rest for keyword, rest in serve_stage() if keyword == "COPY"]
+    assert not [rest for rest in copies if rest.startswith("--from")], "nothing of the builder"
+
+
+def test_the_serving_image_has_no_deepspeed_no_compiler_and_no_devel_base():
+    """The same CUDA *base* image as the training image (torch's wheels bring the CUDA
+    libraries), never devel; no compiler, no headers, no DeepSpeed; the ffmpeg binary,
+    which decodes speech instances."""
+    assert not re.search(r"-(devel|cudnn-devel)-", arg_defaults()["CUDA_BASE"])
+    runs = [rest for keyword, rest in serve_stage() if keyword == "RUN"]
+    apt = next(rest for rest in runs if "apt-get install" in rest)
+    packages = shell_commands(apt)[1][shell_commands(apt)[1].index("--no-install-recommends") + 1 :]
+    assert set(packages) == {"ffmpeg", "python3", "python3-venv"}, packages
+    for tool in COMPILERS_AND_HEADERS:
+        assert tool not in f"{apt} ", tool
+    check = next(rest for rest in runs if "command -v nvcc" in rest)
+    assert shell_commands(check) == [["!", "command", "-v", tool]
+                                     for tool in ("nvcc", "cc", "gcc", "g++")]  # fmt: skip
+    installs = stage_pip_installs(serve_stage())
+    assert not [args for args in installs if "deepspeed" in targets(args)]
+    assert not any("ds-build.env" in rest or "cuda-toolkit.sh" in rest for _, rest in serve_stage())
+    package = next(rest for rest in runs if rest.startswith("pip install --no-deps --no-build"))
+    assert "find_spec('deepspeed') is None" in package, "the build fails if DeepSpeed got in"
+
+
+def test_the_serving_image_installs_the_training_images_set_less_deepspeed():
+    """Its pip installs: the training image's, in its order, without DeepSpeed, its own
+    dependencies from pyproject.toml (the `serve` extra, no `gpu` one), the package last
+    and, not being run by Python package jobs, into the venv instead of a user site."""
+    installs = stage_pip_installs(serve_stage())
+    training = [args for stage in training_stages() for args in stage_pip_installs(stage)]
+    assert install_steps(installs) == [
+        step for step in install_steps(training) if step[0] != "deepspeed"
+    ]
+    assert installs[-1] == ["--no-deps", "--no-build-isolation", "--constraint",
+                            "constraints.txt", "."]  # fmt: skip
+    order = [(keyword, rest) for keyword, rest in serve_stage() if keyword in ("COPY", "RUN")]
+    first_copy = next(i for i, (keyword, _) in enumerate(order) if keyword == "COPY")
+    first_install = next(i for i, (_, rest) in enumerate(order) if "pip install" in rest)
+    assert order[first_copy] == ("COPY", "constraints.txt ./") and first_copy < first_install
+    listing = next(rest for _, rest in order if "tomllib" in rest)
+    assert "['optional-dependencies']['serve']" in listing and "'gpu'" not in listing
+    assert "if not dep.startswith('deepspeed')" in listing
+
+
+def test_the_serving_image_runs_the_server_as_a_user_of_its_own():
+    users = [rest for keyword, rest in serve_stage() if keyword == "USER"]
+    assert len(users) == 1 and re.fullmatch(r"(\d+):(\d+)", users[0]), "numeric: runAsNonRoot"
+    uid = int(users[0].split(":")[0])
+    assert uid >= 1000 and uid != 1000, "not root, and not the ubuntu user of the base image"
+    useradd = next(
+        rest for keyword, rest in serve_stage() if keyword == "RUN" and "useradd" in rest
+    )
+    gid = int(users[0].split(":")[1])
+    assert f"--uid {uid} --gid {gid}" in useradd and f"groupadd --gid {gid}" in useradd
+    assert "--create-home" in useradd, "a home for caches"
+    keywords = [keyword for keyword, _ in serve_stage()]
+    after_user = keywords[keywords.index("USER") :]
+    assert "RUN" not in after_user and "COPY" not in after_user, "nothing is installed as it"
+
+
+def test_the_serving_image_listens_on_vertex_ais_default_port_with_the_server():
+    stage = serve_stage()
+    assert [rest for keyword, rest in stage if keyword == "EXPOSE"] == [str(DEFAULT_PORT)]
+    assert [rest for keyword, rest in stage if keyword == "ENTRYPOINT"] == [
+        '["python", "-m", "trainer.serve"]'
+    ]
+    assert not [rest for keyword, rest in stage if keyword == "CMD"], (
+        "model: arg or AIP_STORAGE_URI"
+    )
+    env = dict(
+        pair.split("=", 1)
+        for rest in (rest for keyword, rest in stage if keyword == "ENV")
+        for pair in shlex.split(rest)
+    )
+    assert env["PATH"].startswith("/opt/venv/bin:"), "`python` is the venv's"
+    assert "PYTHONUSERBASE" not in env
+
+
+def cloudbuild_steps() -> dict[str, dict]:
+    return {step["id"]: step for step in yaml.safe_load(CLOUDBUILD.read_text())["steps"]}
+
+
+SERVE_IMAGE = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}-serve:${_TAG}"
+
+
+def test_cloud_build_builds_smoke_tests_and_pushes_the_serving_image():
+    steps = cloudbuild_steps()
+    build = steps["build-serve"]
+    assert build["args"][0] == "build" and build["args"][-1] == "."
+    assert {"--file=docker/Dockerfile", "--target=serve", f"--tag={SERVE_IMAGE}"} <= set(
+        build["args"]
+    )
+    # After the training build: the classic builder built this stage there, and its layers
+    # are reused only from the local cache, which a --cache-from would exclude.
+    assert build["waitFor"] == ["build"]
+    assert not [arg for arg in build["args"] if arg.startswith("--cache-from")]
+    smoke = steps["smoke-test-serve"]
+    assert smoke["waitFor"] == ["build-serve"] and smoke["entrypoint"] == "bash"
+    assert smoke["args"][-1] == (
+        f'docker run --rm --entrypoint=bash {SERVE_IMAGE} -c "$$(cat docker/serve-smoke-test.sh)"'
+    )
+    assert SERVE_IMAGE in yaml.safe_load(CLOUDBUILD.read_text())["images"], "pushed"
+    assert list(steps)[-2:] == ["build-serve", "smoke-test-serve"]
+
+
+def test_the_serving_smoke_test_checks_health_and_one_prediction():
+    script = (REPO_ROOT / "docker" / "serve-smoke-test.sh").read_text()
+    assert script.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in script
+    assert "build_tiny_whisper(" in script, "the demo's tiny Whisper, built offline"
+    assert "python -m trainer.serve > server.log 2>&1 &" in script
+    for variable in ("AIP_HTTP_PORT", "AIP_STORAGE_URI", "AIP_HEALTH_ROUTE", "AIP_PREDICT_ROUTE"):
+        assert f"{variable}=" in script
+    assert '{"instances": [{"audio": {"b64": clip}}]}' in script
+    assert "len(predictions) == 1" in script
+    assert 'find_spec("deepspeed") is None' in script and "os.getuid() != 0" in script
