@@ -1,0 +1,508 @@
+"""The prediction server under concurrent clients against a one-request-at-a-time
+`pipeline()`, side by side in one run on this CPU: requests/s, p50/p99 latency, mean batch.
+
+Models, built in a temporary folder with random weights from their configs (no download):
+- `demo`: the demo's tiny Whisper (trainer/node/demo_assets.py `build_tiny_whisper`, as
+  the demo builds it: 3 s window, at most 64 generated tokens);
+- `speech`: whisper-small's dimensions (trainer/tasks/whisper_sizes.py), the multilingual
+  tokenizer rebuilt offline as the demo's is, generation capped at `SPEECH_TOKENS` tokens
+  (a random model never ends its transcript by itself; a real 3 s clip's transcript is
+  about that long). Both Whisper models decode with the speech pipeline's own default of
+  5 beams (their generation configs, like the released ones, set no `num_beams`), on the
+  server and one at a time alike;
+- `image`: ViT-base (`ViTConfig()`'s defaults: 224 px, 16 px patches, 12 layers of 768)
+  with a head of `IMAGE_LABELS` labels;
+- `text`: BERT-base (`BertConfig()`'s defaults) with a 2-label head and a small WordPiece
+  tokenizer trained on the request sentences (as tests/support/tiny_assets.py does).
+
+Instances: 3 s WAV clips (16 kHz tones over noise), 224x224 PNG images, one-sentence texts
+(a few of each, cycled); every request holds one instance.
+
+Per task, one after the other:
+- **one at a time**: a fresh process (`OMP_NUM_THREADS=--cores`) runs
+  `transformers.pipeline(task, model=dir)` on one input per call, sequentially, as the
+  Hugging Face inference container does: base64-decoding and decoding the media (the
+  pipeline's own ffmpeg read of the WAV bytes; Pillow for the PNG) are in each call's time.
+  One untimed warm-up call first.
+- **server**: `python -m trainer.serve DIR` in a fresh process (`OMP_NUM_THREADS=--cores`,
+  `--max_batch_size`, `--max_wait_ms`), started once per task and driven, once it answers
+  health 200, at each `--clients` count: that many threads, each with its own httpx client,
+  posting one-instance requests back to back. Latency is each request's round trip as the
+  client sees it; mean batch is the mean `batch_size` of the server's "prediction batch" log
+  lines during that level.
+
+A level (and the one-at-a-time run) sends requests for `--duration` seconds (each client
+starts no request after it), or `--requests` requests in all (spread over the clients, at
+least one each); requests/s is the requests answered over the time from the first send to
+the last answer. `--requests` or `--duration` take `N` for every task or `TASK=N` for one;
+a task with a request count is measured by count. p50/p99 are nearest-rank percentiles.
+
+    python bench/serve.py [--tasks demo speech image text] [--clients 1 4 16]
+                          [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
+                          [--max_batch_size 8] [--max_wait_ms 10] [--cores N]
+
+The targets (checked in the second table): at 16 clients at least 1.5x the one-at-a-time
+requests/s for image and text and above it for speech; p99 at 4 clients under twice the
+server's p50 at 1 client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+SAMPLING_RATE = 16_000
+CLIP_SECONDS = 3.0
+SPEECH_TOKENS = 24
+"""Generated tokens per whisper-small transcript (its `max_length`, prompt not counted)."""
+IMAGE_SIZE = 224
+IMAGE_LABELS = ("cat", "dog", "bird", "fish", "horse")
+INPUTS_PER_TASK = 4
+SENTENCES = (
+    "Operating profit rose to EUR 13.1 mn from EUR 8.7 mn in the corresponding period in 2007.",
+    "Net sales fell sharply in the first quarter as demand for paper products slumped.",
+    "The company said it expects its full-year revenue to remain stable compared to last year.",
+    "The share price jumped after the quarterly results beat analysts' expectations.",
+)
+TASK_MODELS = {"demo": "demo tiny Whisper", "speech": "whisper-small", "image": "ViT-base",
+               "text": "BERT-base"}  # fmt: skip
+TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5}
+"""At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
+and whisper-small) or reach (image, text) this."""
+P99_LIMIT = 2.0
+"""p99 at 4 clients under this times the server's p50 at 1 client."""
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def build_demo(model_dir: Path) -> None:
+    from trainer.node.demo_assets import build_tiny_whisper
+
+    build_tiny_whisper(model_dir)
+
+
+def build_whisper_small(model_dir: Path) -> None:
+    from trainer.node.demo_assets import (
+        ENDOFTEXT,
+        begin_suppress_tokens,
+        build_whisper_tokenizer,
+        save_random_whisper,
+        suppress_tokens,
+        whisper_generation_config,
+    )
+    from trainer.tasks.whisper_sizes import whisper_config
+
+    tokenizer = build_whisper_tokenizer()
+    eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    config = whisper_config(
+        "small",
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        pad_token_id=eot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        suppress_tokens=suppress_tokens(tokenizer, True),
+        begin_suppress_tokens=begin_suppress_tokens(tokenizer),
+    )
+    generation = whisper_generation_config(tokenizer, max_length=SPEECH_TOKENS)
+    save_random_whisper(model_dir, config, generation, tokenizer, chunk_length=30)
+
+
+def build_vit_base(model_dir: Path) -> None:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+    config = ViTConfig(
+        id2label=dict(enumerate(IMAGE_LABELS)),
+        label2id={label: i for i, label in enumerate(IMAGE_LABELS)},
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = ViTForImageClassification(config)
+    model.save_pretrained(model_dir)
+    ViTImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(
+        model_dir
+    )
+
+
+def build_bert_base(model_dir: Path) -> None:
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(SENTENCES, vocab_size=400, min_frequency=1, show_progress=False)
+    tokenizer = BertTokenizer(vocab=wordpiece.get_vocab(), do_lower_case=True, model_max_length=512)
+    # BERT-base's own vocabulary size (30,522): the embedding is as large as the real one's.
+    config = BertConfig(
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(config)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    "demo": build_demo,
+    "speech": build_whisper_small,
+    "image": build_vit_base,
+    "text": build_bert_base,
+}
+
+
+# --- instances ----------------------------------------------------------------------------
+
+
+def wav_bytes(index: int) -> bytes:
+    """A 3 s, 16 kHz mono clip: a few tone bursts over noise."""
+    rng = np.random.default_rng(index)
+    t = np.arange(int(CLIP_SECONDS * SAMPLING_RATE)) / SAMPLING_RATE
+    pitch = 200.0 + 40.0 * (np.floor(t * 3 + index) % 5)
+    samples = 0.3 * np.sin(2 * np.pi * pitch * t) + rng.normal(0, 0.05, t.size)
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SAMPLING_RATE)
+        wav.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def png_bytes(index: int) -> bytes:
+    """A 224x224 RGB picture: a coloured gradient with noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(index)
+    ramp = np.linspace(0, 255, IMAGE_SIZE)
+    pixels = np.stack(
+        [np.add.outer(ramp, ramp) / 2, np.add.outer(ramp[::-1], ramp) / 2,
+         np.full((IMAGE_SIZE, IMAGE_SIZE), 40.0 * index)], axis=-1,
+    )  # fmt: skip
+    pixels = np.clip(pixels + rng.normal(0, 20, pixels.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def instances(task: str) -> list[dict]:
+    """The task's request instances, as a client sends them."""
+    if task in ("demo", "speech"):
+        return [{"audio": {"b64": base64.b64encode(wav_bytes(i)).decode()}}
+                for i in range(INPUTS_PER_TASK)]  # fmt: skip
+    if task == "image":
+        return [{"image": {"b64": base64.b64encode(png_bytes(i)).decode()}}
+                for i in range(INPUTS_PER_TASK)]  # fmt: skip
+    return [{"text": sentence} for sentence in SENTENCES[:INPUTS_PER_TASK]]
+
+
+# --- measurement --------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value at or above a share `q` of the values."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary(latencies: list[float], elapsed: float) -> dict:
+    return {
+        "requests": len(latencies),
+        "per_second": len(latencies) / elapsed,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+    }
+
+
+def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) -> dict:
+    """In this process (the `--baseline` child): `pipeline()` on one input per call."""
+    from trainer.common.quiet import silence_known_noise
+
+    silence_known_noise()
+    from PIL import Image
+    from transformers import pipeline
+
+    from trainer.serve.predictors import PIPELINE_TASKS, task_of_model_dir
+
+    pipe = pipeline(PIPELINE_TASKS[task_of_model_dir(Path(model_dir))], model=model_dir)
+
+    def call(instance: dict):
+        if "audio" in instance:
+            return pipe(base64.b64decode(instance["audio"]["b64"]))
+        if "image" in instance:
+            raw = base64.b64decode(instance["image"]["b64"])
+            return pipe(Image.open(io.BytesIO(raw)).convert("RGB"))
+        return pipe(instance["text"])
+
+    call(payload[0])  # warm-up, untimed: the server warms up before it answers health too
+    latencies: list[float] = []
+    start = time.perf_counter()
+    deadline = start + budget.get("duration", math.inf)
+    while time.perf_counter() < deadline and len(latencies) < budget.get("requests", math.inf):
+        sent = time.perf_counter()
+        call(payload[len(latencies) % len(payload)])
+        latencies.append(time.perf_counter() - sent)
+    return summary(latencies, time.perf_counter() - start)
+
+
+def baseline_in_fresh_process(
+    task: str, model_dir: Path, payload_file: Path, budget: dict, cores: int
+) -> dict:
+    argv = [sys.executable, __file__, "--baseline", task, str(model_dir), str(payload_file),
+            json.dumps(budget)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": str(cores)})  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the one-at-a-time run of {task} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class Server:
+    """`python -m trainer.serve` in a process of its own; its stdout lines kept."""
+
+    def __init__(self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
+             "--port", str(self.port), "--max_batch_size", str(max_batch_size),
+             "--max_wait_ms", str(max_wait_ms)],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(cores)},
+        )  # fmt: skip
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited {self.process.returncode}:\n"
+                                   + "".join(self.lines[-40:]))  # fmt: skip
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the server was not ready in time:\n" + "".join(self.lines[-40:]))
+
+    def batch_sizes(self, since: int) -> list[int]:
+        sizes = []
+        for line in self.lines[since:]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("message") == "prediction batch":
+                sizes.append(record["batch_size"])
+        return sizes
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(timeout=5)
+
+
+def drive(server: Server, bodies: list[bytes], clients: int, budget: dict) -> dict:
+    """`clients` threads posting one-instance requests back to back."""
+    import httpx
+
+    if "requests" in budget:
+        total = max(budget["requests"], clients)
+        quotas = [total // clients + (i < total % clients) for i in range(clients)]
+    else:
+        quotas = [math.inf] * clients
+    start_line = len(server.lines)
+    ready = threading.Barrier(clients + 1)
+    start_at: list[float] = []
+
+    def client(index: int) -> tuple[list[float], float]:
+        latencies: list[float] = []
+        with httpx.Client(timeout=600) as http:
+            ready.wait()
+            deadline = start_at[0] + budget.get("duration", math.inf)
+            while len(latencies) < quotas[index] and time.perf_counter() < deadline:
+                body = bodies[(index + len(latencies)) % len(bodies)]
+                sent = time.perf_counter()
+                answer = http.post(f"{server.url}/predict", content=body,
+                                   headers={"content-type": "application/json"})  # fmt: skip
+                answer.raise_for_status()
+                latencies.append(time.perf_counter() - sent)
+        return latencies, time.perf_counter()
+
+    with ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client, i) for i in range(clients)]
+        start_at.append(time.perf_counter())
+        ready.wait()
+        results = [future.result() for future in futures]
+    latencies = [latency for own, _ in results for latency in own]
+    elapsed = max(finished for _, finished in results) - start_at[0]
+    time.sleep(0.2)  # the last batch's log line
+    sizes = server.batch_sizes(start_line)
+    return summary(latencies, elapsed) | {"mean_batch": sum(sizes) / max(len(sizes), 1)}
+
+
+def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dict]) -> None:
+    """The task's rows, appended to `rows` as each is measured (and printed on stderr)."""
+    model_dir = root / task
+    built = time.perf_counter()
+    BUILDERS[task](model_dir)
+    print(f"{task}: built {TASK_MODELS[task]} in {time.perf_counter() - built:.0f} s",
+          file=sys.stderr, flush=True)  # fmt: skip
+    payload = instances(task)
+    payload_file = root / f"{task}.json"
+    payload_file.write_text(json.dumps(payload))
+    budget = budget_of(task, args)
+    baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
+    rows.append({"task": task, "path": "pipeline(), one at a time", "clients": 1,
+                 "mean_batch": 1.0} | baseline)  # fmt: skip
+    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    server = Server(model_dir, args.cores, args.max_batch_size, args.max_wait_ms)
+    try:
+        server.wait_ready()
+        bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
+        for clients in args.clients:
+            row = drive(server, bodies, clients, budget)
+            rows.append({"task": task, "path": "server", "clients": clients} | row)
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+
+
+def budget_of(task: str, args: argparse.Namespace) -> dict:
+    """{"requests": N} or {"duration": S} for `task`, from the flags."""
+    requests = parsed_values(args.requests, task, int)
+    if requests is not None:
+        return {"requests": requests}
+    return {"duration": parsed_values(args.duration, task, float)}
+
+
+def parsed_values(values: list[str] | None, task: str, kind: type):
+    """`TASK=N` for this task, else a plain `N`, else None."""
+    plain = None
+    for value in values or []:
+        name, equals, number = value.rpartition("=")
+        if not equals:
+            plain = kind(number)
+        elif name == task:
+            return kind(number)
+    return plain
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def table(rows: list[dict]) -> str:
+    baseline = {row["task"]: row for row in rows if row["path"] != "server"}
+    lines = [
+        "| model | path | clients | requests | requests/s | vs one at a time | p50 (ms) "
+        "| p99 (ms) | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        base = baseline.get(row["task"])
+        ratio = f"{row['per_second'] / base['per_second']:.2f}x" if base else "-"
+        lines.append(
+            f"| {TASK_MODELS[row['task']]} | {row['path']} | {row['clients']} | "
+            f"{row['requests']} | {row['per_second']:.2f} | {ratio} | "
+            f"{row['p50_ms']:,.0f} | {row['p99_ms']:,.0f} | {row['mean_batch']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> str:
+    """The issue's targets, per task where the run measured what they need."""
+    lines = ["| model | target | measured | met |", "|---|---|---|---|"]
+    for task in dict.fromkeys(row["task"] for row in rows):
+        own = {(row["path"], row["clients"]): row for row in rows if row["task"] == task}
+        base, single = own.get(("pipeline(), one at a time", 1)), own.get(("server", 1))
+        if task in TARGET_SPEEDUP and base and ("server", 16) in own:
+            ratio = own[("server", 16)]["per_second"] / base["per_second"]
+            wanted = TARGET_SPEEDUP[task]
+            met = ratio > wanted if wanted == 1.0 else ratio >= wanted
+            sign = ">" if wanted == 1.0 else ">="
+            lines.append(f"| {TASK_MODELS[task]} | requests/s at 16 clients {sign} "
+                         f"{wanted:.1f}x one at a time | {ratio:.2f}x | "
+                         f"{'yes' if met else 'no'} |")  # fmt: skip
+        if single and ("server", 4) in own:
+            ratio = own[("server", 4)]["p99_ms"] / single["p50_ms"]
+            met = "yes" if ratio < P99_LIMIT else "no"
+            lines.append(f"| {TASK_MODELS[task]} | p99 at 4 clients < {P99_LIMIT:.0f}x p50 at "
+                         f"1 client | {ratio:.2f}x | {met} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=tuple(BUILDERS),
+                        default=["demo", "speech", "image", "text"])  # fmt: skip
+    parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--duration", nargs="+", default=["10"],
+                        help="seconds per level: N, or TASK=N for one task")  # fmt: skip
+    parser.add_argument("--requests", nargs="+",
+                        help="requests per level: N, or TASK=N for one task (wins over "
+                             "--duration)")  # fmt: skip
+    parser.add_argument("--max_batch_size", type=int, default=8)
+    parser.add_argument("--max_wait_ms", type=float, default=10.0)
+    parser.add_argument("--cores", type=int, default=os.cpu_count(),
+                        help="OMP_NUM_THREADS of the server and of pipeline()")  # fmt: skip
+    parser.add_argument("--baseline", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline:
+        task, model_dir, payload_file, budget = args.baseline
+        payload = json.loads(Path(payload_file).read_text())
+        print(json.dumps(one_at_a_time(task, model_dir, payload, json.loads(budget))))
+        return
+    started = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as root:
+        for task in args.tasks:
+            try:
+                measure_task(task, Path(root), args, rows)
+            except Exception as error:  # the rows measured so far are still worth a table
+                print(f"{task}: not measured to the end: {error}", file=sys.stderr, flush=True)
+    print(f"measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(table(rows))
+    print()
+    print(targets(rows))
+
+
+if __name__ == "__main__":
+    main()
