@@ -82,3 +82,4 @@ def test_the_server_downloads_its_model_batches_16_clients_and_answers_each_righ
     assert sum(int(b.split('"batch_size": ')[1].split(",")[0]) for b in batches) >= 24
     assert any('"batch_size": 1,' not in b for b in batches), "no two instances shared a pass"
     assert f"serving gs://{BUCKET}/serving/model on 0.0.0.0:{port}" in output
+    assert "model ready: speech-recognition on cpu in torch.float32" in output

@@ -83,6 +83,10 @@ def loader(location: str):
             open_store(location).download(folder)
         predictor = load_predictor(folder)
         warm_up(predictor)
+        # Where it runs, said once: a GPU node whose driver torch cannot use would else
+        # serve from the CPU without a word.
+        pipe = predictor.pipe
+        print(f"model ready: {predictor.task} on {pipe.device} in {pipe.model.dtype}", flush=True)
         return predictor
 
     return load
