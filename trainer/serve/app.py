@@ -14,7 +14,6 @@ import asyncio
 import html
 import json
 import sys
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -50,7 +49,6 @@ class ModelState:
     def __init__(self, load: Callable[[], Predictor]) -> None:
         self.predictor: Predictor | None = None
         self.failure: str | None = None
-        self.ready = threading.Event()
         self._load = load
 
     def load(self) -> None:
@@ -59,7 +57,6 @@ class ModelState:
         except Exception as error:  # noqa: BLE001 - said in the log and by the health route
             self.failure = f"{type(error).__name__}: {error}"
             print(f"error: the model did not load: {self.failure}", file=sys.stderr, flush=True)
-        self.ready.set()
 
 
 def make_app(
