@@ -282,11 +282,21 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
             "instances": [{"audio": encoded}], "parameters": {"return_timestamps": True}},
             timeout=60)  # fmt: skip
         bad = httpx.post(url + "/predict", json={"instances": [{"audio": "bm90IGF1ZGlv"}]})
+        unknown = httpx.post(
+            url + "/predict",
+            json={"instances": [{"audio": encoded}], "parameters": {"language": "klingon"}},
+        )
+        english = httpx.post(url + "/predict", json={"instances": [{"audio": encoded}],
+                                                     "parameters": {"language": "English"}},
+                             timeout=60)  # fmt: skip
     first, second = answer.json()["predictions"]
     assert first == second == {"text": expected}
     assert set(timed.json()["predictions"][0]) == {"text", "segments"}
     assert bad.status_code == 400
     assert bad.json()["instances"] == [{"index": 0, "error": "not audio that ffmpeg can decode"}]
+    assert unknown.status_code == 400
+    assert unknown.json() == {"error": "unknown language 'klingon' for Whisper"}
+    assert english.status_code == 200 and len(english.json()["predictions"]) == 1
 
 
 def test_the_model_is_checked_before_the_port_opens(tmp_path, text_model):
@@ -308,3 +318,16 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2(tmp_path, capsys):
         assert stopped.value.code == 2
         assert capsys.readouterr().err.splitlines() == [message + (
             " (no config.json in it)" if "folder" in message else "")]  # fmt: skip
+
+
+def test_an_english_only_whisper_refuses_a_language_and_takes_its_other_parameters(family_checkpoints):
+    """A real family's English-only checkpoint (tiny.en's configuration and tokenizer):
+    `language` would make generate() raise inside a shared batch; it is refused alone."""
+    from trainer.serve.media import InstanceError
+
+    predictor = load_predictor(family_checkpoints("tiny.en"))
+    with pytest.raises(InstanceError, match="English-only model takes no 'language'"):
+        predictor.checked_parameters({"language": "en"})
+    assert predictor.checked_parameters({"return_timestamps": False}) == {
+        "return_timestamps": False
+    }

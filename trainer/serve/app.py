@@ -108,13 +108,13 @@ def make_app(
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_request_bytes:
             return too_large(max_request_bytes)
-        body = b""
+        body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_request_bytes:
                 return too_large(max_request_bytes)
         try:
-            payload = json.loads(body)
+            payload = json.loads(bytes(body))
         except ValueError:
             return error_response(400, "the body is not JSON")
         if not isinstance(payload, dict) or not isinstance(payload.get("instances"), list):

@@ -67,9 +67,20 @@ class SpeechPredictor(Predictor):
     parameter_types = {"language": str, "task": str, "return_timestamps": bool}
 
     def checked_parameters(self, parameters: object) -> dict[str, Any]:
+        """Refused here, with 400, what generate() would refuse inside a batch (a 500 for
+        every request sharing it): a task other than transcribe/translate, a language
+        Whisper does not know, either one asked of an English-only checkpoint."""
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+
         checked = super().checked_parameters(parameters)
         if checked.get("task", "transcribe") not in ("transcribe", "translate"):
             raise InstanceError("parameter 'task' must be 'transcribe' or 'translate'")
+        language = checked.get("language", "en").lower().strip("<|>")
+        if language not in LANGUAGES and language not in TO_LANGUAGE_CODE:
+            raise InstanceError(f"unknown language {checked['language']!r} for Whisper")
+        multilingual = getattr(self.pipe.model.generation_config, "is_multilingual", True)
+        if not multilingual and {"language", "task"} & set(checked):
+            raise InstanceError("this English-only model takes no 'language' or 'task'")
         return checked
 
     def prepare(self, instance: object) -> dict:
