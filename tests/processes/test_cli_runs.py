@@ -1,5 +1,6 @@
 """The command line as a user meets it, run as `python -m trainer` in a subprocess:
---help and --dry-run (the recipes parsed in-process: tests/unit/test_cli.py)."""
+--help, --dry-run, and the simplest local run there is (the recipes parsed in-process:
+tests/unit/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from tests.support.helpers import trainer_env
+from tests.support.helpers import run_trainer, trainer_env
 
 
 def run_cli(args, cwd, env):
@@ -81,3 +82,22 @@ def test_dry_run_prints_the_plan_for_a_vertex_worker(tmp_path, demo_assets, demo
     assert "hf_secret_value" not in result.stdout
     assert sorted(plan["unset_env"]) == ["MASTER_ADDR", "RANK", "WORLD_SIZE"]
     assert not list(tmp_path.iterdir()), "a dry run must not write anything"
+
+
+def test_one_process_without_deepspeed_trains_speech_grouped_by_length(
+    tmp_path, demo_assets, demo_cache
+):
+    """The simplest local run (one process, `--deepspeed none`: the CPU default, and what the
+    launcher's notice for `--use_deepspeed` recommends) trains and delivers a model, with
+    the example scripts' `--group_by_length`, whose lengths the training processes compute
+    themselves. Both once died at start in the training processes (accelerate's
+    `use_configured_state` without a configured state; a task built without the length
+    column), which no dry run could show."""
+    args = ["--deepspeed", "none", "--nproc_per_node", "1", "--group_by_length",
+            "--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir), "--text_column_name", "transcription",
+            "--max_steps", "2", "--eval_strategy", "no", "--output_dir", "out"]  # fmt: skip
+    code, output = run_trainer(args, cwd=tmp_path, env=trainer_env(demo_cache), timeout=300)
+    assert code == 0, output[-3000:]
+    assert "world size 1" in output and "step 2/2" in output, output[-3000:]
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
