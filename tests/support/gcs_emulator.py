@@ -6,11 +6,16 @@ flaky proxy sits in between and answers a seeded fraction of requests with 503 o
 dropping the connection, the faults the client's retries and our verification must
 survive. Chosen requests can also be refused, delayed or dropped while a run goes
 (`FlakyProxy.fault`): "every upload under checkpoint-4 is refused from now on".
+
+The emulator ignores request preconditions; the proxy answers the one the project sends,
+a create-only upload (`ifGenerationMatch=0`), as Cloud Storage does: 412 when the object
+exists ("Request preconditions" in the Cloud Storage docs), one such upload at a time.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import random
 import re
 import socket
@@ -21,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from tests.support.helpers import free_port
 
@@ -90,6 +95,7 @@ class FlakyProxy:
         self.lock = threading.Lock()
         self.requests = self.failures = 0
         self.faults: list[Fault] = []
+        self.creating = threading.Lock()  # create-only uploads, one at a time
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -158,23 +164,65 @@ class FlakyProxy:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                upstream = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                upstream.request(self.command, self.path, body=body, headers=headers)
-                response = upstream.getresponse()
-                payload = response.read()
-                self.send_response(response.status)
-                for key, value in response.getheaders():
+                created = _created_object(self.path, body)
+                if created is None:
+                    status, response_headers, payload = proxy._upstream(
+                        self.command, self.path, body, headers
+                    )
+                else:
+                    with proxy.creating:
+                        if proxy._exists(*created):
+                            status, response_headers, payload = _precondition_failed()
+                        else:
+                            status, response_headers, payload = proxy._upstream(
+                                self.command, self.path, body, headers
+                            )
+                self.send_response(status)
+                for key, value in response_headers:
                     if key.lower() not in ("transfer-encoding", "content-length", "connection"):
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
-                upstream.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
         return Handler
+
+    def _upstream(self, method: str, path: str, body: bytes, headers: dict):
+        upstream = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            upstream.request(method, path, body=body, headers=headers)
+            response = upstream.getresponse()
+            return response.status, response.getheaders(), response.read()
+        finally:
+            upstream.close()
+
+    def _exists(self, bucket: str, name: str) -> bool:
+        status, _, _ = self._upstream(
+            "GET", f"/storage/v1/b/{bucket}/o/{quote(name, safe='')}", b"", {}
+        )
+        return status == 200
+
+
+def _created_object(path: str, body: bytes) -> tuple[str, str] | None:
+    """(bucket, object) of a create-only upload (`ifGenerationMatch=0`), else None. A
+    multipart upload names its object in the body's JSON metadata part."""
+    upload = re.match(r"/upload/storage/v1/b/([^/]+)/o\?(.*)", path)
+    if upload is None or "ifGenerationMatch=0" not in upload.group(2).split("&"):
+        return None
+    named = re.search(rb'"name": ?"([^"]+)"', body[:4096])
+    return (upload.group(1), named.group(1).decode()) if named else None
+
+
+def _precondition_failed() -> tuple[int, list, bytes]:
+    error = {
+        "code": 412,
+        "message": "At least one of the pre-conditions you specified did not hold.",
+    }
+    payload = json.dumps({"error": {**error, "errors": [{"reason": "conditionNotMet"}]}})
+    return 412, [("Content-Type", "application/json")], payload.encode()
 
 
 class _QuietServer(ThreadingHTTPServer):

@@ -15,14 +15,17 @@ import uuid
 import pytest
 from google.api_core.exceptions import Forbidden, ServiceUnavailable
 
-from tests.support.gcs_emulator import BUCKET
+from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from trainer.common.errors import UserError
 from trainer.data.damaged_data import DataFault
 from trainer.launcher import main as launch
+from trainer.storage import store as storage
 from trainer.storage.checkpoints import publish_model, write_manifest
 from trainer.storage.run_records import (
     OWNER,
     RunIdentity,
+    check_ownership,
+    claim,
     record_failure,
     record_model,
     records_store,
@@ -110,6 +113,44 @@ def test_another_job_is_refused_a_directory_a_job_owns_unless_it_continues_that_
     assert (owner["job"], owner["continues"]["job"]) == ("222", "111")
     code, _, err = launcher("111", outputs)
     assert code == 2 and "belongs to job 222" in err, "the old job no longer owns it"
+
+
+@pytest.fixture(params=["local", "gs"])
+def raced_outputs(request, tmp_path, monkeypatch):
+    """An output directory on the local disk, or in the GCS emulator behind the proxy that
+    answers create-only uploads as Cloud Storage does (the emulator ignores preconditions)."""
+    if request.param == "local":
+        yield str(tmp_path / "job-outputs")
+        return
+    proxy = FlakyProxy(request.getfixturevalue("gcs"))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    storage._process_client.cache_clear()
+    try:
+        yield f"gs://{BUCKET}/{uuid.uuid4().hex}"
+    finally:
+        proxy.close()
+        storage._process_client.cache_clear()
+
+
+def test_two_jobs_whose_checks_overlap_cannot_both_claim_a_directory(raced_outputs):
+    """Both jobs check while the directory has no owner (their checks take seconds); the
+    first claim wins and the second, made after it, is refused with the line a later job
+    gets, so exactly one launches. The record names the winner, unchanged."""
+    checkpoints = f"{raced_outputs}/checkpoints"
+    first, second = RunIdentity("111"), RunIdentity("222")
+    seen_by_first = check_ownership(checkpoints, first, continue_other=False)
+    seen_by_second = check_ownership(checkpoints, second, continue_other=False)
+    assert seen_by_first is seen_by_second is None
+    claim(checkpoints, first, seen_by_first)
+    with pytest.raises(UserError) as refused:
+        claim(checkpoints, second, seen_by_second)
+    assert str(refused.value).startswith(
+        f"{checkpoints} belongs to job 111, not to this run (job 222): its checkpoints and "
+        "model would be overwritten."
+    )
+    assert owner_of(raced_outputs)["job"] == "111"
+    claim(checkpoints, first, seen_by_first)  # the winner's own restart: still its own
+    assert owner_of(raced_outputs)["job"] == "111"
 
 
 def test_a_failed_check_claims_nothing(launcher, tmp_path):

@@ -105,12 +105,7 @@ def check_ownership(checkpoints: str, identity: RunIdentity, continue_other: boo
     owner_record = read_json(records, OWNER)
     owner = identity_of(owner_record)
     if owner is not None and owner != identity and not continue_other:
-        raise UserError(
-            f"{checkpoints} belongs to {owner.describe()}, not to this run "
-            f"({identity.describe()}): its checkpoints and model would be overwritten. "
-            "Give this job another output directory (baseOutputDirectory, "
-            "--checkpoint_dir), or pass --resume_from_output_dir to continue that run."
-        )
+        raise owned_by_another(checkpoints, owner, identity)
     if owner == identity and identity.restartable:
         ended = how_it_ended(checkpoints, records, identity)
         if ended is not None:
@@ -118,15 +113,36 @@ def check_ownership(checkpoints: str, identity: RunIdentity, continue_other: boo
     return owner_record
 
 
+def owned_by_another(checkpoints: str, owner: RunIdentity, identity: RunIdentity) -> UserError:
+    return UserError(
+        f"{checkpoints} belongs to {owner.describe()}, not to this run "
+        f"({identity.describe()}): its checkpoints and model would be overwritten. "
+        "Give this job another output directory (baseOutputDirectory, "
+        "--checkpoint_dir), or pass --resume_from_output_dir to continue that run."
+    )
+
+
 def claim(checkpoints: str, identity: RunIdentity, owner_record: dict | None) -> None:
     """Record this job as the directory's owner (the chief, once every check passed: a job
-    refused before launch owns nothing), naming the run it continues, if any."""
+    refused before launch owns nothing), naming the run it continues, if any.
+
+    A directory that had no owner at the check is claimed with an atomic create, and the
+    outcome is checked here: two jobs whose checks overlapped (a gs:// dataset or a Hub
+    check takes seconds) both saw no owner, and only the first create succeeds; the other
+    is refused (UserError) before it launches. A create that fails because this job's own
+    earlier attempt of the request landed (a retried write) finds this job the owner."""
     if identity_of(owner_record) == identity:
         return
     record = {**asdict(identity), "host": socket.gethostname(), "claimed_at": time.time()}
-    if owner_record is not None:
-        record["continues"] = owner_record
-    records_store(checkpoints).write_text(OWNER, json.dumps(record, indent=1))
+    records = records_store(checkpoints)
+    if owner_record is not None:  # continuing another job's run, as asked
+        records.write_text(OWNER, json.dumps({**record, "continues": owner_record}, indent=1))
+        return
+    if records.create_text(OWNER, json.dumps(record, indent=1)):
+        return
+    winner = identity_of(read_json(records, OWNER))
+    if winner is not None and winner != identity:
+        raise owned_by_another(checkpoints, winner, identity)
 
 
 def how_it_ended(checkpoints: str, records: Store, identity: RunIdentity) -> RunAlreadyEnded | None:

@@ -106,6 +106,12 @@ class Store(ABC):
     def write_text(self, name: str, text: str) -> None: ...
 
     @abstractmethod
+    def create_text(self, name: str, text: str) -> bool:
+        """Write `name` only if it does not exist, atomically (two writers racing: exactly
+        one succeeds); False when it already existed. A claim is made this way: a read
+        followed by a write would let two writers both see nothing and both write."""
+
+    @abstractmethod
     def open_read(self, name: str) -> BinaryIO:
         """A seekable binary reader of one file that fetches only the ranges read (a
         stream reads Parquet row groups this way: nothing lands on local disk)."""
@@ -217,6 +223,19 @@ class LocalStore(Store):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
+    def create_text(self, name: str, text: str) -> bool:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        draft.write_text(text)  # whole before it gets its name: no reader sees it half-written
+        try:
+            os.link(draft, path)  # fails if the name exists, however close the race
+        except FileExistsError:
+            return False
+        finally:
+            draft.unlink()
+        return True
+
     def open_read(self, name: str) -> BinaryIO:
         return (self.root / name).open("rb")
 
@@ -282,6 +301,18 @@ class GcsStore(Store):
 
     def write_text(self, name: str, text: str) -> None:
         self._bucket.blob(self._key(name)).upload_from_string(text, retry=_retry())
+
+    def create_text(self, name: str, text: str) -> bool:
+        """`ifGenerationMatch=0`: Cloud Storage creates the object only if it has no live
+        version ("Request preconditions"), else answers 412."""
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = self._bucket.blob(self._key(name))
+        try:
+            blob.upload_from_string(text, if_generation_match=0, retry=_retry())
+        except PreconditionFailed:
+            return False
+        return True
 
     def open_read(self, name: str) -> BinaryIO:
         return self._bucket.blob(self._key(name)).open("rb", chunk_size=READ_CHUNK, retry=_retry())
