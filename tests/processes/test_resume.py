@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import socket
 import threading
 import time
@@ -20,12 +21,14 @@ import uuid
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
 from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
+    TEXT_COLUMNS,
     assert_manifest_matches_store,
     complete_from,
     final_weights,
@@ -427,3 +430,33 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_asset
     trained = model.state_dict()
     changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
     assert len(changed) > len(initial) // 2, "the delivered weights are not the trained ones"
+
+
+def test_a_restart_after_the_last_step_was_checkpointed_delivers_it_and_trains_no_further(
+    tmp_path, text_assets
+):
+    """A run whose last step (--max_steps 3, not a whole number of epochs) is checkpointed
+    but whose model is not delivered (a stop at the last step; here the model is removed):
+    the restart resumes from checkpoint-3, trains nothing (the Trainer alone would train a
+    step 4 of 3) and delivers the checkpoint's weights."""
+    model_dir, dataset_dir = text_assets
+    args = ["--task", "text-classification", "--deepspeed", "none", "--nproc_per_node", "1",
+            "--model_name_or_path", str(model_dir), "--dataset_name", str(dataset_dir),
+            *TEXT_COLUMNS, "--max_seq_length", "16", "--per_device_train_batch_size", "4",
+            "--max_steps", "3", "--save_steps", "3", "--eval_strategy", "no",
+            "--output_dir", "out"]  # fmt: skip
+    env = trainer_env(tmp_path / "cache")
+    code, output = run_trainer(args, cwd=tmp_path, env=env)
+    assert code == 0, output[-3000:]
+    delivered = tmp_path / "out" / "model"
+    trained = load_file(delivered / "model.safetensors")
+    shutil.rmtree(delivered)
+
+    code, output = run_trainer(args, cwd=tmp_path, env=env)
+    assert code == 0, output[-3000:]
+    assert "resuming from out/checkpoint-3" in output, output[-3000:]
+    assert not re.findall(r"^step \d+/3", output, re.MULTILINE), "trained past --max_steps"
+    assert "checkpoint-3 holds the last step (--max_steps 3): nothing left to train" in output
+    again = load_file(delivered / "model.safetensors")
+    assert again.keys() == trained.keys()
+    assert all(torch.equal(again[name], trained[name]) for name in trained)

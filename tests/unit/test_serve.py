@@ -320,7 +320,9 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2(tmp_path, capsys):
             " (no config.json in it)" if "folder" in message else "")]  # fmt: skip
 
 
-def test_an_english_only_whisper_refuses_a_language_and_takes_its_other_parameters(family_checkpoints):
+def test_an_english_only_whisper_refuses_a_language_and_takes_its_other_parameters(
+    family_checkpoints,
+):
     """A real family's English-only checkpoint (tiny.en's configuration and tokenizer):
     `language` would make generate() raise inside a shared batch; it is refused alone."""
     from trainer.serve.media import InstanceError

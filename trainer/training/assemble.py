@@ -22,6 +22,7 @@ from trainer.tasks.training_arguments import build_training_arguments
 from trainer.training.callbacks import (
     CheckpointSyncCallback,
     HypertuneCallback,
+    NoStepPastTheEnd,
     SaveOnStopOrInterval,
     TensorBoardSyncCallback,
     reports_to_tuning,
@@ -119,6 +120,7 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
     """Attach the callbacks: progress lines, checkpoint uploads, TensorBoard sync and
     tuning reports, stops and timed saves. Returns the parts the run's steps use."""
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(NoStepPastTheEnd())
     data_wait = DataWaitClock()
     data_wait.attach(trainer)
     FirstBatchReport().attach(trainer)

@@ -39,6 +39,21 @@ class UploadsImpossible(RunFailed):
     refused): training on would only produce work that no restart can resume."""
 
 
+class NothingLeftToTrain(Exception):
+    """The run resumed from a checkpoint of its last step: nothing is left to train."""
+
+
+class NoStepPastTheEnd(TrainerCallback):
+    """Ends `train()` before a step past `--max_steps`. The Trainer checks for the end after
+    each step, so resumed from a checkpoint of the last step it would train one step more
+    whenever --max_steps is not a whole number of epochs (a restart after a stop at the
+    last step). Every rank raises at the same step: no collective is left waiting."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if 0 < state.max_steps <= state.global_step:
+            raise NothingLeftToTrain
+
+
 class CheckpointSyncCallback(TrainerCallback):
     """Hands every saved checkpoint to this node's uploader (trainer/storage/checkpoints.py),
     warns once when uploads fall a save behind, and stops training when they cannot succeed."""

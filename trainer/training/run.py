@@ -15,8 +15,11 @@ to this side is gradient checkpointing when the user left it open on a GPU
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainer.settings.run_config import RunConfig
 from trainer.training.assemble import TrainingRun, assemble
+from trainer.training.callbacks import NothingLeftToTrain
 from trainer.training.delivery import ModelNotDelivered, deliver_model
 from trainer.training.distributed import release_process_group
 from trainer.training.failures import RunFailed, root_cause
@@ -38,10 +41,17 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
 
 
 def fit(run: TrainingRun) -> None:
-    """Train from the resume point; an agreed stop saves its step and ends the run here, and an
-    evaluation failed at the last step still delivers the model before the run ends."""
+    """Train from the resume point; an agreed stop saves its step and ends the run here, an
+    evaluation failed at the last step still delivers the model before the run ends, and a
+    resume point at the last step trains nothing (its weights are delivered)."""
     try:
         result = run.trainer.train(resume_from_checkpoint=run.resume_from)
+    except NothingLeftToTrain:
+        if run.place.is_global_main:
+            print(f"{Path(run.resume_from).name} holds the last step (--max_steps "
+                  f"{run.trainer.state.max_steps}): nothing left to train; delivering its "
+                  "model", flush=True)  # fmt: skip
+        return
     except EvaluationFailed as failed:
         if failed.step >= run.trainer.state.max_steps:
             try:
