@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from trainer.common.cache import cache_dir, clear_stale_build_locks, torch_extensions_dir
+from trainer.common.cache import cache_dir, clear_orphaned_build_locks, torch_extensions_dir
 
 SHARED_MEMORY_OP = "ShareMemCommBuilder"
 """DeepSpeed's builder of the op its CPU process groups load (`deepspeed.comm.torch`)."""
@@ -28,7 +28,7 @@ def main() -> None:
     extensions = torch_extensions_dir(os.environ, cache_dir())
     os.environ["TORCH_EXTENSIONS_DIR"] = str(extensions)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    clear_stale_build_locks(extensions, time.time())
+    clear_orphaned_build_locks(extensions)
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder(SHARED_MEMORY_OP)

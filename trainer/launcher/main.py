@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.common.cache import clear_stale_build_locks
+from trainer.common.cache import clear_orphaned_build_locks
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
@@ -120,8 +120,9 @@ def launch(plan: LaunchPlan, launched_at: float) -> None:
         flush=True,
     )
     if "TORCH_EXTENSIONS_DIR" in plan.env:
-        for lock in clear_stale_build_locks(Path(plan.env["TORCH_EXTENSIONS_DIR"]), time.time()):
-            print(f"removed a stale build lock left by a killed run: {lock}", flush=True)
+        for lock in clear_orphaned_build_locks(Path(plan.env["TORCH_EXTENSIONS_DIR"])):
+            print(f"removed a build lock no process holds (a killed build left it): {lock}; "
+                  "DeepSpeed's op is built again", flush=True)  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env}
     env |= plan.env | plan.secret_env
     env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
