@@ -389,19 +389,21 @@ def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
 
 
 def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
-    """Fault 5: the model's upload is refused while checkpoint uploads are slow. The line
-    says the model there is incomplete (and it has no manifest) and names the checkpoint
-    that is complete once the slow uploads finished."""
+    """Fault 5: the model's upload is refused while checkpoint uploads are slow, slower than
+    the stop grace (8 s): no signal came, so the uploads of the checkpoints already saved
+    get the time they need (--failure_upload_seconds), the last step's too. The line says
+    the model there is incomplete (and it has no manifest) and names that checkpoint."""
     job, proxy = proxied_job
     run = job.start("first", "--eval_strategy", "no")
     # Once training runs: the launcher's own write probe must pass first.
     wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
                        "training")  # fmt: skip
     proxy.fault("POST|PUT", r"/model/", refuse=True)
-    proxy.fault("POST|PUT", r"/checkpoints/", delay=0.3)
+    slow = proxy.fault("POST|PUT", r"/checkpoints/checkpoint-", delay=1.0)
     code, output = run.finish(RUN_TIMEOUT)
 
     assert code == 1, output[-3000:]
+    assert slow.hits > 8, "the checkpoint uploads were not slower than the grace"
     line = the_line(output, "error:")
     assert line.startswith(f"error: uploading the final model to {job.base}/model/ failed "
                            "(Forbidden: "), line  # fmt: skip

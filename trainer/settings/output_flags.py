@@ -56,13 +56,17 @@ class OutputArguments:
         "On SIGTERM every rank saves its step; uploads get this long "
         "before the process exits (docs/restarts.md).",
     )
+    failure_upload_seconds: float = flag(
+        600,
+        "After a failure that is not a stop, how long the checkpoints "
+        "already saved get to finish uploading before the process exits.",
+    )
 
     def __post_init__(self) -> None:
         if self.save_interval_minutes is not None and self.save_interval_minutes <= 0:
             raise ValueError(
                 f"--save_interval_minutes must be more than 0, got {self.save_interval_minutes}."
             )
-        if self.stop_grace_seconds < 0:
-            raise ValueError(
-                f"--stop_grace_seconds must be 0 or more, got {self.stop_grace_seconds}."
-            )
+        for name in ("stop_grace_seconds", "failure_upload_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be 0 or more, got {getattr(self, name)}.")

@@ -138,8 +138,9 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
     stop = StopRequest()
     saver = SaveOnStopOrInterval(stop, config.outputs.save_interval_minutes)
     trainer.add_callback(saver)
-    grace = config.outputs.stop_grace_seconds
-    kept = WhatIsKept(uploader, config.locations.checkpoints, grace, place.node_rank)
+    outputs = config.outputs
+    kept = WhatIsKept(uploader, config.locations.checkpoints, outputs.stop_grace_seconds,
+                      place.node_rank, failure_wait=outputs.failure_upload_seconds)  # fmt: skip
     return {"uploader": uploader, "tensorboard": tensorboard, "stop": stop, "saver": saver,
             "kept": kept}  # fmt: skip
 

@@ -23,14 +23,21 @@ class WhatIsKept:
     """One per process. `model` is set once the model is delivered."""
 
     def __init__(
-        self, uploader: CheckpointUploader | None, checkpoints: str, grace: float, node: int
+        self,
+        uploader: CheckpointUploader | None,
+        checkpoints: str,
+        grace: float,
+        node: int,
+        failure_wait: float,
     ) -> None:
         self.uploader = uploader
         self.checkpoints = checkpoints
         self.grace = grace
+        self.failure_wait = failure_wait
         self.node = node
         """This process's node: where a SIGTERM it got came."""
         self.model: str | None = None
+        self._stop: StopRequest | None = None
         self._waited_for: float | None = None
         self._step: str | None = None
 
@@ -42,6 +49,7 @@ class WhatIsKept:
         (its message first), a `UserError` found by training (a stream past
         --max_bad_examples), a failure in a named `step` after delivery, or an unexpected
         exception (the line's end, as a note, for trainer/training/failures.py)."""
+        self._stop = stop
         stop.install()
         try:
             yield
@@ -104,23 +112,35 @@ class WhatIsKept:
             f"{cause}: {name} {what} in {self.checkpoints}, {seconds:.1f} s after the stop"
         )
 
-    def wait(self, since: float | None = None) -> float:
-        """Let this node's queued uploads finish, for at most `--stop_grace_seconds` from
-        `since` (now if not given): torchrun stops a node's processes that much after one
-        of them ends, so waiting longer would only be cut short. Seconds waited."""
+    def wait(self, since: float | None = None) -> None:
+        """Let this node's queued uploads finish.
+
+        After a stop (`since`, or a SIGTERM that comes meanwhile) at most
+        `--stop_grace_seconds` from it: torchrun stops a node's processes that much after
+        the signal, so waiting longer would only be cut short. After a failure with no stop,
+        nothing cuts the process short: checkpoints already saved get up to
+        `--failure_upload_seconds` (a refused model upload must not also lose the last
+        steps' checkpoints that were still uploading)."""
         started = time.monotonic()
-        if self.uploader is not None and self._waited_for is None:
-            deadline = (since if since is not None else started) + self.grace
-            self.uploader.close(timeout=max(0.0, deadline - started))
-            self._waited_for = time.monotonic() - started
-        return time.monotonic() - started
+        if self.uploader is None or self._waited_for is not None:
+            return
+        give_up_at = started + self.failure_wait
+        while True:
+            if since is None and self._stop is not None and self._stop.requested:
+                since = self._stop.requested_at
+            deadline = give_up_at if since is None else since + self.grace
+            left = deadline - time.monotonic()
+            if self.uploader.close(timeout=max(0.0, min(left, 1.0))) or left <= 1.0:
+                break
+        self._waited_for = time.monotonic() - started
 
     def checkpoint_line(self) -> str:
         """Where the newest complete checkpoint is, or that there is none and why."""
         uploader = self.uploader
         behind = []
         if uploader is not None and uploader.uploading is not None:
-            behind.append(f"{uploader.uploading} was still uploading after {self.grace:g} s")
+            waited = self._waited_for or 0.0
+            behind.append(f"{uploader.uploading} was still uploading after {waited:.0f} s")
         if uploader is not None:
             behind += [f"{name}'s upload failed ({uploader.errors[name]})"
                        for name in uploader.failures if name in uploader.errors]  # fmt: skip
