@@ -367,6 +367,8 @@ def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(
         assert re.match(rf"error: no space left on the disk mounted at {out} \([\d.]+ MB free "
                         rf"of 8\.4 MB\) while downloading checkpoint-{STEPS} to "
                         rf"out/checkpoint-{STEPS} ", line), line  # fmt: skip
+        assert line.endswith("(nothing was trained or deleted): free space there (or use a "
+                             "larger disk)"), "the advice must be about the disk"  # fmt: skip
     assert code == 1
     assert not STEP_LINE.findall(output), "it trained"
     assert job.checkpoints.list_files() == before, "something was written or deleted"

@@ -272,6 +272,32 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
     assert "checkpoint-4 does not hold what its manifest lists" in warnings
 
 
+def test_skipping_a_damaged_checkpoint_is_a_warning_naming_the_steps_trained_again(
+    gcs, tmp_path, capsys
+):
+    """The restart's one line for a damaged newest checkpoint: what it resumes from instead
+    and which steps are trained again (the logger's WARNING alone went unseen)."""
+    from trainer.training.resume import newest_readable_checkpoint
+
+    store = open_store(fresh_prefix())
+    for step in (3, 6):
+        chief = uploader(store, tmp_path, 0, 1)
+        chief.submit(node_checkpoint(tmp_path, 0, step, 0))
+        chief.close()
+    manifest = json.loads(store.child("checkpoint-6").read_text(MANIFEST))
+    manifest["files"][0]["crc32c"] = "AAAAAA=="
+    store.child("checkpoint-6").write_text(MANIFEST, json.dumps(manifest))
+
+    found = newest_readable_checkpoint(store.uri, tmp_path / "resume", say=True)
+    assert found == tmp_path / "resume" / "checkpoint-3"
+    assert capsys.readouterr().out == (
+        f"warning: checkpoint-6 in {store.uri} is damaged (stored files differ from the "
+        "manifest) and skipped: resuming from checkpoint-3, so steps 4-6 are trained again\n"
+    )
+    assert newest_readable_checkpoint(store.uri, tmp_path / "again", say=False) is not None
+    assert capsys.readouterr().out == "", "only the global main process says it"
+
+
 def test_gs_dataset_is_fetched_once_per_machine_and_loads_as_a_local_one(
     gcs, demo_assets, tmp_path, monkeypatch
 ):

@@ -108,9 +108,13 @@ class CheckpointUnreadable(Exception):
         self.local = local
 
 
-def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
+def find_resumable_checkpoint(
+    store: Store, local_root: Path, damaged: list[str] | None = None
+) -> Path | None:
     """The newest complete checkpoint, present and verified under `local_root`, skipping only
-    those without a manifest or with stored files proven wrong; else `CheckpointUnreadable`."""
+    those without a manifest or with stored files proven wrong (their names are added to
+    `damaged`, newest first, for the line saying what is trained again); else
+    `CheckpointUnreadable`."""
     try:
         names = checkpoint_names(store)
     except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
@@ -125,11 +129,25 @@ def find_resumable_checkpoint(store: Store, local_root: Path) -> Path | None:
             store.child(name).download(local_root / name, entries)
         except StoredFilesDiffer as error:
             logger.warning("skipping %s/%s: %s", store.uri, name, error)
+            if damaged is not None:
+                damaged.append(name)
             continue
         except Exception as error:  # noqa: BLE001 - nothing proven: stop, skip nothing
             raise CheckpointUnreadable(store, name, local_root / name, error) from error
         return local_root / name
     return None
+
+
+def damaged_line(store: Store, damaged: list[str], found: Path | None) -> str:
+    """`warning:` what skipping damaged checkpoints costs: the steps trained again."""
+    newest = checkpoint_step(damaged[0])
+    since = checkpoint_step(found.name) if found is not None else 0
+    instead = f"resuming from {found.name}" if found is not None else "starting from step 1"
+    return (
+        f"warning: {', '.join(damaged)} in {store.uri} "
+        f"{'is' if len(damaged) == 1 else 'are'} damaged (stored files differ from the "
+        f"manifest) and skipped: {instead}, so steps {since + 1}-{newest} are trained again"
+    )
 
 
 def publish_model(store: Store, local_dir: Path) -> None:

@@ -11,6 +11,7 @@ from trainer.settings.run_config import RunConfig
 from trainer.storage.checkpoints import (
     MANIFEST,
     CheckpointUnreadable,
+    damaged_line,
     find_resumable_checkpoint,
     read_manifest,
 )
@@ -35,7 +36,9 @@ def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | 
     with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
         if place.is_local_main:
             if choice == "auto":
-                found = newest_readable_checkpoint(config.locations.checkpoints, output_dir)
+                found = newest_readable_checkpoint(
+                    config.locations.checkpoints, output_dir, say=place.is_global_main
+                )
             else:
                 found = explicit_checkpoint(choice, output_dir)
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -46,22 +49,26 @@ def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | 
     return path
 
 
-def newest_readable_checkpoint(checkpoints: str, output_dir: Path) -> Path | None:
-    """`find_resumable_checkpoint`, or one line when complete checkpoints may exist but
-    cannot be read: starting from step 1 would lose them, and retention would delete them."""
+def newest_readable_checkpoint(checkpoints: str, output_dir: Path, say: bool) -> Path | None:
+    """`find_resumable_checkpoint`, with a `warning:` line (if `say`) when damaged checkpoints
+    were skipped, or one line when complete checkpoints may exist but cannot be read:
+    starting from step 1 would lose them, and retention would delete them."""
+    store, damaged = open_store(checkpoints), []
     try:
-        return find_resumable_checkpoint(open_store(checkpoints), output_dir)
+        found = find_resumable_checkpoint(store, output_dir, damaged)
+        if damaged and say:
+            print(damaged_line(store, damaged, found), flush=True)
+        return found
     except CheckpointUnreadable as error:
         cause = error.__cause__
-        what = (
-            disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
-            + f" ({brief(cause)})"
-            if disk_full(cause)
-            else str(error)
-        )
+        if disk_full(cause):
+            what = disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
+            what, fix = f"{what} ({brief(cause)})", "free space there (or use a larger disk)"
+        else:
+            what, fix = str(error), f"restart once {checkpoints} can be read"
         raise RunFailed(
             f"{what}; the run stops before training rather than start again from step 1 "
-            f"(nothing was trained or deleted): restart once {checkpoints} can be read"
+            f"(nothing was trained or deleted): {fix}"
         ) from cause
 
 
