@@ -17,6 +17,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from tests.support.helpers import (
     with_start_hook,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.settings.output_flags import STOP_GRACE_SECONDS
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import MANIFEST, complete_checkpoints
 from trainer.storage.store import open_store
@@ -391,21 +393,29 @@ def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
 
 
 def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
-    """Fault 5: the model's upload is refused while checkpoint uploads are slow, slower than
-    the stop grace (8 s): no signal came, so the uploads of the checkpoints already saved
-    get the time they need (--failure_upload_seconds), the last step's too. The line says
-    the model there is incomplete (and it has no manifest) and names that checkpoint."""
+    """Fault 5: the model's upload is refused while the last checkpoint's upload is held
+    past the stop grace. No signal came, so the checkpoints already saved get the time
+    they need (--failure_upload_seconds), the last step's too. The line says the model
+    there is incomplete (and it has no manifest) and names that checkpoint."""
     job, proxy = proxied_job
     run = job.start("first", "--eval_strategy", "no")
     # Once training runs: the launcher's own write probe must pass first.
     wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
                        "training")  # fmt: skip
-    proxy.fault("POST|PUT", r"/model/", refuse=True)
-    slow = proxy.fault("POST|PUT", r"/checkpoints/checkpoint-", delay=1.0)
+    model = proxy.fault("POST|PUT", r"/model/", refuse=True)
+    held = threading.Event()
+    last = proxy.fault("POST|PUT", rf"/checkpoints/checkpoint-{STEPS}/", hold=held)
+
+    def release_after_the_grace():
+        wait_until(lambda: model.hits > 0, RUN_TIMEOUT, "the model's upload")
+        time.sleep(STOP_GRACE_SECONDS + 4)  # past what a stop would wait
+        held.set()
+
+    threading.Thread(target=release_after_the_grace, daemon=True).start()
     code, output = run.finish(RUN_TIMEOUT)
 
     assert code == 1, output[-3000:]
-    assert slow.hits > 8, "the checkpoint uploads were not slower than the grace"
+    assert last.hits > 0 and held.is_set(), "the last checkpoint's upload was not held"
     line = the_line(output, "error:")
     assert line.startswith(f"error: uploading the final model to {job.base}/model/ failed "
                            "(Forbidden: "), line  # fmt: skip

@@ -28,6 +28,7 @@ from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
     FAILING_METRICS,
+    SLOW_STEPS,
     TEXT_COLUMNS,
     assert_manifest_matches_store,
     complete_from,
@@ -460,3 +461,51 @@ def test_a_restart_after_the_last_step_was_checkpointed_delivers_it_and_trains_n
     again = load_file(delivered / "model.safetensors")
     assert again.keys() == trained.keys()
     assert all(torch.equal(again[name], trained[name]) for name in trained)
+
+
+ACCUMULATING = ["--deepspeed", "zero2", "--nproc_per_node", "2",
+                "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "16",
+                "--max_steps", "3", "--save_steps", "1000", "--eval_strategy", "no",
+                "--logging_steps", "1", "--learning_rate", "1e-3", "--seed", "7",
+                "--output_dir", "out"]  # fmt: skip
+"""Steps of 16 micro-batches: with SLOW_STEPS (0.5 s each) a step takes 8 s or more, longer
+than the stop grace of the test (1 s) and torchrun's shutdown timeout (1 + 5 s)."""
+
+
+def test_a_stop_during_a_step_longer_than_the_grace_keeps_the_last_completed_step(
+    tmp_path, demo_assets
+):
+    """SIGTERM during step 2 of 3, whose 16 micro-batches cannot finish within the grace: the
+    ranks agree on the stop after the micro-batch in flight, abandon the step and save
+    step 1 (torchrun would otherwise kill them before anything is saved); the restart
+    resumes there and ends with the weights of a run never stopped."""
+    env = trainer_env(tmp_path / "cache")
+    args = [*tone_speech(demo_assets), *ACCUMULATING]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    code, output = run_trainer(args, cwd=reference, env=env)
+    assert code == 0, output[-3000:]
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    slow = with_start_hook(env, tmp_path / "hooks", SLOW_STEPS)
+    run = start_trainer([*args, "--stop_grace_seconds", "1"], cwd=stopped, env=slow)
+    wait_while_running([run], lambda: "step 1/3" in run.log.read_text(), 300, "step 1")
+    time.sleep(1)  # into step 2
+    run.terminate()
+    code, output = run.finish(120)
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    lines = [line for line in output.splitlines() if line.startswith("preempted:")]
+    assert len(lines) == 1 and re.fullmatch(
+        r"preempted: SIGTERM on node 0 \(Spot preemption or a stopped job\): checkpoint-1 is "
+        r"complete in out, [\d.]+ s after the stop", lines[0]), output[-3000:]  # fmt: skip
+    assert sorted(p.name for p in (stopped / "out").glob("checkpoint-*")) == ["checkpoint-1"]
+
+    code, output = run_trainer(args, cwd=stopped, env=env)
+    assert code == 0, output[-3000:]
+    assert "resuming from out/checkpoint-1" in output, output[-3000:]
+    assert re.findall(r"^step (\d+)/3", output, re.MULTILINE) == ["2", "3"]
+    expected = load_file(reference / "out" / "model" / "model.safetensors")
+    resumed = load_file(stopped / "out" / "model" / "model.safetensors")
+    worst = max((expected[name] - resumed[name]).abs().max().item() for name in expected)
+    assert worst < 1e-5, f"the resumed run's weights differ from the reference by {worst}"

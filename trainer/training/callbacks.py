@@ -39,6 +39,43 @@ class UploadsImpossible(RunFailed):
     refused): training on would only produce work that no restart can resume."""
 
 
+class StoppedMidStep(Exception):
+    """Every rank agreed, between two micro-batches of one step, that a stop was requested:
+    the step is abandoned and the last completed one saved. `origin_node`: where the
+    signal came."""
+
+    def __init__(self, origin_node: int) -> None:
+        super().__init__(f"stop requested on node {origin_node} during a step")
+        self.origin_node = origin_node
+
+
+def rng_states() -> dict:
+    """The random generators a Trainer checkpoint saves (`Trainer._save_rng_state`)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(),
+              "cpu": torch.random.get_rng_state()}  # fmt: skip
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
 class NothingLeftToTrain(Exception):
     """The run resumed from a checkpoint of its last step: nothing is left to train."""
 
@@ -173,10 +210,13 @@ class HypertuneCallback(TrainerCallback):
 
 class SaveOnStopOrInterval(TrainerCallback):
     """After each step: on an agreed stop request, save and stop; when rank 0's clock says the
-    interval has passed since the last save (whatever triggered it), save. Between evaluation
-    batches: on an agreed stop, abandon the evaluation (`EvaluationStopped`;
-    trainer/training/keep_work.py saves the step then). `stopped_at_step`, `stop_origin_node`
-    and `agreed_at` (this rank's clock) say what happened; `clock` and `agree` are for tests."""
+    interval has passed since the last save (whatever triggered it), save. Between the
+    micro-batches of one step (gradient accumulation) and between evaluation batches: on an
+    agreed stop, abandon the step (`StoppedMidStep`; trainer/training/run.py saves the last
+    completed step) or the evaluation (`EvaluationStopped`; trainer/training/keep_work.py
+    saves the step then): a step or an evaluation can take longer than the grace.
+    `stopped_at_step`, `stop_origin_node` and `agreed_at` (this rank's clock) say what
+    happened; `clock` and `agree` are for tests."""
 
     def __init__(
         self,
@@ -191,12 +231,21 @@ class SaveOnStopOrInterval(TrainerCallback):
         self._agree = agree
         self._last_save = clock()
         self._node = int(os.environ.get("GROUP_RANK", "0"))
+        self._step_start_rng: dict | None = None
         self.stopped_at_step: int | None = None
         self.stop_origin_node: int | None = None
         self.agreed_at: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last_save = self._clock()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.gradient_accumulation_steps > 1:  # what a checkpoint of the last step holds
+            self._step_start_rng = rng_states()
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self._agreed_stop(state.global_step):  # the last completed step
+            raise StoppedMidStep(self.stop_origin_node)
 
     def on_step_end(self, args, state, control, **kwargs):
         stop_here = self._node + 1 if self._stop.requested else 0
@@ -207,24 +256,38 @@ class SaveOnStopOrInterval(TrainerCallback):
         )
         stop_origin, save_due = self._agree([float(stop_here), float(due)])
         if stop_origin:
-            self.stopped_at_step = state.global_step
-            self.stop_origin_node = int(stop_origin) - 1
-            self.agreed_at = self._clock()
+            self._stopped(state.global_step, stop_origin)
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False  # no time for it: the notice is seconds long
         elif save_due:
             control.should_save = True
 
-    def on_prediction_step(self, args, state, control, **kwargs):
-        """Every rank runs the same number of evaluation batches (the sampler pads), so
-        this agreement lines up like the one after each step."""
+    def rewind_to_step_start(self) -> None:
+        """The random generators back where the abandoned step began, so that the checkpoint
+        of the last completed step holds what a save at its end would have (dropout draws
+        of the abandoned micro-batches would otherwise make the resumed run differ)."""
+        if self._step_start_rng is not None:
+            restore_rng_states(self._step_start_rng)
+
+    def _agreed_stop(self, step: int) -> bool:
+        """Whether any rank got a stop request (one collective: every rank calls it at the
+        same point); if so, the stop is recorded as keeping `step`."""
         stop_here = self._node + 1 if self._stop.requested else 0
         (stop_origin,) = self._agree([float(stop_here)])
         if stop_origin:
-            self.stopped_at_step = state.global_step
-            self.stop_origin_node = int(stop_origin) - 1
-            self.agreed_at = self._clock()
+            self._stopped(step, stop_origin)
+        return bool(stop_origin)
+
+    def _stopped(self, step: int, stop_origin: float) -> None:
+        self.stopped_at_step = step
+        self.stop_origin_node = int(stop_origin) - 1
+        self.agreed_at = self._clock()
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """Every rank runs the same number of evaluation batches (the sampler pads), so
+        this agreement lines up like the one after each step."""
+        if self._agreed_stop(state.global_step):
             raise EvaluationStopped(self.stop_origin_node)
 
     def on_epoch_end(self, args, state, control, **kwargs):

@@ -148,7 +148,7 @@ class KeepWorkMixin:
         try:
             metrics = super()._evaluate(trial, *args, **kwargs)
         except EvaluationStopped:
-            self._save_step(trial)
+            self.save_step(trial)
             raise
         except Exception as error:
             if not (self._loop_done or isinstance(error, BatchFailed)):
@@ -156,12 +156,12 @@ class KeepWorkMixin:
             failure = error
         (anyone_failed,) = agree([float(failure is not None)])
         if anyone_failed:
-            self._save_step(trial)
+            self.save_step(trial)
         if failure is not None:
             raise EvaluationFailed(self.state.global_step, failure) from failure
         return metrics
 
-    def _save_step(self, trial) -> None:
+    def save_step(self, trial) -> None:
         """Save this step now, on every rank, as `_maybe_log_save_evaluate` would have."""
         if self._save_tried_at == self.state.global_step:
             return

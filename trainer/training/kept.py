@@ -96,6 +96,9 @@ class WhatIsKept:
         learned_at = stop.requested_at if stop.requested else saver.agreed_at
         name = f"checkpoint-{saver.stopped_at_step}"
         cause = stop_cause(saver.stop_origin_node)
+        if saver.stopped_at_step == 0:
+            return Stopped(f"{cause}: during the first step; nothing was trained, so nothing "
+                           "was saved")  # fmt: skip
         uploader = self.uploader
         if uploader is None:
             return Stopped(f"{cause}: every rank saved {name} locally")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainer.settings.run_config import RunConfig
 from trainer.training.assemble import TrainingRun, assemble
-from trainer.training.callbacks import NothingLeftToTrain
+from trainer.training.callbacks import NothingLeftToTrain, StoppedMidStep
 from trainer.training.delivery import ModelNotDelivered, deliver_model
 from trainer.training.distributed import release_process_group
 from trainer.training.failures import RunFailed, root_cause
@@ -41,11 +41,17 @@ def train(config: RunConfig, launched_at: float | None = None) -> None:
 
 
 def fit(run: TrainingRun) -> None:
-    """Train from the resume point; an agreed stop saves its step and ends the run here, an
-    evaluation failed at the last step still delivers the model before the run ends, and a
-    resume point at the last step trains nothing (its weights are delivered)."""
+    """Train from the resume point. An agreed stop saves its step (the last completed one when
+    agreed between micro-batches) and ends the run here; an evaluation failed at the last
+    step still delivers the model before the run ends; a resume point at the last step
+    trains nothing (its weights are delivered)."""
     try:
         result = run.trainer.train(resume_from_checkpoint=run.resume_from)
+    except StoppedMidStep:
+        if run.trainer.state.global_step > 0:  # a step was completed: save it, on every rank
+            run.saver.rewind_to_step_start()
+            run.trainer.save_step(trial=None)
+        raise run.kept.stopped_after_saving(run.saver, run.stop) from None
     except NothingLeftToTrain:
         if run.place.is_global_main:
             print(f"{Path(run.resume_from).name} holds the last step (--max_steps "
