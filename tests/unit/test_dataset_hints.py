@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.support.helpers import checked_task, few_clips, task_of
+from tests.support.helpers import checked_task, few_clips, resolved, task_of
 from tests.support.tiny_assets import (
     build_tiny_bert,
     sentiment_sentences,
@@ -21,6 +21,8 @@ from tests.support.tiny_assets import (
 )
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
+from trainer.settings.run_config import RunConfig
+from trainer.tasks import build_task
 
 TEXT = ["--task", "text-classification"]
 
@@ -171,7 +173,9 @@ def test_text_column_names_joins_the_columns_into_one_text_as_run_classification
         "sentence1,sentence2",
         " ",
     )
-    task = task_of([*args, "--text_column_names", "sentence1,sentence2"])
+    # the configuration as the training processes receive it (JSON), and the task they build
+    config = resolved([*args, "--text_column_names", "sentence1,sentence2"])
+    task = build_task(RunConfig.from_json(config.to_json()))
     task.check_inputs()
     _, tokenizer = task.build_model_and_processor()
     train, _ = task.load_datasets(tokenizer)
@@ -198,14 +202,51 @@ def test_a_metadata_file_that_is_not_utf8_in_any_split_is_refused_at_launch(
         clip.unlink()
     (folder / "test" / "metadata.csv").write_text("file_name,transcription\n")
     metadata = folder / "train" / "metadata.csv"
-    text = metadata.read_bytes()
-    offset = text.index(b"\n") + 1
-    metadata.write_bytes(text[:offset] + "caf\xe9,".encode("latin-1") + text[offset:])
+    offset = latin1_byte_in(metadata)
     args = ["--task", "speech-recognition", "--model_name_or_path", demo_assets.model_dir,
             "--dataset_name", folder, "--text_column_name", "transcription",
             "--language", "en"]  # fmt: skip
     code, _, err = dry_run(args, capsys)
     assert code == 2 and err == (
-        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {offset + 3} (invalid "
+        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {offset} (invalid "
         "continuation byte); save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).\n"
+    ), err
+
+
+def latin1_byte_in(path, after: bytes = b"\n") -> int:
+    """Put a Latin-1 "é" into `path` after its first `after`; the byte's offset."""
+    text = path.read_bytes()
+    start = text.index(after) + len(after)
+    path.write_bytes(text[:start] + "caf\xe9".encode("latin-1") + text[start:])
+    return start + 3
+
+
+def test_every_metadata_file_of_an_image_folder_and_every_common_voice_table_is_utf8(
+    image_assets, demo_assets, tmp_path, capsys
+):
+    """An imagefolder's metadata.jsonl in its test split; a Common Voice directory's second
+    table (the first one's header was the only one read)."""
+    from tests.support.tiny_assets import write_colour_images
+
+    vit, _ = image_assets
+    images = tmp_path / "colours"
+    write_colour_images(images)
+    metadata = images / "test" / "red" / "metadata.jsonl"
+    metadata.write_text('{"file_name": "0000.png", "caption": "a red square"}\n')
+    offset = latin1_byte_in(metadata, b'"caption": "')
+    code, _, err = dry_run(["--task", "image-classification", "--model_name_or_path", vit,
+                            "--dataset_name", images], capsys)  # fmt: skip
+    assert code == 2 and err.startswith(
+        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {offset} "
+    ), err
+    voice = tmp_path / "voice"
+    (voice / "clips").mkdir(parents=True)
+    for split in ("test", "train"):
+        (voice / f"{split}.tsv").write_text("client_id\tpath\tsentence\nc1\ta.mp3\tred cats\n")
+    offset = latin1_byte_in(voice / "train.tsv")
+    speech = ["--task", "speech-recognition", "--model_name_or_path", demo_assets.model_dir,
+              "--text_column_name", "sentence", "--language", "en"]  # fmt: skip
+    code, _, err = dry_run([*speech, "--dataset_name", voice], capsys)
+    assert code == 2 and err.startswith(
+        f"error: {voice / 'train.tsv'} is not UTF-8: byte 0xe9 at offset {offset} "
     ), err
