@@ -118,7 +118,8 @@ class Task(ABC):
     def check_inputs(self) -> None:
         """Cheap checks of the data's splits and columns, run before any launch on a node
         (trainer/preflight/run_checks.py): a shard set's from its index, a local directory's
-        or named files' from their layout; a hub dataset is checked when it is loaded."""
+        or named files' from their layout (and its metadata tables' encoding); a hub dataset
+        is checked when it is loaded."""
         data, name = self.data_args, self.data_args.dataset_name
         index = shard_index_of(name)
         if index is not None:
@@ -140,7 +141,8 @@ class Task(ABC):
 
     def column_warning(self, columns: list[str]) -> str | None:
         """A warning line about the columns the flags leave unread in a training split with
-        `columns` (a text task: half of a sentence pair), printed once; None by default."""
+        `columns` (a text task: half of a sentence pair), printed once by the first process
+        when the split is loaded; None by default."""
         return None
 
     def column_hint(self, flag: str, columns: list[str]) -> str:
