@@ -51,9 +51,9 @@ def test_a_damaged_shard_is_one_line_naming_it_at_launch_or_when_read(
     name = damaged(location, shard_format, damage)
     if damage != "random bytes":  # a different size shows in a listing, before launch
         with pytest.raises(UserError, match=rf"Shard {location}/{name} holds \d+ bytes but"):
-            check_shard_set(index, str(location), ["train"], {})
+            check_shard_set(index, str(location), "train", "", {})
     else:
-        check_shard_set(index, str(location), ["train"], {})  # same size: seen when read
+        check_shard_set(index, str(location), "train", "", {})  # same size: seen when read
     stream = shard_split(str(location), index, "train", streaming=True)
     with pytest.raises(DataFault, match=rf"^shard {location}/{name} (holds|has CRC32C)"):
         list(stream)
@@ -97,7 +97,7 @@ def test_a_gs_shard_set_is_checked_against_the_checksums_the_bucket_reports(tmp_
     (local / shard.file).write_bytes(bytes(data))
     open_store(uri).upload(local, [shard.file])
     with pytest.raises(UserError, match=rf"Shard {uri}/{shard.file} has CRC32C \S+ but"):
-        check_shard_set(index, uri, ["train"], {})
+        check_shard_set(index, uri, "train", "", {})
 
 
 def test_loader_workers_skip_undecodable_streamed_clips_and_carry_their_names(

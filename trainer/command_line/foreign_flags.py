@@ -198,7 +198,7 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--test_split_name": ignored("no prediction pass is run: the final evaluation uses "
                                  "--eval_split_name", CLASSIFICATION, takes_value=True),
     "--validation_split_name": renamed("--eval_split_name", CLASSIFICATION),
-    "--text_column_names": renamed("--text_column_name", CLASSIFICATION),
+    "--text_column_names": renamed("--joined_text_columns", CLASSIFICATION),
     "--do_regression": refused("regression is not trained here: text-classification "
                                "predicts classes", CLASSIFICATION, takes_value=False),
     "--metric_name": refused("every evaluation reports all of the task's metrics; choose the "

@@ -131,6 +131,8 @@ def with_model_and_data(
     synthesized speech), its recipe first so that the command line still wins."""
     model = flags.model.model_name_or_path
     dataset = flags.data.dataset_name or getattr(flags.task_options, "train_file", None)
+    if dataset is None:
+        check_training_file(flags.task_options)
     if model is not None and dataset is not None:
         return training_argv, None
     if dataset is not None:
@@ -153,6 +155,18 @@ def with_model_and_data(
         str(demo.dataset_dir),
     ]
     return [*config_file_flags(DEMO_RECIPE), *demo_flags, *training_argv], demo
+
+
+def check_training_file(options: object) -> None:
+    """--validation_file and --test_file name more splits of --train_file's data: given
+    without it or --dataset_name, the run has no training split."""
+    for name in ("validation_file", "test_file"):
+        if getattr(options, name, None):
+            raise UserError(
+                f"--{name} is given without --train_file: the files name the splits of one "
+                "dataset, the training examples first; add --train_file, or give the data as "
+                "--dataset_name DIR (one file per split: train.csv, test.csv, ...)."
+            )
 
 
 def defaults_for(hardware: Hardware, given: set[str], mixed_precision: str) -> list[str]:

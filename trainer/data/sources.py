@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns, check_splits, split_names
+from trainer.data.checks import check_columns, check_splits, evaluation_hint, split_names
 from trainer.data.shard_index import KEY_COLUMN, ShardIndex, check_listing, read_index
 from trainer.data.shard_reader import shard_split
 from trainer.storage.store import open_store
@@ -78,35 +78,40 @@ def fetch_directory(uri: str) -> Path:
     return target
 
 
-EVALUATION_HINT = (
-    " (no evaluation split? --train_val_split 0.15 takes one from the training split; "
-    "--eval_strategy no trains without)"
-)
-
-
 def check_shard_set(
-    index: ShardIndex, location: str, specs: list[str], wanted: dict[str, str]
+    index: ShardIndex,
+    location: str,
+    train_spec: str,
+    eval_spec: str,
+    wanted: dict[str, str],
+    hint: Callable[[str, list[str]], str] | None = None,
 ) -> None:
     """A shard set's splits and columns, from its index, and its shards' sizes (and
-    Cloud Storage's checksums) from a listing: no shard is opened."""
-    names = []
-    for spec in specs:
-        check_splits(index.splits, spec, location)
-        names += split_names(spec)
-    check_columns(index.columns, wanted, location)
+    Cloud Storage's checksums) from a listing: no shard is opened. `hint`: see
+    `check_columns`."""
+    check_splits(index.splits, train_spec, location)
+    if eval_spec:
+        check_splits(index.splits, eval_spec, location, evaluation_hint(index.splits))
+    check_columns(index.columns, wanted, location, hint)
+    names = split_names(train_spec) + split_names(eval_spec)
     check_listing(index, open_store(location), sorted(set(names)))
 
 
 def select_source_columns(
-    dataset: Dataset | IterableDataset, flags: dict[str, str], renames: dict[str, str], where: str
+    dataset: Dataset | IterableDataset,
+    flags: dict[str, str],
+    renames: dict[str, str],
+    where: str,
+    hint: Callable[[str, list[str]], str] | None = None,
 ) -> Dataset | IterableDataset:
     """The columns a task reads, under the names it reads them by (`renames`: source column ->
     task column), plus a shard set's example ids (`__key__`, for `--stream_audit_dir`). `flags`
     (flag name -> column) are checked first where the dataset knows its columns before it is
-    read; a Hub stream may not, and then fails on its first example."""
+    read; a Hub stream may not, and then fails on its first example. `hint`: see
+    `check_columns`."""
     columns = dataset.column_names
     if columns is not None:
-        check_columns(columns, flags, where)
+        check_columns(columns, flags, where, hint)
     keys = [KEY_COLUMN] if KEY_COLUMN in (columns or []) else []
     dataset = dataset.select_columns([*renames, *keys])
     return dataset.rename_columns({old: new for old, new in renames.items() if old != new})
@@ -160,6 +165,22 @@ def table_header(path: Path) -> list[str]:
         return list(json.loads(first_line)) if first_line.strip() else []
     delimiter = "\t" if path.suffix == ".tsv" else ","
     return next(csv.reader([first_line], delimiter=delimiter), [])
+
+
+FOLDER_METADATA = ("metadata.csv", "metadata.jsonl")
+"""The tables `datasets`' audiofolder and imagefolder builders join to the media by
+`file_name`, found at any depth of a split's folder."""
+
+
+def check_metadata_files(layout: LocalLayout) -> None:
+    """Every metadata table of a folder layout, in every split (`load_dataset` prepares all
+    the splits declared, not only those asked for), is UTF-8 (`check_utf8`): one bad byte
+    otherwise fails every training process after launch, naming no file."""
+    if layout.builder not in ("audiofolder", "imagefolder"):
+        return
+    for folder in (path for paths in layout.splits.values() for path in paths):
+        for path in sorted(p for name in FOLDER_METADATA for p in folder.rglob(name)):
+            check_utf8(path)
 
 
 UTF8_CHUNK = 4 << 20

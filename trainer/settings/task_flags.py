@@ -8,7 +8,7 @@ trainer/tasks/ (docs/tasks.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -67,6 +67,12 @@ class TextArguments(ClassificationArguments):
         "Join the columns of --text_column_name into one text with this "
         "separator (run_classification.py's way to use several columns).",
     )
+    joined_text_columns: str | None = flag(
+        None,
+        "Columns separated by commas, joined into one text with "
+        "--text_column_delimiter (a space if not given): run_classification.py's "
+        "--text_column_names. In place of --text_column_name.",
+    )
     max_seq_length: int = flag(128, "Longer texts are truncated to this many tokens.")
     train_file: str | None = flag(
         None,
@@ -82,6 +88,10 @@ class TextArguments(ClassificationArguments):
         super().__post_init__()
         if self.max_seq_length < 1:
             raise ValueError("--max_seq_length must be at least 1.")
+        if self.joined_text_columns is not None and self.text_column_name != "text":
+            raise ValueError("--joined_text_columns (run_classification.py's "
+                             "--text_column_names) and --text_column_name both name the text "
+                             "column(s): give one.")  # fmt: skip
         columns = self.text_columns()
         if len(columns) != len(set(columns)) or not all(columns):
             raise ValueError(f'--text_column_name "{self.text_column_name}": name each '
@@ -91,6 +101,15 @@ class TextArguments(ClassificationArguments):
                 f"--text_column_name names {len(columns)} columns: a text or a pair is one or "
                 "two; give --text_column_delimiter to join more into one text."
             )
+
+    def settled(self) -> TextArguments:
+        """--joined_text_columns as the other flags say it: the columns as
+        --text_column_name, joined by --text_column_delimiter (a space unless given)."""
+        if self.joined_text_columns is None:
+            return self
+        delimiter = " " if self.text_column_delimiter is None else self.text_column_delimiter
+        return replace(self, text_column_name=self.joined_text_columns,
+                       text_column_delimiter=delimiter, joined_text_columns=None)  # fmt: skip
 
     def text_columns(self) -> list[str]:
         return [column.strip() for column in self.text_column_name.split(",")]

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns, check_splits
+from trainer.data.checks import check_columns, check_splits, evaluation_hint
 from trainer.data.sources import (
-    EVALUATION_HINT,
     FILES,
+    check_metadata_files,
     check_shard_set,
     local_directory,
     looks_like_path,
@@ -118,12 +118,13 @@ class Task(ABC):
     def check_inputs(self) -> None:
         """Cheap checks of the data's splits and columns, run before any launch on a node
         (trainer/preflight/run_checks.py): a shard set's from its index, a local directory's
-        or named files' from their layout; a hub dataset is checked when it is loaded."""
+        or named files' from their layout (and its metadata tables' encoding); a hub dataset
+        is checked when it is loaded."""
         data, name = self.data_args, self.data_args.dataset_name
         index = shard_index_of(name)
         if index is not None:
-            specs = [data.train_split_name, data.eval_split_name]
-            check_shard_set(index, name, [spec for spec in specs if spec], self.column_flags())
+            check_shard_set(index, name, data.train_split_name, data.eval_split_name,
+                            self.column_flags(), self.column_hint)  # fmt: skip
             return
         layout, directory = self.file_layout(), FILES
         if layout is None:
@@ -131,10 +132,23 @@ class Task(ABC):
                 return
             directory = local_directory(name)
             layout = self.detect_local_layout(directory)
+            check_metadata_files(layout)
         check_splits(layout.splits, data.train_split_name, directory)
         if data.eval_split_name:
-            check_splits(layout.splits, data.eval_split_name, directory, EVALUATION_HINT)
-        check_columns(layout.columns, self.column_flags(), str(directory))
+            hint = evaluation_hint(layout.splits)
+            check_splits(layout.splits, data.eval_split_name, directory, hint)
+        check_columns(layout.columns, self.column_flags(), str(directory), self.column_hint)
+
+    def column_warning(self, columns: list[str]) -> str | None:
+        """A warning line about the columns the flags leave unread in a training split with
+        `columns` (a text task: half of a sentence pair), printed once by the first process
+        when the split is loaded; None by default."""
+        return None
+
+    def column_hint(self, flag: str, columns: list[str]) -> str:
+        """What ends the error line of a column `--flag` names that is not among `columns`
+        (a text task says how to name a sentence pair it sees); nothing by default."""
+        return ""
 
     def file_layout(self) -> LocalLayout | None:
         """The layout of data named file by file (`--train_file` ...), for tasks that take

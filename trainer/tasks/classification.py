@@ -145,6 +145,14 @@ class LabelSet:
                 f"built for {', '.join(self.names)} (from {self.source})."
             )
         values = dataset.unique(LABEL)
+        missing = -1 if isinstance(feature, ClassLabel) else None  # datasets' "no label"
+        if any(value == missing or _is_missing(value) for value in values):
+            extent = "no labels" if len(values) == 1 else "examples without a label"
+            raise UserError(
+                f"{where} has {extent} (a benchmark's test split hides them): train and "
+                "evaluate on splits with labels (--eval_split_name one that has them, often "
+                "validation; or --train_val_split 0.15 takes one from the training split)."
+            )
         unknown = [value for value in values if value not in self.ids]
         if unknown:
             shown = ", ".join(repr(value) for value in unknown[:5])
@@ -399,11 +407,17 @@ class ClassificationTask(Task):
     def _load_split(self, spec: str, streaming: bool = False):
         """One split (or `a+b`), reduced to the input and label columns under fixed names
         (and a shard set's example ids, for `--stream_audit_dir`)."""
+        source = self.load_source(spec, streaming)
+        warning = self.column_warning(source.column_names or [])
+        training = spec == self.data_args.train_split_name  # read once, to build the model
+        if warning and training and os.environ.get("RANK", "0") == "0":
+            print(warning, flush=True)
         return select_source_columns(
-            self.load_source(spec, streaming),
+            source,
             self.column_flags(),
             {**self.input_renames(), self.options.label_column_name: LABEL},
             f"dataset {self.data_args.dataset_name} split {spec}",
+            self.column_hint,
         )
 
     def load_source(self, spec: str, streaming: bool = False):

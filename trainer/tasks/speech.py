@@ -30,7 +30,9 @@ from transformers import Seq2SeqTrainingArguments
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import (
+    FOLDER_METADATA,
     LocalLayout,
+    check_utf8,
     first_examples,
     load_split,
     select_source_columns,
@@ -60,14 +62,14 @@ LENGTH_SAMPLING_STRATEGIES = ("group_by_length", "batch_rebalance")
 COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
 """Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
 
-AUDIOFOLDER_METADATA = ("metadata.csv", "metadata.jsonl")
-
 
 def detect_local_layout(directory: Path) -> LocalLayout:
     """Recognise an audiofolder or Common Voice-style directory from its files."""
     tsv_files = sorted(directory.glob("*.tsv"))
     if (directory / "clips").is_dir() and tsv_files:
         header = table_header(tsv_files[0])
+        for path in tsv_files[1:]:  # every split's table is read when one split is loaded
+            check_utf8(path)
         return LocalLayout(
             builder="csv",
             splits={
@@ -85,19 +87,19 @@ def detect_local_layout(directory: Path) -> LocalLayout:
             columns=frozenset(header) - {"file_name"} | {"audio"},
         )
     raise UserError(
-        f"{directory} is neither an audiofolder ({' or '.join(AUDIOFOLDER_METADATA)} with a "
+        f"{directory} is neither an audiofolder ({' or '.join(FOLDER_METADATA)} with a "
         "file_name column) nor a Common Voice directory (clips/ and .tsv files)."
     )
 
 
 def _audiofolder_metadata(directory: Path) -> dict[str, Path]:
-    for name in AUDIOFOLDER_METADATA:
+    for name in FOLDER_METADATA:
         if (directory / name).is_file():
             return {"train": directory / name}
     return {
         sub.name: sub / name
         for sub in sorted(p for p in directory.iterdir() if p.is_dir())
-        for name in AUDIOFOLDER_METADATA
+        for name in FOLDER_METADATA
         if (sub / name).is_file()
     }
 

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from trainer.common.errors import UserError
+from trainer.data.checks import split_names
 from trainer.data.sources import LocalLayout, table_header
 from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
@@ -30,6 +31,20 @@ TABLE_FORMATS = {
     ".parquet": ("parquet", {}),
 }
 """Local file suffix -> `datasets` builder and its arguments."""
+
+SENTENCE_PAIRS = (
+    ("sentence1", "sentence2"),  # GLUE's MRPC, RTE, WNLI, STS-B; PAWS
+    ("question1", "question2"),  # GLUE's QQP
+    ("question", "sentence"),  # GLUE's QNLI
+    ("premise", "hypothesis"),  # GLUE's MNLI, SNLI, XNLI
+    ("question", "passage"),  # SuperGLUE's BoolQ
+)
+"""Column pairs that are the two texts of one example, in their order."""
+
+GLUE = ("nyu-mll/glue", "glue")
+GLUE_UNLABELLED_SPLITS = ("test", "test_matched", "test_mismatched")
+"""GLUE's test splits: their labels are hidden (every one is -1)."""
+FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
 
 
 class TextClassificationTask(ClassificationTask):
@@ -53,15 +68,60 @@ class TextClassificationTask(ClassificationTask):
         if not files:
             return None
         if self.data_args.dataset_name is not None:
-            raise UserError("--train_file and --dataset_name both name the data: give one.")
-        if "train" not in files:
-            raise UserError("--validation_file and --test_file go with --train_file.")
+            given = ", ".join(FILE_FLAGS[split] for split in files)
+            raise UserError(
+                f"{given} and --dataset_name name the data twice: give --dataset_name alone "
+                "(its own splits), or --train_file with the other files."
+            )
         for path in files.values():
             if path.suffix not in TABLE_FORMATS or not path.is_file():
                 raise UserError(
                     f"Data file {path} not found, or not one of {', '.join(TABLE_FORMATS)}."
                 )
         return table_layout(files, "the files of --train_file, --validation_file, --test_file")
+
+    @classmethod
+    def settled_options(cls, options: TextArguments) -> TextArguments:
+        return options.settled()
+
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        self.check_glue_evaluation()
+
+    def check_glue_evaluation(self) -> None:
+        """GLUE's test splits have no labels: evaluating on one (`--eval_split_name` defaults
+        to test) would fail in every training process, or score nothing."""
+        name, config = self.data_args.dataset_name, self.data_args.dataset_config_name
+        hidden = [s for s in split_names(self.data_args.eval_split_name)
+                  if s in GLUE_UNLABELLED_SPLITS]  # fmt: skip
+        if name in GLUE and hidden:
+            held_out = "validation_matched" if config == "mnli" else "validation"
+            raise UserError(
+                f'Split "{hidden[0]}" of {name} has no labels (GLUE hides them: every one is '
+                f"-1): evaluate on --eval_split_name {held_out}."
+            )
+
+    def column_hint(self, flag: str, columns: list[str]) -> str:
+        """A text column not found where the dataset has a known sentence pair: how to
+        name the pair."""
+        pairs = [pair for pair in SENTENCE_PAIRS if set(pair) <= set(columns)]
+        if flag != self.input_flag or not pairs:
+            return ""
+        return f" Its sentence pair: --text_column_name {','.join(pairs[0])}."
+
+    def column_warning(self, columns: list[str]) -> str | None:
+        """One text column that is half of a known sentence pair the dataset has: the model
+        would learn from one sentence of each pair, without a word; say so."""
+        text = self.options.text_columns()
+        halves = [pair for pair in SENTENCE_PAIRS if set(pair) <= set(columns) and text[0] in pair]
+        if len(text) != 1 or not halves:
+            return None
+        other = next(column for column in halves[0] if column != text[0])
+        return (
+            f"warning: --text_column_name {text[0]} trains on one text of each example, but "
+            f"the dataset also has {other}, the other half of the pair: "
+            f"--text_column_name {','.join(halves[0])} trains on both"
+        )
 
     def model_class(self):
         from transformers import AutoModelForSequenceClassification

@@ -1,0 +1,252 @@
+"""What a dataset's splits and columns tell a user who named them wrong (issue 33): the
+evaluation split a dataset has, the files given without `--train_file`, how to name a
+sentence pair, GLUE's unlabelled test split and one half of a pair, run_classification.py's
+`--text_column_names` (columns joined into one text), and a metadata file that is not UTF-8
+in any split of an audio folder. Dry runs through the launcher in this process, and the
+task objects the training processes build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.support.helpers import checked_task, few_clips, resolved, task_of
+from tests.support.tiny_assets import (
+    build_tiny_bert,
+    sentiment_sentences,
+    write_paraphrase_csv,
+    write_sentiment_csv,
+)
+from trainer.common.errors import UserError
+from trainer.launcher import main as launch
+from trainer.settings.run_config import RunConfig
+from trainer.tasks import build_task
+
+TEXT = ["--task", "text-classification"]
+
+
+def dry_run(args: list[str], capsys) -> tuple[int, dict | None, str]:
+    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
+    the plan's configuration, stderr)."""
+    try:
+        launch.main(["--dry-run", "--skip_hub_check", *[str(arg) for arg in args]])
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, json.loads(out)["config"] if code == 0 else None, err
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    """A tiny BERT, the sentiment CSVs (train, test) and MRPC-shaped pairs (train,
+    validation: no test split, as a dataset with a validation split often is)."""
+    root = tmp_path_factory.mktemp("dataset-hints")
+    texts = [text for rows in sentiment_sentences().values() for text, _ in rows]
+    build_tiny_bert(root / "bert", texts)
+    write_sentiment_csv(root / "sentiment")
+    write_paraphrase_csv(root / "mrpc")
+    return root
+
+
+def on(root, dataset="mrpc") -> list:
+    """The text task's flags for the tiny BERT and `dataset` (a folder of `root`, or a path)."""
+    return [*TEXT, "--model_name_or_path", root / "bert", "--dataset_name", root / dataset]
+
+
+@pytest.mark.parametrize(
+    ("splits", "hint"),
+    [
+        (("train", "validation"), "(--eval_split_name validation evaluates on its validation"),
+        (("train", "dev"), "(--eval_split_name dev evaluates on its dev split; "),
+        (("train",), "(no evaluation split? --train_val_split 0.15 takes one from the"),
+    ],
+)
+def test_a_missing_evaluation_split_points_to_the_one_the_dataset_has(
+    tables, tmp_path, capsys, splits, hint
+):
+    for split in splits:
+        shutil.copy(tables / "mrpc" / ("validation.csv" if split != "train" else "train.csv"),
+                    tmp_path / f"{split}.csv")  # fmt: skip
+    code, _, err = dry_run(on(tables, tmp_path), capsys)
+    expected = (
+        f'error: Split "test" not found in {tmp_path}: it has {", ".join(sorted(splits))}. {hint}'
+    )
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+    assert err.rstrip().endswith("--eval_strategy no trains without)"), err
+
+
+def test_a_test_file_alone_names_what_is_missing(tables, capsys):
+    test_file = tables / "sentiment" / "test.csv"
+    model = ["--model_name_or_path", tables / "bert", "--text_column_name", "sentence"]
+    code, _, err = dry_run([*TEXT, *model, "--test_file", test_file], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --test_file is given without --train_file: the files name "
+                          "the splits of one dataset, the training examples first; add "
+                          "--train_file, or give the data as --dataset_name DIR"), err  # fmt: skip
+    code, _, err = dry_run([*on(tables, "sentiment"), "--test_file", test_file], capsys)
+    assert code == 2 and err == (
+        "error: --test_file and --dataset_name name the data twice: give --dataset_name alone "
+        "(its own splits), or --train_file with the other files.\n"
+    ), err
+
+
+def test_a_missing_text_column_says_how_to_give_the_pair_the_dataset_has(tables, capsys):
+    code, _, err = dry_run([*on(tables), "--eval_split_name", "validation"], capsys)
+    assert code == 2 and err == (
+        f'error: Column "text" (--text_column_name) not found in {tables / "mrpc"}; its '
+        "columns are: label, sentence1, sentence2. Its sentence pair: --text_column_name "
+        "sentence1,sentence2.\n"
+    ), err
+    code, _, err = dry_run([*on(tables), "--eval_split_name", "validation",
+                            "--text_column_name", "sentence1,sentence2"], capsys)  # fmt: skip
+    assert code == 0, err
+
+
+def test_the_training_processes_warn_of_one_half_of_a_sentence_pair(tables, capsys):
+    task = checked_task("text-classification", tables / "bert", tables / "mrpc",
+                        "--text_column_name", "sentence1",
+                        "--eval_split_name", "validation")  # fmt: skip
+    task.build_model_and_processor()
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warnings == [
+        "warning: --text_column_name sentence1 trains on one text of each example, but the "
+        "dataset also has sentence2, the other half of the pair: --text_column_name "
+        "sentence1,sentence2 trains on both"
+    ]
+    pair = checked_task("text-classification", tables / "bert", tables / "mrpc",
+                        "--text_column_name", "sentence1,sentence2",
+                        "--eval_split_name", "validation")  # fmt: skip
+    pair.build_model_and_processor()
+    assert "warning" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("config", "evaluation", "held_out"),
+    [("mrpc", [], "validation"), ("rte", ["--eval_split_name", "test"], "validation"),
+     ("mnli", ["--eval_split_name", "test_matched"], "validation_matched")],
+)  # fmt: skip
+def test_glue_s_unlabelled_test_split_is_refused_before_launch(
+    tables, capsys, config, evaluation, held_out
+):
+    args = [*TEXT, "--model_name_or_path", tables / "bert", "--dataset_name", "nyu-mll/glue",
+            "--dataset_config_name", config, "--text_column_name", "sentence1",
+            *evaluation]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    split = evaluation[-1] if evaluation else "test"
+    assert code == 2 and err == (
+        f'error: Split "{split}" of nyu-mll/glue has no labels (GLUE hides them: every one is '
+        f"-1): evaluate on --eval_split_name {held_out}.\n"
+    ), err
+
+
+def test_an_evaluation_split_without_labels_is_refused_in_the_training_processes(tables, tmp_path):
+    """A split whose labels are all datasets' "no label" (-1 of a ClassLabel), as a
+    benchmark's hidden test split: refused when the training processes load it."""
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    features = Features({"sentence": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
+    rows = [(text, label == "positive") for text, label in sentiment_sentences()["train"]]
+    Dataset.from_dict({"sentence": [t for t, _ in rows], "label": [int(p) for _, p in rows]},
+                      features=features).to_parquet(tmp_path / "train.parquet")  # fmt: skip
+    Dataset.from_dict({"sentence": ["A quiet quarter."] * 4, "label": [-1] * 4},
+                      features=features).to_parquet(tmp_path / "test.parquet")  # fmt: skip
+    task = checked_task("text-classification", tables / "bert", tmp_path,
+                        "--text_column_name", "sentence")  # fmt: skip
+    _, tokenizer = task.build_model_and_processor()
+    hidden = r"^split test of .* has no labels \(a benchmark's test split hides them\): train"
+    with pytest.raises(UserError, match=hidden):
+        task.load_datasets(tokenizer)
+
+
+def test_text_column_names_joins_the_columns_into_one_text_as_run_classification_does(
+    tables, capsys
+):
+    args = [*on(tables), "--eval_split_name", "validation"]
+    code, config, err = dry_run([*args, "--text_column_names", "sentence1,sentence2"], capsys)
+    assert code == 0, err
+    assert "--text_column_names read as --joined_text_columns" in err.splitlines()
+    options = config["flags"]["task_options"]
+    assert (options["text_column_name"], options["text_column_delimiter"]) == (
+        "sentence1,sentence2",
+        " ",
+    )
+    # the configuration as the training processes receive it (JSON), and the task they build
+    config = resolved([*args, "--text_column_names", "sentence1,sentence2"])
+    task = build_task(RunConfig.from_json(config.to_json()))
+    task.check_inputs()
+    _, tokenizer = task.build_model_and_processor()
+    train, _ = task.load_datasets(tokenizer)
+    batch = task.data_collator(tokenizer)([train[0]])
+    joined = f"{train[0]['text']} {train[0]['text_pair']}"
+    assert batch["input_ids"][0].tolist() == tokenizer(joined)["input_ids"]
+    assert 1 not in batch["token_type_ids"][0].tolist()  # one text, not a pair
+    delimited = task_of([*args, "--text_column_names", "sentence1,sentence2",
+                         "--text_column_delimiter", " | "])  # fmt: skip
+    assert delimited.options.text_column_delimiter == " | "
+    code, _, err = dry_run([*args, "--text_column_names", "sentence1,sentence2",
+                            "--text_column_name", "sentence1"], capsys)  # fmt: skip
+    assert code == 2 and "both name the text column(s): give one." in err, err
+
+
+def test_a_metadata_file_that_is_not_utf8_in_any_split_is_refused_at_launch(
+    demo_assets, tmp_path, capsys
+):
+    """An audio folder whose (empty) test split's metadata.csv reads well, and whose train
+    split's has a Latin-1 "é": one line at launch naming the file and the byte's offset,
+    as for a text CSV (trainer/data/sources.py check_utf8)."""
+    folder = few_clips(demo_assets, tmp_path / "speech", per_split=2)
+    for clip in (folder / "test").glob("*.wav"):
+        clip.unlink()
+    (folder / "test" / "metadata.csv").write_text("file_name,transcription\n")
+    metadata = folder / "train" / "metadata.csv"
+    offset = latin1_byte_in(metadata)
+    args = ["--task", "speech-recognition", "--model_name_or_path", demo_assets.model_dir,
+            "--dataset_name", folder, "--text_column_name", "transcription",
+            "--language", "en"]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    assert code == 2 and err == (
+        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {offset} (invalid "
+        "continuation byte); save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).\n"
+    ), err
+
+
+def latin1_byte_in(path, after: bytes = b"\n") -> int:
+    """Put a Latin-1 "é" into `path` after its first `after`; the byte's offset."""
+    text = path.read_bytes()
+    start = text.index(after) + len(after)
+    path.write_bytes(text[:start] + "caf\xe9".encode("latin-1") + text[start:])
+    return start + 3
+
+
+def test_every_metadata_file_of_an_image_folder_and_every_common_voice_table_is_utf8(
+    image_assets, demo_assets, tmp_path, capsys
+):
+    """An imagefolder's metadata.jsonl in its test split; a Common Voice directory's second
+    table (the first one's header was the only one read)."""
+    from tests.support.tiny_assets import write_colour_images
+
+    vit, _ = image_assets
+    images = tmp_path / "colours"
+    write_colour_images(images)
+    metadata = images / "test" / "red" / "metadata.jsonl"
+    metadata.write_text('{"file_name": "0000.png", "caption": "a red square"}\n')
+    offset = latin1_byte_in(metadata, b'"caption": "')
+    code, _, err = dry_run(["--task", "image-classification", "--model_name_or_path", vit,
+                            "--dataset_name", images], capsys)  # fmt: skip
+    assert code == 2 and err.startswith(
+        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {offset} "
+    ), err
+    voice = tmp_path / "voice"
+    (voice / "clips").mkdir(parents=True)
+    for split in ("test", "train"):
+        (voice / f"{split}.tsv").write_text("client_id\tpath\tsentence\nc1\ta.mp3\tred cats\n")
+    offset = latin1_byte_in(voice / "train.tsv")
+    speech = ["--task", "speech-recognition", "--model_name_or_path", demo_assets.model_dir,
+              "--text_column_name", "sentence", "--language", "en"]  # fmt: skip
+    code, _, err = dry_run([*speech, "--dataset_name", voice], capsys)
+    assert code == 2 and err.startswith(
+        f"error: {voice / 'train.tsv'} is not UTF-8: byte 0xe9 at offset {offset} "
+    ), err
