@@ -16,3 +16,9 @@ SECRET_VARIABLES_VARIABLE = "TRAINER_SECRET_VARIABLES"
 """The names, comma-separated, of the variables the launcher filled with secrets (`--secret`,
 `--hub_token` as HF_TOKEN): a failure report masks their values even where the name does
 not look secret (trainer/common/secrets.py `secret_values`)."""
+
+STOP_REPORTS_VARIABLE = "TRAINER_STOP_REPORTS"
+"""A directory of this node's agent (trainer/launcher/accelerate_launch.py) in which each
+training process that printed its `preempted:` line after a stop leaves a file: after a
+SIGTERM the agent then knows whether the stop was reported, or whether the processes were
+killed before they could save (a step longer than the grace) and the line is its own."""

@@ -7,7 +7,9 @@ reported itself (exit code 1, 78 or 75) gets no second report, and its code is t
 that could not (killed by a signal: the OOM killer, a preempted machine) gets one `error:` line
 naming its rank and node, and exit code 1. The same holds for a single process without
 DeepSpeed, which accelerate starts itself (CalledProcessError instead). A node whose rendezvous
-never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py).
+never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py). After a
+SIGTERM, a node whose processes were killed before they saved (none left its mark in the
+`STOP_REPORTS_VARIABLE` directory) gets one `error:` line and exit code 1: 75 says saved.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
-from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE, STOP_REPORTS_VARIABLE
 from trainer.common.log_lines import write_whole_lines
 from trainer.launcher.start_deadline import (
     MARGIN_SECONDS,
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     quiet_agent_failure_logs()
     watch_the_start(args)
+    reports = Path(tempfile.mkdtemp(prefix="trainer-stop-reports-"))
+    os.environ[STOP_REPORTS_VARIABLE] = str(reports)  # the training processes inherit it
     try:
         launch_command(args)
     except ChildFailedError as error:
@@ -55,9 +61,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report_exit(error.returncode, signal_name, where))
     except SignalException:
         # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
-        # and waited for the training processes, which saved and said so themselves (or,
-        # stopped before their first step, had nothing to save).
-        sys.exit(PREEMPTED_EXIT_CODE)
+        # and waited for the training processes, which saved and said so themselves, or
+        # were killed before they could (their stop took longer than torchrun waits).
+        if any(reports.iterdir()):
+            sys.exit(PREEMPTED_EXIT_CODE)
+        print(f"error: {unreported_stop(args.machine_rank or 0)}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def unreported_stop(node: int) -> str:
+    """The line for a SIGTERM whose training processes ended without saying what they kept:
+    killed before their step (or their start-up) ended, so nothing new was saved."""
+    waited = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")  # set by the launcher's plan
+    waited = f" ({waited} s: --stop_grace_seconds + 5)" if waited else ""
+    return (
+        f"SIGTERM on node {node}: the training processes were stopped before they saved "
+        f"anything new, the step in flight (or their start-up) outlasting what torchrun "
+        f"waits{waited}{what_is_kept()}"
+    )
 
 
 def watch_the_start(args) -> None:

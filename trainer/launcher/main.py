@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.cache import clear_orphaned_build_locks
 from trainer.common.errors import UserError
-from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
+from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.common.secrets import mask, secret_values
@@ -63,8 +64,18 @@ def wait_for_name(
             delay, attempt = min(delay * 2, 15.0), attempt + 1
 
 
+def stopped_before_launch(signum, frame) -> None:
+    """SIGTERM during the checks (a stopped job, a Spot preemption): nothing has started, so
+    nothing is lost; one line rather than a silent death by signal. The exec into `accelerate
+    launch` puts the default back, and torchrun passes a later SIGTERM on."""
+    print("preempted: SIGTERM during the launcher's checks, before anything was launched: "
+          "nothing was trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(PREEMPTED_EXIT_CODE)
+
+
 def main(argv: list[str] | None = None) -> None:
     launched_at = time.time()
+    signal.signal(signal.SIGTERM, stopped_before_launch)
     argv = list(sys.argv[1:] if argv is None else argv)
     secrets = secret_values(argv, os.environ)  # kept out of every line printed below
     try:

@@ -14,10 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
-from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE
+from trainer.common.handoff import (
+    LAUNCHED_AT_VARIABLE,
+    RUN_CONFIG_VARIABLE,
+    STOP_REPORTS_VARIABLE,
+)
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.settings.run_config import RunConfig
@@ -60,6 +65,8 @@ def main() -> None:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"preempted: {stopped}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        if reports := os.environ.get(STOP_REPORTS_VARIABLE):  # the agent's word: it was said
+            Path(reports, f"rank-{os.environ.get('RANK', '0')}").touch()
         # Not sys.exit: it would wait for the storage client's transfer threads, i.e. for
         # an upload this process has given up on (its checkpoint keeps no manifest).
         os._exit(PREEMPTED_EXIT_CODE)
