@@ -90,6 +90,13 @@ class ForeignFlag:
     note: str = ""
     """renamed, switch: what the user may have meant instead, said in the notice too."""
 
+    def flags_set(self) -> set[str]:
+        """Our flags it may set: a renamed one's, a switch's, any value's of a mapped one."""
+        if self.kind == "renamed":
+            return {self.answer}
+        tokens = [*self.tokens, *(token for tokens in self.values.values() for token in tokens)]
+        return {token for token in tokens if token.startswith("--")}
+
     def describe(self) -> str:
         """What happens to the flag, for the table in docs/launching.md."""
         if self.kind in ("renamed", "switch"):

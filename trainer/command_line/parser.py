@@ -183,17 +183,9 @@ def accepted_spellings(task_class: type[Task]) -> dict[str, str]:
     ours = _flag_names([FlagParser([LauncherArguments]), build_parser(task_class)])
     spellings = {flag[2:]: flag for flag in ours}
     for name, foreign in FOREIGN_FLAGS.items():
-        sets = {token for token in foreign_tokens(foreign) if token.startswith("--")}
-        if foreign.kind in ("renamed", "switch", "mapped") and sets <= ours:
+        if foreign.kind in ("renamed", "switch", "mapped") and foreign.flags_set() <= ours:
             spellings[name[2:]] = foreign.answer if foreign.kind == "renamed" else name
     return spellings
-
-
-def foreign_tokens(foreign) -> list[str]:
-    """The tokens a foreign flag may stand for (any accepted value of a mapped one)."""
-    if foreign.kind == "renamed":
-        return [foreign.answer]
-    return [*foreign.tokens, *(token for tokens in foreign.values.values() for token in tokens)]
 
 
 @functools.cache
