@@ -191,8 +191,8 @@ def test_num_workers_says_which_workers_it_counts(capsys):
     assert code == 0, err
     assert (
         "--num_workers read as --dataloader_num_workers (data-loader workers per process; "
-        "Ray's worker count is python -m trainer.ray --num_workers, training processes per "
-        "node are --nproc_per_node)"
+        "Ray's worker count is --num_workers of python -m trainer.ray or trainer.ray_submit, "
+        "training processes per node are --nproc_per_node)"
     ) in err.splitlines()
     assert config["flags"]["training"]["dataloader_num_workers"] == 2
 

@@ -355,8 +355,8 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
                         "GPUs are used when the node has them"),
     "--num_workers": renamed("--dataloader_num_workers", WHISPER_SEED,
                              note="data-loader workers per process; Ray's worker count is "
-                             "python -m trainer.ray --num_workers, training processes per "
-                             "node are --nproc_per_node"),
+                             "--num_workers of python -m trainer.ray or trainer.ray_submit, "
+                             "training processes per node are --nproc_per_node"),
     "--max_input_length": refused("give --max_duration_in_seconds (speech: seconds of audio) "
                                   "or --max_seq_length (text: tokens)", WHISPER_SEED),
     "--epochs": renamed("--num_train_epochs", BERT_SEED),
