@@ -235,9 +235,11 @@ def test_renamed_and_ignored_flags_are_rewritten_and_reported(
     config = json.loads(out)["config"]
     assert config["flags"]["training"]["eval_strategy"] == "steps"
     assert "--eval_strategy" in config["given"] and "--evaluation_strategy" not in config["given"]
-    for flag in ("--use_auth_token", "--overwrite_output_dir", "--model_index_name"):
+    for flag in ("--use_auth_token", "--model_index_name"):
         assert flag not in config["given"]
         assert f"{flag} ignored: " in err
+    assert "--overwrite_output_dir read as --resume never (training starts from step 1" in err
+    assert config["flags"]["outputs"]["resume"] == "never"  # the HF scripts' start afresh
 
 
 def test_an_image_dataset_alone_gets_the_example_scripts_default_model(

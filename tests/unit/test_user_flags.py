@@ -203,7 +203,7 @@ def test_the_seed_recipes_whisper_size_names_the_checkpoint(capsys):
     ("typed", "suggested"),
     [("--learning_rte 1e-4", "--learning_rate"), ("--num_train_epoch 3", "--num_train_epochs"),
      ("--hub_tokn SECRETVALUE", "--hub_token"), ("--nproc_per_nod 2", "--nproc_per_node"),
-     ("--warmup_ration 0.1", "--warmup_ratio")],
+     ("--warmup_ration 0.1", "--warmup_steps")],  # what --warmup_ratio is read as
 )  # fmt: skip
 def test_a_mistyped_flag_gets_did_you_mean(typed, suggested, bert_and_tables, capsys):
     code, _, err = dry_run([*text_args(bert_and_tables), *shlex.split(typed)], capsys)
@@ -212,7 +212,7 @@ def test_a_mistyped_flag_gets_did_you_mean(typed, suggested, bert_and_tables, ca
     assert f"{name} (did you mean {suggested}?)" in err and "SECRETVALUE" not in err
 
 
-@pytest.mark.parametrize("secret", ["--wandb_key=SECRETVALUE", "--token2 SECRETVALUE"])
+@pytest.mark.parametrize("secret", ["--wandb_keys=SECRETVALUE", "--token2 SECRETVALUE"])
 def test_an_unknown_flag_is_named_without_its_value(secret, bert_and_tables, capsys):
     code, _, err = dry_run([*text_args(bert_and_tables), *shlex.split(secret)], capsys)
     assert code == 2 and err.startswith("error: Unknown flag(s): --") and "SECRETVALUE" not in err

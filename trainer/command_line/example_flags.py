@@ -120,11 +120,16 @@ def _renamed(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], st
     instead = foreign.check and foreign.check(value)
     if instead:
         raise UserError(f"{name}: {instead}.")
-    return [foreign.answer, value], f"{name} read as {foreign.answer}"
+    return [foreign.answer, value], f"{name} read as {foreign.answer}{_note(foreign)}"
 
 
 def _switch(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
-    return list(foreign.tokens), f"{name} read as {' '.join(foreign.tokens)}"
+    return list(foreign.tokens), f"{name} read as {' '.join(foreign.tokens)}{_note(foreign)}"
+
+
+def _note(foreign: ForeignFlag) -> str:
+    """What else the flag may have meant (`--num_workers` is Ray's worker count there)."""
+    return f" ({foreign.note})" if foreign.note else ""
 
 
 def _mapped(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:

@@ -46,6 +46,10 @@ ACCELERATE = "accelerate launch"
 DEEPSPEED = "deepspeed launcher"
 WHISPER_SEED = "Whisper TrainConfig (seed recipe)"
 BERT_SEED = "BERT package (seed recipe)"
+NO_TRAINER = "the no_trainer example scripts"
+CTC = "run_speech_recognition_ctc.py"
+COMMUNITY_WHISPER = "vasistalodagala/whisper-finetune"
+COMMUNITY = "community fine-tuning scripts"
 
 CLUSTER = (
     "nodes and ranks come from CLUSTER_SPEC (on Vertex AI: the replica count of "
@@ -54,6 +58,16 @@ CLUSTER = (
 ONE_FOLDER = (
     "the model folder's own config and processor are used: put them in one folder and "
     "give it as --model_name_or_path"
+)
+ONE_DATASET = (
+    "give one dataset as --dataset_name, with --dataset_config_name, --train_split_name, "
+    "--eval_split_name and --text_column_name; several as streams: --streaming true "
+    "--dataset_name A,B --interleave_probabilities P,Q"
+)
+MODEL_CONFIG = (
+    "model settings come from the model folder's config.json, not from flags (SpecAugment: "
+    "apply_spec_augment true, mask_time_prob): set them there and give the folder as "
+    "--model_name_or_path"
 )
 
 
@@ -73,14 +87,24 @@ class ForeignFlag:
     """mapped: accepted value -> our flags."""
     check: Callable[[str], str | None] | None = None
     """renamed: returns what to use instead when the value means something else here."""
+    note: str = ""
+    """renamed, switch: what the user may have meant instead, said in the notice too."""
+
+    def flags_set(self) -> set[str]:
+        """Our flags it may set: a renamed one's, a switch's, any value's of a mapped one."""
+        if self.kind == "renamed":
+            return {self.answer}
+        tokens = [*self.tokens, *(token for tokens in self.values.values() for token in tokens)]
+        return {token for token in tokens if token.startswith("--")}
 
     def describe(self) -> str:
         """What happens to the flag, for the table in docs/launching.md."""
-        if self.kind == "renamed":
-            return f"accepted as `{self.answer}`"
-        if self.kind == "switch":
-            return f"accepted: true is `{' '.join(self.tokens)}`"
-        note = re.sub(r"(--[a-z_0-9]+)", r"`\1`", self.answer)
+        if self.kind in ("renamed", "switch"):
+            note = f" ({_code(self.note)})" if self.note else ""
+            if self.kind == "renamed":
+                return f"accepted as `{self.answer}`{note}"
+            return f"accepted: true is `{' '.join(self.tokens)}`{note}"
+        note = _code(self.answer)
         if self.kind == "mapped":
             shown = "; ".join(
                 f"`{value}` is `{' '.join(tokens)}`" if tokens else f"`{value}` sets nothing"
@@ -90,12 +114,17 @@ class ForeignFlag:
         return f"{self.kind}: {note}"
 
 
-def renamed(target, source, takes_value=True, check=None) -> ForeignFlag:
-    return ForeignFlag("renamed", source, takes_value, target, check=check)
+def _code(text: str) -> str:
+    """Flags in `text` as Markdown code."""
+    return re.sub(r"(--[a-z_0-9]+)", r"`\1`", text)
 
 
-def switch(tokens, source) -> ForeignFlag:
-    return ForeignFlag("switch", source, False, tokens=tuple(tokens))
+def renamed(target, source, takes_value=True, check=None, note="") -> ForeignFlag:
+    return ForeignFlag("renamed", source, takes_value, target, check=check, note=note)
+
+
+def switch(tokens, source, note="") -> ForeignFlag:
+    return ForeignFlag("switch", source, False, tokens=tuple(tokens), note=note)
 
 
 def mapped(values, source, note="") -> ForeignFlag:
@@ -119,6 +148,13 @@ def _a_fraction(value: str) -> str | None:
     if 0 <= fraction < 1:
         return None
     return "give the warm-up as --warmup_steps N (steps) or a fraction below 1"
+
+
+def _steps(value: str) -> str | None:
+    """The *_no_trainer scripts' --checkpointing_steps is a step count or `epoch`."""
+    if value.isdigit():
+        return None
+    return "give --save_strategy epoch (a checkpoint per epoch) or --save_steps N"
 
 
 GLUE_COLUMNS = {
@@ -172,8 +208,8 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
                                     SEQ2SEQ, takes_value=True),
     "--suppress_tokens": ignored("the checkpoint's generation config keeps its own "
                                  "suppress_tokens", SEQ2SEQ, takes_value=True),
-    "--apply_spec_augment": refused("SpecAugment is not applied here; leave it out", SEQ2SEQ,
-                                    takes_value=False),
+    "--apply_spec_augment": refused(MODEL_CONFIG, SEQ2SEQ, takes_value=False),
+    "--mask_time_prob": refused(MODEL_CONFIG, CTC),
     "--text_column": ignored("the script reads --text_column_name, as this trainer does",
                              SEQ2SEQ, takes_value=True),
     "--overwrite_cache": ignored("datasets' caches are keyed by the data and the processing",
@@ -209,8 +245,11 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--warmup_ratio": renamed("--warmup_steps", TF4, check=_a_fraction),
     "--logging_dir": renamed("--tensorboard_dir", TF4),
     "--group_by_length": switch(["--train_sampling_strategy", "group_by_length"], TF4),
-    "--overwrite_output_dir": ignored("a run resumes from its last complete checkpoint "
-                                      "(--resume never starts afresh)", TF4),
+    "--overwrite_output_dir": switch(["--resume", "never"], TF4,
+                                     "training starts from step 1; the checkpoints already "
+                                     "there are not resumed, nor deleted at the start, but a "
+                                     "save of the same step replaces one and "
+                                     "--save_total_limit counts them"),
     "--no_cuda": switch(["--use_cpu", "true"], TF4),
     "--use_mps_device": ignored("transformers uses an Apple GPU by itself where there is one "
                                 "(there is none on Vertex AI)", TF4),
@@ -314,12 +353,43 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
                            "or any checkpoint as --model_name_or_path"),
     "--use_gpu": mapped({"true": (), "false": ("--use_cpu", "true")}, WHISPER_SEED,
                         "GPUs are used when the node has them"),
-    "--num_workers": renamed("--dataloader_num_workers", WHISPER_SEED),
+    "--num_workers": renamed("--dataloader_num_workers", WHISPER_SEED,
+                             note="data-loader workers per process; Ray's worker count is "
+                             "--num_workers of python -m trainer.ray or trainer.ray_submit, "
+                             "training processes per node are --nproc_per_node"),
     "--max_input_length": refused("give --max_duration_in_seconds (speech: seconds of audio) "
                                   "or --max_seq_length (text: tokens)", WHISPER_SEED),
     "--epochs": renamed("--num_train_epochs", BERT_SEED),
     "--batch_size": refused("give --per_device_train_batch_size (per process: the batch is "
                             "that x processes x --gradient_accumulation_steps)", BERT_SEED),
+    # the *_no_trainer scripts (accelerate loops) -------------------------------------------
+    "--checkpointing_steps": renamed("--save_steps", NO_TRAINER, check=_steps),
+    "--with_tracking": ignored("metrics go to the trackers of --report_to (tensorboard "
+                               "unless given)", NO_TRAINER),
+    # community scripts ---------------------------------------------------------------------
+    "--model_name": renamed("--model_name_or_path", COMMUNITY_WHISPER),
+    "--num_proc": renamed("--preprocessing_num_workers", COMMUNITY_WHISPER),
+    "--train_batchsize": renamed("--per_device_train_batch_size", COMMUNITY_WHISPER),
+    "--eval_batchsize": renamed("--per_device_eval_batch_size", COMMUNITY_WHISPER),
+    "--sampling_rate": ignored("audio is always resampled to 16 kHz, the rate Whisper's "
+                               "feature extractor reads", COMMUNITY_WHISPER, takes_value=True),
+    "--warmup": renamed("--warmup_steps", COMMUNITY_WHISPER),
+    "--num_epochs": renamed("--num_train_epochs", COMMUNITY_WHISPER),
+    "--num_steps": renamed("--max_steps", COMMUNITY_WHISPER),
+    "--train_strategy": mapped({strategy: ("--eval_strategy", strategy, "--save_strategy",
+                                           strategy) for strategy in ("steps", "epoch")},
+                               COMMUNITY_WHISPER),
+    "--resume_from_ckpt": renamed("--resume", COMMUNITY_WHISPER),
+    **{f"--{split}_dataset{part}": refused(ONE_DATASET, COMMUNITY_WHISPER)
+       for split in ("train", "eval") for part in ("s", "_configs", "_splits", "_text_columns")},
+    "--wandb_key": refused("a key on the command line is written into the job spec and its "
+                           "logs: set WANDB_API_KEY in the environment, or --secret "
+                           "WANDB_API_KEY=projects/P/secrets/S/versions/V on Vertex AI",
+                           COMMUNITY),
+    "--repo_id": refused("give the repository as --hub_model_id ORG/NAME with --push_to_hub "
+                         "true", COMMUNITY),
+    "--print_training_arguments": ignored("python -m trainer --dry-run prints the resolved "
+                                          "flags, training arguments included", COMMUNITY),
 }  # fmt: skip
 """Flag -> this trainer's answer. A flag is listed under its underscore spelling; the
 dashed one (`--nproc-per-node`, `--num-processes`) is looked up the same."""

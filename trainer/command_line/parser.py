@@ -148,7 +148,8 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
             f"{' '.join(names)}: flag(s) of {choices}, not of --task "
             f"{task_name(task_class)}; add {choices} (see python -m trainer --help)."
         )
-    return f"Unknown flag(s): {', '.join(map(did_you_mean, names))} (see python -m trainer --help)."
+    suggested = ", ".join(did_you_mean(name, task_class) for name in names)
+    return f"Unknown flag(s): {suggested} (see python -m trainer --help)."
 
 
 def _is_flag(token: str) -> bool:
@@ -156,21 +157,50 @@ def _is_flag(token: str) -> bool:
     return token.startswith("-") and not token.lstrip("-").replace(".", "", 1).isdigit()
 
 
-def did_you_mean(name: str) -> str:
-    """`--learning_rte (did you mean --learning_rate?)`, from every flag known here: the
-    launcher's, every task's, the foreign ones answered (command_line/foreign_flags.py)."""
-    close = difflib.get_close_matches(canonical(name), known_flags(), n=1, cutoff=0.75)
-    return f"{name} (did you mean {close[0]}?)" if close else name
+SUGGESTION_CUTOFF = 0.8
+"""How alike (difflib's ratio, the names without their dashes) a typed name and a flag must be
+for a suggestion: a misspelling (`learning_rte`, 0.96) passes; a different flag that shares
+words (`sampling_rate` and `train_sampling_strategy`, 0.72) does not."""
+
+
+def did_you_mean(name: str, task_class: type[Task]) -> str:
+    """`--learning_rte (did you mean --learning_rate?)`: the nearest of all the flags known
+    here, when this task accepts it (ours, or a foreign spelling the table reads as ours,
+    named as what it is read as: command_line/foreign_flags.py). Nothing when the nearest is
+    refused or ignored by the table or read by another task only (`--max_seq_length` on a
+    speech line): a suggestion that fails or does nothing points the wrong way."""
+    known = [flag[2:] for flag in known_flags()]
+    close = difflib.get_close_matches(canonical(name)[2:], known, n=1, cutoff=SUGGESTION_CUTOFF)
+    suggestion = close and accepted_spellings(task_class).get(close[0])
+    return f"{name} (did you mean {suggestion}?)" if suggestion else name
+
+
+@functools.cache
+def accepted_spellings(task_class: type[Task]) -> dict[str, str]:
+    """Every name (without `--`) a command line for `task_class` may use, with the flag to
+    suggest for it: ours as themselves, a renamed foreign one as our flag it stands for, a
+    switch or mapped one as itself; each only when all the flags it sets are this task's."""
+    ours = _flag_names([FlagParser([LauncherArguments]), build_parser(task_class)])
+    spellings = {flag[2:]: flag for flag in ours}
+    for name, foreign in FOREIGN_FLAGS.items():
+        if foreign.kind in ("renamed", "switch", "mapped") and foreign.flags_set() <= ours:
+            spellings[name[2:]] = foreign.answer if foreign.kind == "renamed" else name
+    return spellings
 
 
 @functools.cache
 def known_flags() -> tuple[str, ...]:
+    """Every flag known here: the launcher's, every task's, the foreign ones answered."""
     parsers = [FlagParser([LauncherArguments])]
     parsers += [build_parser(load_task(name)) for name in task_names()]
-    names = {
+    return tuple(sorted(_flag_names(parsers) | set(FOREIGN_FLAGS)))
+
+
+def _flag_names(parsers: list[FlagParser]) -> set[str]:
+    """The parsers' `--flag` names, in their underscore spelling only."""
+    return {
         option
         for parser in parsers
         for option in parser._option_string_actions  # argparse's registry of flag names
         if option.startswith("--") and "-" not in option[2:]
     }
-    return tuple(sorted(names | set(FOREIGN_FLAGS)))

@@ -57,7 +57,22 @@ def training_arguments_before_launch(config: RunConfig):
     return args
 
 
+DEPRECATED_ALIASES = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
+"""transformers 5's deprecated TrainingArguments names -> the names they stand for. The flags
+keep the names every recipe and blog uses; the object is built with the new ones, as
+`__post_init__` would resolve them (the new name wins when both are set), without the
+FutureWarning it prints in the launcher and every training process."""
+
+
 def _construct(arguments_class: type, values: dict):
+    values = dict(values)
+    for old, new in DEPRECATED_ALIASES.items():
+        value = values.pop(old, None)
+        if values.get(new) is None:
+            values[new] = value
     try:
         return arguments_class(**values)
     except ValueError as error:
