@@ -1,0 +1,148 @@
+"""Issue 33's lines that passed the launcher and then died after launch (or would have), now
+refused before launch in one `error:` line that points the right way: an `--optim` whose
+package or GPU is missing, a Hub checkpoint whose task cannot be told without `--task`, a Ray
+cluster whose Python lacks the project's dependencies. Dry runs in this process
+(tests/conftest.py `dry_run`: `python -m trainer --dry-run ...`, nothing written)."""
+
+from __future__ import annotations
+
+import sys
+from importlib.util import find_spec
+
+import pytest
+from transformers.utils import import_utils
+
+from tests.support.helpers import CPU, TEXT_COLUMNS, assert_planned, assert_refused, resolved
+from trainer.common.errors import UserError
+from trainer.node import machine
+from trainer.preflight.training_checks import check_training_arguments
+from trainer.settings.run_config import Hardware
+
+L4 = Hardware(gpu_count=1, gpu_name="NVIDIA L4", compute_capability=(8, 9), cpu_count=8)
+
+
+@pytest.fixture
+def on_node(monkeypatch):
+    """The node's detected hardware, made up: `on_node(CPU)`, `on_node(L4)`."""
+    return lambda hardware: monkeypatch.setattr(machine, "detect_hardware", lambda: hardware)
+
+
+# --optim ------------------------------------------------------------------------------------
+
+
+def test_a_bitsandbytes_optimizer_on_a_cpu_node_is_refused(dry_run, on_node):
+    """The issue's `--optim adamw_bnb_8bit` on a CPU node: an ImportError in every training
+    process before; judged from the hardware, before bitsandbytes is imported."""
+    on_node(CPU)
+    for optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "lion_32bit", "rmsprop_bnb"):
+        assert_refused(
+            dry_run("--optim", optim),
+            f"error: --optim {optim} is a bitsandbytes optimizer and needs a CUDA GPU; this is "
+            "a CPU-only node: use --optim adamw_torch (the default), or a machine with a GPU.",
+        )
+
+
+@pytest.mark.skipif(find_spec("bitsandbytes") is not None, reason="needs no bitsandbytes")
+def test_a_bitsandbytes_optimizer_without_bitsandbytes_is_refused(dry_run, on_node):
+    on_node(L4)
+    assert_refused(
+        dry_run("--optim", "adamw_bnb_8bit"),
+        "error: --optim adamw_bnb_8bit: You need to install `bitsandbytes` in order to use "
+        "bitsandbytes optimizers: `pip install -U bitsandbytes` (not in this image): use "
+        "--optim adamw_torch (the default), or add that package to the image's dependencies "
+        "(pyproject.toml) and rebuild it.",
+    )
+
+
+OPTIONAL_PACKAGES = [
+    ("galore_adamw", "galore_torch", "You need to install `galore_torch`"),
+    ("apollo_adamw", "apollo_torch", "You need to install `apollo_torch`"),
+    ("adalomo", "lomo_optim", "You need to install `lomo_optim`"),
+    ("adamw_torch_8bit", "torchao", "You need to have `torchao>=0.4.0`"),
+    ("schedule_free_adamw", "schedulefree", "You need to install `schedulefree`"),
+    ("grokadamw", "grokadamw", "Please install grokadamw with `pip install grokadamw`"),
+    ("stable_adamw", "optimi", "You need to install `torch-optimi`"),
+    ("adamw_anyprecision", "torchdistx", "Please install https://github.com/pytorch/torchdistx"),
+    ("adamw_torch_xla", "torch_xla", "Trainer failed to import syncfree AdamW from torch_xla"),
+]
+"""Optimizers of transformers' `OptimizerNames` whose package the image lacks, each with
+transformers' own words for it (trainer_optimizer.py)."""
+
+
+@pytest.mark.parametrize(("optim", "package", "words"), OPTIONAL_PACKAGES)
+def test_an_optimizer_whose_package_the_image_lacks_is_refused(
+    optim, package, words, dry_run, on_node
+):
+    if find_spec(package) is not None:
+        pytest.skip(f"needs an environment without {package}")
+    on_node(L4)
+    assert_refused(
+        dry_run("--optim", optim),
+        f"error: --optim {optim}: {words}",
+    )
+    assert_refused(dry_run("--optim", optim), "(not in this image): use --optim adamw_torch")
+
+
+def test_the_optimizers_torch_and_transformers_bring_are_accepted(dry_run, on_node):
+    on_node(CPU)
+    for optim in ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd", "adagrad", "rmsprop"):
+        plan = assert_planned(dry_run("--optim", optim))
+        assert plan["config"]["flags"]["training"]["optim"] == optim
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """`installed(NAME, SOURCE)`: a stand-in third-party package on this process's path, as
+    an image that installs it has it, gone after the test (transformers asks `find_spec`
+    once and caches the answer: the caches of the two asked here are cleared around)."""
+    answers = (import_utils.is_lomo_available, import_utils.is_galore_torch_available)
+    names = []
+
+    def install(name: str, source: str) -> None:
+        (tmp_path / "site" / name).mkdir(parents=True)
+        (tmp_path / "site" / name / "__init__.py").write_text(source)
+        monkeypatch.syspath_prepend(tmp_path / "site")
+        names.append(name)
+        for answer in answers:
+            answer.cache_clear()
+
+    yield install
+    for name in names:
+        sys.modules.pop(name, None)
+    for answer in answers:
+        answer.cache_clear()
+
+
+def test_an_optimizer_that_needs_the_model_passes_once_its_package_is_there(
+    dry_run, on_node, installed
+):
+    """LOMO asks for the model after finding its package: only the training processes
+    have it, so the launcher has nothing more to say."""
+    on_node(CPU)
+    installed("lomo_optim", "class Lomo: ...\nclass AdaLomo: ...\n")
+    plan = assert_planned(dry_run("--optim", "adalomo"))
+    assert plan["config"]["flags"]["training"]["optim"] == "adalomo"
+
+
+def test_galore_without_target_modules_is_refused_once_its_package_is_there(
+    dry_run, on_node, installed
+):
+    on_node(CPU)
+    installed("galore_torch", "GaLoreAdafactor = GaLoreAdamW = GaLoreAdamW8bit = object\n")
+    assert_refused(
+        dry_run("--optim", "galore_adamw"),
+        "error: --optim galore_adamw: You need to define `optim_target_modules` to use "
+        "galore_adamw optimizers.",
+    )
+
+
+def test_a_job_spec_leaves_the_optimizers_package_to_the_image(text_assets):
+    """`python -m trainer.jobspec` runs away from the image that will train (which has
+    bitsandbytes, the `gpu` extra): it judges the machine's GPU, not this Python's packages."""
+    model_dir, dataset_dir = text_assets
+    argv = ["--task", "text-classification", "--model_name_or_path", model_dir,
+            "--dataset_name", dataset_dir, *TEXT_COLUMNS, "--optim", "adamw_bnb_8bit"]  # fmt: skip
+    args = check_training_arguments(resolved(argv, L4), packages_here=False)
+    assert args.optim == "adamw_bnb_8bit"
+    with pytest.raises(UserError, match="needs a CUDA GPU; this is a CPU-only node"):
+        check_training_arguments(resolved(argv, CPU), packages_here=False)
