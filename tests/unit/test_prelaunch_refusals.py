@@ -10,10 +10,20 @@ import sys
 from importlib.util import find_spec
 
 import pytest
+from huggingface_hub import constants
 from transformers.utils import import_utils
 
-from tests.support.helpers import CPU, TEXT_COLUMNS, assert_planned, assert_refused, resolved
+from tests.support.helpers import (
+    CPU,
+    TEXT_COLUMNS,
+    assert_planned,
+    assert_refused,
+    resolved,
+    use_hub_at,
+)
+from tests.support.loopback_hub import Repository, running_hub
 from trainer.common.errors import UserError
+from trainer.launcher import main as launch
 from trainer.node import machine
 from trainer.preflight.training_checks import check_training_arguments
 from trainer.settings.run_config import Hardware
@@ -146,3 +156,92 @@ def test_a_job_spec_leaves_the_optimizers_package_to_the_image(text_assets):
     assert args.optim == "adamw_bnb_8bit"
     with pytest.raises(UserError, match="needs a CUDA GPU; this is a CPU-only node"):
         check_training_arguments(resolved(argv, CPU), packages_here=False)
+
+
+# A Hub checkpoint without --task -------------------------------------------------------------
+
+INFERRED = "task: image-classification (no --task; org/tiny-vit's config.json on the Hub says vit)"
+
+
+@pytest.fixture
+def vit_hub(image_assets, tmp_path, monkeypatch):
+    """A loopback Hub serving the tiny ViT as `org/tiny-vit` and the colour set as
+    `org/colours`; this process online to it, with an empty Hub cache of its own."""
+    model_dir, dataset_dir = image_assets
+    colours = Repository.from_directory(dataset_dir)
+    readable = {path: data for path, data in colours.files.items() if "0000" in path}
+    repositories = {"org/tiny-vit": Repository.from_directory(model_dir),
+                    "org/colours": Repository(readable)}  # fmt: skip
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # read at import
+    with running_hub(repositories) as hub:
+        use_hub_at(monkeypatch, hub.url)
+        yield hub
+
+
+def launch_dry_run(args: list[str], capsys) -> tuple[int, str, str]:
+    """`python -m trainer --dry-run ARGS` in this process: (exit code, stdout, stderr)."""
+    try:
+        launch.main(["--dry-run", *args])
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+HUB_VIT = ["--model_name_or_path", "org/tiny-vit", "--dataset_name", "org/colours"]
+
+
+def test_a_hub_vit_without_task_is_planned_from_its_config_on_the_hub(
+    vit_hub, on_node, capsys, tmp_path, monkeypatch
+):
+    """The issue's Hub ViT, not in the cache: its config.json is asked of the Hub (into the
+    cache, where the plan reads it) instead of falling back to speech recognition."""
+    on_node(CPU)
+    monkeypatch.chdir(tmp_path)
+    plan = assert_planned(launch_dry_run(HUB_VIT, capsys))
+    assert plan["config"]["flags"]["task"] == "image-classification"
+    assert INFERRED in plan["notices"]
+    assert ("GET", "/org/tiny-vit/resolve/main/config.json", None) in vit_hub.requests
+
+
+ASK_FOR_TASK = (
+    "add --task image-classification or --task speech-recognition or --task text-classification."
+)
+
+
+def test_a_hub_checkpoint_without_task_the_hub_may_not_be_asked_about_is_refused(
+    vit_hub, on_node, capsys, tmp_path, monkeypatch
+):
+    """Offline or with --skip_hub_check, the config.json cannot be had: one line asking for
+    --task, not speech recognition guessed (a traceback in the training processes)."""
+    on_node(CPU)
+    monkeypatch.chdir(tmp_path)
+    closed = "org/tiny-vit is not in the local Hugging Face cache: its config.json, which would "
+    for extra, reason in ((["--skip_hub_check"], "--skip_hub_check"), ([], "HF_HUB_OFFLINE")):
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1" if not extra else "0")
+        assert_refused(
+            launch_dry_run([*HUB_VIT, *extra], capsys),
+            f"error: No --task, and {closed}tell the task, cannot be asked of the Hub "
+            f"({reason}); {ASK_FOR_TASK}",
+        )
+    assert vit_hub.requests == [], "nothing asked"
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    plan = assert_planned(launch_dry_run(["--task", "image-classification", *HUB_VIT], capsys))
+    assert plan["config"]["flags"]["task"] == "image-classification"
+
+
+def test_a_hub_checkpoint_without_task_the_hub_cannot_tell_is_refused(
+    vit_hub, on_node, capsys, tmp_path, monkeypatch
+):
+    on_node(CPU)
+    monkeypatch.chdir(tmp_path)
+    assert_refused(
+        launch_dry_run(
+            ["--model_name_or_path", "org/gone", "--dataset_name", "org/colours"], capsys
+        ),
+        f"error: No --task, and the config.json of org/gone, which would tell the task, cannot "
+        f"be read from the Hub at {vit_hub.url} (RepositoryNotFoundError: 404 Client Error.): "
+        f"check the id, or {ASK_FOR_TASK}",
+    )
