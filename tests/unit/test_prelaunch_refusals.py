@@ -6,8 +6,11 @@ cluster whose Python lacks the project's dependencies. Dry runs in this process
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
@@ -22,6 +25,7 @@ from tests.support.helpers import (
     use_hub_at,
 )
 from tests.support.loopback_hub import Repository, running_hub
+from trainer import ray_submit
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.node import machine
@@ -244,4 +248,44 @@ def test_a_hub_checkpoint_without_task_the_hub_cannot_tell_is_refused(
         f"error: No --task, and the config.json of org/gone, which would tell the task, cannot "
         f"be read from the Hub at {vit_hub.url} (RepositoryNotFoundError: 404 Client Error.): "
         f"check the id, or {ASK_FOR_TASK}",
+    )
+
+
+# trainer.ray_submit: the cluster's Python ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A Python with the standard library only, as on a stock Ray image's node without the
+    project's dependencies."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+def probe_report(python: Path, required) -> dict:
+    """What ray_submit's probe job prints, run by `python` as the cluster's shell would."""
+    names = [req.name for req in required]
+    done = subprocess.run([str(python), "-c", ray_submit.PROBE, *names], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    return json.loads(done.stdout.strip().removeprefix(ray_submit.PROBE_MARK))
+
+
+def test_a_cluster_python_without_the_dependencies_is_named_in_the_refusal(bare_python):
+    required = ray_submit.required_distributions()
+    names = [req.name for req in required]
+    assert {"torch", "transformers", "deepspeed"} <= set(names)
+    report = probe_report(bare_python, required)
+    assert report == dict.fromkeys(names)
+    assert ray_submit.missing_packages(required, report) == f"lacks {', '.join(names)}"
+
+
+def test_this_pythons_dependencies_pass_and_one_out_of_range_is_named_with_the_range():
+    required = ray_submit.required_distributions()
+    here = probe_report(Path(sys.executable), required)
+    assert ray_submit.missing_packages(required, here) == ""
+    stock = here | {"torch": "2.5.1+cu121", "transformers": None}  # a stock Ray image's
+    torch = next(req for req in required if req.name == "torch")
+    assert ray_submit.missing_packages(required, stock) == (
+        f"lacks transformers; has torch 2.5.1+cu121 (needs {torch.specifier})"
     )
