@@ -52,7 +52,8 @@ def test_a_bitsandbytes_optimizer_on_a_cpu_node_is_refused(dry_run, on_node):
         assert_refused(
             dry_run("--optim", optim),
             f"error: --optim {optim} is a bitsandbytes optimizer and needs a CUDA GPU; this is "
-            "a CPU-only node: use --optim adamw_torch (the default), or a machine with a GPU.",
+            "a CPU-only node: leave --optim out (torch's AdamW, the default), or use a machine "
+            "with a GPU.",
         )
 
 
@@ -62,9 +63,9 @@ def test_a_bitsandbytes_optimizer_without_bitsandbytes_is_refused(dry_run, on_no
     assert_refused(
         dry_run("--optim", "adamw_bnb_8bit"),
         "error: --optim adamw_bnb_8bit: You need to install `bitsandbytes` in order to use "
-        "bitsandbytes optimizers: `pip install -U bitsandbytes` (not in this image): use "
-        "--optim adamw_torch (the default), or add that package to the image's dependencies "
-        "(pyproject.toml) and rebuild it.",
+        "bitsandbytes optimizers: `pip install -U bitsandbytes` (not in this image): leave "
+        "--optim out (torch's AdamW, the default), or add that package to the image's "
+        "dependencies (pyproject.toml) and rebuild it.",
     )
 
 
@@ -94,7 +95,7 @@ def test_an_optimizer_whose_package_the_image_lacks_is_refused(
         dry_run("--optim", optim),
         f"error: --optim {optim}: {words}",
     )
-    assert_refused(dry_run("--optim", optim), "(not in this image): use --optim adamw_torch")
+    assert_refused(dry_run("--optim", optim), "(not in this image): leave --optim out")
 
 
 def test_the_optimizers_torch_and_transformers_bring_are_accepted(dry_run, on_node):

@@ -98,17 +98,18 @@ def check_deepspeed_values(args) -> None:
     )
 
 
-DEFAULT_OPTIMIZER = "--optim adamw_torch (the default)"
+DEFAULT_OPTIMIZER = "leave --optim out (torch's AdamW, the default)"
 
 
 def check_optimizer_device(optim: str, hardware: Hardware) -> None:
     """transformers' bitsandbytes optimizers (`adamw_bnb_8bit`, `paged_*`, `lion_*`, ...) run
     CUDA kernels only; judged from the detected hardware, before anything imports bitsandbytes
-    (on a CPU-only node: pages of CUDA probing)."""
+    (on a CPU-only node: pages of CUDA probing). Which optimizers those are is transformers'
+    own list, private: a transformers that renames it fails this import, and the tests."""
     if hardware.gpu_count == 0 and optim in _BITSANDBYTES_OPTIMIZERS:
         raise UserError(
             f"--optim {optim} is a bitsandbytes optimizer and needs a CUDA GPU; this is a "
-            f"CPU-only node: use {DEFAULT_OPTIMIZER}, or a machine with a GPU."
+            f"CPU-only node: {DEFAULT_OPTIMIZER}, or use a machine with a GPU."
         )
 
 
@@ -127,7 +128,7 @@ def check_optimizer_package(args) -> None:
     except (ImportError, ValueError) as error:
         if package_missing(error):
             raise UserError(
-                f"--optim {optim}: {one_line(error, args.optim)} (not in this image): use "
+                f"--optim {optim}: {one_line(error, args.optim)} (not in this image): "
                 f"{DEFAULT_OPTIMIZER}, or add that package to the image's dependencies "
                 "(pyproject.toml) and rebuild it."
             ) from None
