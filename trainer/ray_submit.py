@@ -5,12 +5,17 @@ and stream its logs until it ends; the exit code is the job's (0 succeeded, 1 ot
 ADDRESS: vertex_ray://<dashboard address> (Ray on Vertex AI; needs the `ray` extra, which
 brings google-cloud-aiplatform[ray]), http://host:8265 (a dashboard), or ray://host:10001.
 The project goes as the job's working_dir; variables named with --env_var go in its
-runtime_env, their values never printed.
+runtime_env, their values never printed. Before the job, a probe job with the same
+runtime_env reports which of the project's dependencies the cluster's Python has: a cluster
+on a stock image (no transformers, no DeepSpeed) is refused in one line, not left to fail
+with a traceback in the job's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import json
 import os
 import shlex
 import sys
@@ -18,11 +23,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from trainer.command_line.parser import FlagParser
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DISTRIBUTION = "vertex-hf-trainer"
+PROBE_MARK = "trainer-probe "
+PROBE = f"""
+import importlib.metadata as metadata, json, sys
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+print({PROBE_MARK!r} + json.dumps({{name: version(name) for name in sys.argv[1:]}}))
+"""
+"""Run by the cluster's `python` (the one the job's entrypoint gets): the installed version
+of each distribution named, None for one not installed. Standard library only."""
 EXCLUDES = [".git", ".venv", "outputs", "**/__pycache__", ".pytest_cache", ".ci-cache"]
 
 
@@ -41,9 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         options, job_argv = FlagParser([SubmitArguments]).parse_known_args(argv)
         client = connect(options.address)
+        job_env = runtime_env(options.env_var, os.environ)
+        check_cluster_python(client, job_env, required_distributions())
         job_id = client.submit_job(
             entrypoint=" ".join(["python", "-m", "trainer.ray", *map(shlex.quote, job_argv)]),
-            runtime_env=runtime_env(options.env_var, os.environ),
+            runtime_env=job_env,
         )
     except UserError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
@@ -82,6 +104,57 @@ def runtime_env(names: list[str], env) -> dict:
     """The project as working_dir, and the named variables that are set here."""
     passed = {name: env[name] for name in names if name in env}
     return {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES, "env_vars": passed}
+
+
+def required_distributions() -> list[Requirement]:
+    """What this package needs in the Python that runs it (its extras aside): torch,
+    DeepSpeed, transformers, datasets, ...; the job brings the package's own code."""
+    listed = importlib.metadata.requires(DISTRIBUTION) or []
+    return [req for req in map(Requirement, listed) if req.marker is None]
+
+
+def check_cluster_python(client, job_env: dict, required: list[Requirement]) -> None:
+    """One small job, run as the real one will be (same `python`, same runtime_env), reports
+    the versions installed there; UserError naming what is missing or out of range."""
+    names = [req.name for req in required]
+    probe = client.submit_job(
+        entrypoint=" ".join(["python", "-c", shlex.quote(PROBE), *names]), runtime_env=job_env
+    )
+    status = wait_for_end(client, probe, poll=0.25)
+    logs = client.get_job_logs(probe)
+    reports = [line for line in logs.splitlines() if line.startswith(PROBE_MARK)]
+    if status != "SUCCEEDED" or not reports:
+        last = (logs.strip().splitlines() or ["no output"])[-1]
+        raise UserError(
+            f"the Ray cluster's python could not report its packages (a probe job {status}: "
+            f"{last}); {CLUSTER_FIX}"
+        )
+    refusal = missing_packages(required, json.loads(reports[-1].removeprefix(PROBE_MARK)))
+    if refusal:
+        raise UserError(f"the Ray cluster's python {refusal}; {CLUSTER_FIX}")
+
+
+CLUSTER_FIX = (
+    "run the job on a cluster made with the project's Ray image (docker/Dockerfile.ray, "
+    "docs/ray.md), or give the job a Ray runtime environment that installs them (its "
+    "`pip`, as `ray job submit --runtime-env-json` takes it)."
+)
+
+
+def missing_packages(required: list[Requirement], installed: dict[str, str | None]) -> str:
+    """'lacks transformers, deepspeed; has torch 2.5.1 (needs <2.14,>=2.13)' for what the
+    probe's report misses; empty when every requirement is met."""
+    missing = [req.name for req in required if installed.get(req.name) is None]
+    wrong = [
+        f"{req.name} {installed[req.name]} (needs {req.specifier})"
+        for req in required
+        if installed.get(req.name) is not None
+        and not req.specifier.contains(installed[req.name], prereleases=True)
+    ]
+    parts = ([f"lacks {', '.join(missing)}"] if missing else []) + (
+        [f"has {', '.join(wrong)}"] if wrong else []
+    )
+    return "; ".join(parts)
 
 
 async def stream_logs(client, job_id: str) -> None:

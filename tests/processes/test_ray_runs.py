@@ -187,3 +187,33 @@ def test_a_job_submitted_from_outside_runs_and_its_logs_come_back(cluster, tmp_p
     client = JobSubmissionClient(cluster.dashboard)
     assert str(client.get_job_status(job).value) == "SUCCEEDED"
     assert "step 2/2" in client.get_job_logs(job)
+
+
+@pytest.mark.slow
+def test_a_cluster_python_without_the_dependencies_is_refused_before_the_job(
+    cluster, tmp_path, demo_assets
+):
+    """The job's `python` is a standard-library-only one (first on the job's PATH, as on a
+    stock Ray image): one probe job reports what it lacks, and the run's job is never
+    submitted."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard)
+    before = {job.submission_id for job in client.list_jobs()}
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    env = {**cluster.env, "PATH": f"{bare / 'bin'}{os.pathsep}{cluster.env['PATH']}"}
+    code, out, err = run("trainer.ray_submit", [
+        "--address", cluster.dashboard, "--env_var", "PATH", *TINY_TRAINING,
+        "--model_name_or_path", str(demo_assets.model_dir),
+        "--dataset_name", str(demo_assets.dataset_dir),
+        "--output_dir", str(tmp_path / "job-out")], env, tmp_path)  # fmt: skip
+    assert code == 2, (out + err)[-4000:]
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("error: the Ray cluster's python lacks torch, deepspeed, transformers, ")
+    ), err
+    assert "docker/Dockerfile.ray" in err and "submitted Ray job" not in out
+    new = [job for job in client.list_jobs() if job.submission_id not in before]
+    assert [job.entrypoint.split()[:2] for job in new] == [["python", "-c"]], "the probe only"

@@ -1,4 +1,5 @@
-"""A loopback Hugging Face Hub serving dataset repositories (and `whoami`) to the real clients.
+"""A loopback Hugging Face Hub serving dataset and model repositories (and `whoami`) to the real
+clients.
 
 `load_dataset("org/name", streaming=True)` (datasets 5.x over huggingface_hub's
 HfFileSystem) and the launcher's hub check ask a Hub these routes, and nothing else, for a
@@ -13,6 +14,9 @@ repository of Parquet files; each is answered the way huggingface.co answers it:
   them, with the `ETag`, `X-Repo-Commit` and `Content-Length` headers `hf_hub_download`
   checks; a missing file is 404 with `X-Error-Code: EntryNotFound`, which `datasets`
   reads as "no README / no dataset script here".
+- `GET /api/models/ID[/revision/REV]` and `HEAD`/`GET /ID/resolve/REV/PATH`: the same for
+  a model repository (the launcher's hub check; `hf_hub_download` of a model's
+  config.json). One id -> Repository mapping serves both kinds.
 - `GET /api/whoami-v2`: who the `Authorization: Bearer TOKEN` belongs to, with the token's
   role (`read` or `write`), for a token in `tokens`; 401 otherwise: the launcher's check
   that `--push_to_hub` can write.
@@ -43,11 +47,14 @@ ROUTES = [
     ("GET", re.compile(rf"/api/datasets/{REPO}/tree/{REVISION}(?:/(?P<path>.*))?"), "tree"),
     ("GET", re.compile(rf"/datasets/{REPO}/resolve/{REVISION}/(?P<path>.+)"), "resolve"),
     ("HEAD", re.compile(rf"/datasets/{REPO}/resolve/{REVISION}/(?P<path>.+)"), "resolve"),
+    ("GET", re.compile(rf"/api/models/{REPO}(?:/revision/{REVISION})?"), "info"),
+    ("GET", re.compile(rf"/{REPO}/resolve/{REVISION}/(?P<path>.+)"), "resolve"),
+    ("HEAD", re.compile(rf"/{REPO}/resolve/{REVISION}/(?P<path>.+)"), "resolve"),
 ]
 
 
 class Repository:
-    """A dataset repository's files at one commit (the Hub's `main`)."""
+    """A dataset or model repository's files at one commit (the Hub's `main`)."""
 
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files

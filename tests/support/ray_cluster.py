@@ -62,16 +62,21 @@ def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> Ra
             "--dashboard-port", str(dashboard_port), *common]  # fmt: skip
     worker = [RAY, "start", "--address", f"127.0.0.1:{port}", *common]
     nodes = [start_node(root, 0, head, env)]
-    head_log = root / "ray-node0.log"
-    wait_until(lambda: "Ray runtime started" in head_log.read_text() or nodes[0].poll() is not None,
-               120, "the Ray head")  # fmt: skip
-    nodes.append(start_node(root, 1, worker, env))
     cluster = RayCluster(
         f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}", nodes, env, temp_dir
     )
-    wait_until(lambda: alive_nodes(cluster) == 2 or any(n.poll() is not None for n in nodes),
-               120, "both Ray nodes")  # fmt: skip
-    assert all(node.poll() is None for node in nodes), (root / "ray-node0.log").read_text()
+    try:  # a cluster that did not start leaves no node behind (a worker outlives its head)
+        head_log = root / "ray-node0.log"
+        wait_until(lambda: "Ray runtime started" in head_log.read_text()
+                   or nodes[0].poll() is not None, 120, "the Ray head")  # fmt: skip
+        assert nodes[0].poll() is None, head_log.read_text()
+        nodes.append(start_node(root, 1, worker, env))
+        wait_until(lambda: alive_nodes(cluster) == 2 or any(n.poll() is not None for n in nodes),
+                   120, "both Ray nodes")  # fmt: skip
+        assert all(node.poll() is None for node in nodes), head_log.read_text()
+    except BaseException:
+        cluster.stop()
+        raise
     return cluster
 
 

@@ -58,7 +58,8 @@ def test_a_killed_process_s_line_says_where_the_newest_complete_checkpoint_is(
         checkpoints.child(name).write_text("trainer_state.json", "{}")
     write_manifest(checkpoints.child("checkpoint-2"), {"files": []})
     hardware = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
-    argv = ["--model_name_or_path", "org/model", "--dataset_name", "org/data",
+    argv = ["--task", "speech-recognition", "--model_name_or_path", "org/model",
+            "--dataset_name", "org/data",
             "--checkpoint_dir", str(tmp_path / "checkpoints")]  # fmt: skip
     config = resolve_run(argv, {}, hardware)
     monkeypatch.setenv(RUN_CONFIG_VARIABLE, config.to_json())

@@ -31,8 +31,9 @@ def flag_value(argv, flag):
 
 def config_for(topology, hardware, deepspeed="zero2", training=("--learning_rate", "1e-5")):
     """The resolved configuration of a run with these flags, on `topology`."""
-    argv = ["--deepspeed", deepspeed, "--rdzv_timeout", "900", "--model_name_or_path",
-            "org/model", "--dataset_name", "org/data", *training]  # fmt: skip
+    argv = ["--deepspeed", deepspeed, "--rdzv_timeout", "900", "--task", "speech-recognition",
+            "--model_name_or_path", "org/model", "--dataset_name", "org/data",
+            *training]  # fmt: skip
     return replace(resolve_run(argv, {}, hardware), topology=topology)
 
 

@@ -46,7 +46,8 @@ def test_defaults_follow_the_hardware_and_its_precision(hardware, precision, exp
     # TF32 only where the precision is bf16: the same Ampere+ test decides both.
     assert ("--tf32" in defaults) == (precision == "bf16")
 
-    argv = ["--model_name_or_path", "org/m", "--dataset_name", "org/d", "--learning_rate", "1e-5"]
+    argv = ["--task", "speech-recognition", "--model_name_or_path", "org/m", "--dataset_name",
+            "org/d", "--learning_rate", "1e-5"]  # fmt: skip
     config = resolve_run(argv, {}, hardware)
     plan = build_launch_plan(config, {}, Path("/cache"), python="python")
     assert plan.argv[plan.argv.index("--mixed_precision") + 1] == precision
@@ -84,7 +85,8 @@ def test_flag_names_reads_both_spellings():
 
 def test_dry_run_shows_defaults_and_keeps_user_flags(monkeypatch):
     monkeypatch.setattr("trainer.node.machine.detect_hardware", lambda: A100)
-    argv = ["--dry-run", "--skip_hub_check", "--model_name_or_path", "openai/whisper-small",
+    argv = ["--dry-run", "--skip_hub_check", "--task", "speech-recognition",
+            "--model_name_or_path", "openai/whisper-small",
             "--dataset_name", "mozilla-foundation/common_voice_11_0",
             "--tf32", "false"]  # fmt: skip
     plan = prepare_launch(argv, {})

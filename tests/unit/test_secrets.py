@@ -266,8 +266,9 @@ def test_a_malformed_reference_fails_before_anything_without_quoting_it(launcher
 def test_a_variable_given_twice_or_a_token_given_both_ways_is_refused():
     with pytest.raises(UserError, match="--secret A is given twice"):
         parse_references([f"A={RESOURCE}", f"A={DENIED}"])
-    argv = ["--model_name_or_path", "org/model", "--dataset_name", "org/data",
-            "--hub_token", CANARY, "--secret", f"HF_TOKEN={RESOURCE}"]  # fmt: skip
+    argv = ["--task", "speech-recognition", "--model_name_or_path", "org/model",
+            "--dataset_name", "org/data", "--hub_token", CANARY,
+            "--secret", f"HF_TOKEN={RESOURCE}"]  # fmt: skip
     with pytest.raises(UserError, match="both give the Hub token") as refused:
         resolve_run(argv, {}, CPU)
     assert CANARY not in str(refused.value)

@@ -20,7 +20,8 @@ once) and checks the result (trainer/preflight); the training processes change n
 gradient checkpointing the user left open on a GPU node
 (`RunConfig.gradient_checkpointing_left_open`): it depends on the model, which only they load.
 It reads only the files it is pointed at (recipe, DeepSpeed JSON, a local model's config.json):
-no network, no process, no write.
+no process, no write, and no network but for one file: a Hub model's config.json when the task
+must be inferred and neither the cache nor the data tell it (trainer/config/task_inference.py).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
     )
     deepspeed = resolve_deepspeed_config(launcher.deepspeed)
-    training_argv, task_notices = with_inferred_task(training_argv)
+    training_argv, task_notices = with_inferred_task(training_argv, env, launcher.skip_hub_check)
     first = parse_training_flags(training_argv)  # an unknown flag fails before anything else
     training_argv, demo = with_model_and_data(first, training_argv, env)
     given = flag_names(training_argv)  # a recipe's flags count as given
@@ -108,9 +109,12 @@ def split_launcher_flags(argv: list[str]) -> tuple[LauncherArguments, list[str]]
     return launcher, training_argv
 
 
-def with_inferred_task(training_argv: list[str]) -> tuple[list[str], list[str]]:
-    """Without --task, the task the model's config.json or the local data name (one notice
-    says which and why); the demo (no model, no dataset) stays the default task."""
+def with_inferred_task(
+    training_argv: list[str], env: Mapping[str, str], skip_hub_check: bool
+) -> tuple[list[str], list[str]]:
+    """Without --task, the task the model's config.json (asked of the Hub if need be) or the
+    local data name (one notice says which and why); the demo (no model, no dataset) stays the
+    default task."""
     if "--task" in flag_names(training_argv):
         return training_argv, []
     known, _ = FlagParser([ModelArguments, DataArguments], add_help=False).parse_known_args(
@@ -118,7 +122,9 @@ def with_inferred_task(training_argv: list[str]) -> tuple[list[str], list[str]]:
     )
     if known.model_name_or_path is None and known.dataset_name is None:
         return training_argv, []
-    task, why = infer_task(known.model_name_or_path, known.dataset_name, known.cache_dir)
+    task, why = infer_task(
+        known.model_name_or_path, known.dataset_name, known.cache_dir, env, skip_hub_check
+    )
     return ["--task", task, *training_argv], [f"task: {task} (no --task; {why})"]
 
 

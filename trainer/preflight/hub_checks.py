@@ -21,11 +21,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from trainer.common.errors import UserError
+from trainer.common.hub_access import (
+    hub_cache_dir,
+    hub_endpoint,
+    offline_variable,
+    transport_failure,
+)
 from trainer.data.sources import looks_like_path
 
 HUB_TIMEOUT_SECONDS = 15
-DEFAULT_ENDPOINT = "https://huggingface.co"
-TRUE_VALUES = {"1", "true", "yes", "on"}
 SKIP_HINT = (
     "to launch without this check, set HF_HUB_OFFLINE=1 with the files in the local cache "
     "or pass --skip_hub_check"
@@ -38,17 +42,6 @@ def hub_ids(model: str | None, dataset: str | None) -> list[tuple[str, str]]:
     return [(kind, name) for kind, name in named if name and not looks_like_path(name)]
 
 
-def hub_cache_dir(env: Mapping[str, str]) -> Path:
-    """Where huggingface_hub keeps downloads, resolved from `env` as the library does."""
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(name):
-            return Path(env[name]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = env.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "huggingface" / "hub"
-
-
 def is_cached(kind: str, repo_id: str, cache_dirs: Iterable[Path]) -> bool:
     """True when a snapshot of the repository is in one of the caches."""
     from huggingface_hub.file_download import repo_folder_name
@@ -59,12 +52,6 @@ def is_cached(kind: str, repo_id: str, cache_dirs: Iterable[Path]) -> bool:
         if snapshots.is_dir() and any(snapshots.iterdir()):
             return True
     return False
-
-
-def offline_variable(kind: str, env: Mapping[str, str]) -> str | None:
-    """The variable that puts the library loading `kind` offline, if one is set."""
-    names = ["HF_HUB_OFFLINE"] + (["HF_DATASETS_OFFLINE"] if kind == "dataset" else [])
-    return next((n for n in names if env.get(n, "").strip().lower() in TRUE_VALUES), None)
 
 
 def check_hub_ids(
@@ -91,7 +78,7 @@ def ask_hub(kind: str, repo_id: str, env: Mapping[str, str]) -> None:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    endpoint = (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    endpoint = hub_endpoint(env)
     api = HfApi(endpoint=endpoint, token=env.get("HF_TOKEN") or None)
     lookup = api.model_info if kind == "model" else api.dataset_info
     try:
@@ -128,7 +115,7 @@ def check_hub_writes(push_to_hub: bool, hub_token: str | None, env: Mapping[str,
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
-    endpoint = (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    endpoint = hub_endpoint(env)
     offline = offline_variable("model", env)
     if offline:
         raise UserError(
@@ -161,9 +148,3 @@ def check_hub_writes(push_to_hub: bool, hub_token: str | None, env: Mapping[str,
             f"--push_to_hub: the token of {who.get('name', '?')} at {endpoint} is read-only; "
             "give the run a token with write access (HF_TOKEN or --hub_token)."
         )
-
-
-def transport_failure(error: Exception) -> str:
-    """The exception's type and the first line of its message, for one error line."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

@@ -46,7 +46,7 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
     # before TrainingArguments: under ZeRO-3 they make every model built after them, even
     # on the meta device, a DeepSpeed-partitioned one
     model = plan_model(config, task, config_readable=on_node)
-    args = check_training_arguments(config)
+    args = check_training_arguments(config, packages_here=on_node)
     if on_node:  # a job spec's nodes write with their own token (--secret)
         check_hub_writes(args.push_to_hub, args.hub_token, env)
     if outputs and config.topology.node_rank == 0:
