@@ -408,7 +408,7 @@ def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
 
     def release_after_the_grace():
         wait_until(lambda: model.hits > 0, RUN_TIMEOUT, "the model's upload")
-        time.sleep(STOP_GRACE_SECONDS + 4)  # past what a stop would wait
+        time.sleep(STOP_GRACE_SECONDS + 20)  # well past what a stop would wait
         held.set()
 
     threading.Thread(target=release_after_the_grace, daemon=True).start()

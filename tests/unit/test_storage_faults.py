@@ -20,7 +20,14 @@ from trainer.storage.checkpoints import (
     find_resumable_checkpoint,
     write_manifest,
 )
-from trainer.storage.failure_kinds import disk_full, disk_line, mount_point, permanent, refused
+from trainer.storage.failure_kinds import (
+    brief,
+    disk_full,
+    disk_line,
+    mount_point,
+    permanent,
+    refused,
+)
 from trainer.storage.store import FileEntry, differing, open_store
 
 MANIFEST_FILES = [
@@ -130,3 +137,5 @@ def test_resume_skips_proven_corruption_but_stops_on_refused_reads(gcs, tmp_path
     assert raised.value.name == "checkpoint-2", "an unreadable checkpoint is not skipped"
     assert refusal.hits == 1, "a refusal is not retried"
     assert isinstance(raised.value.__cause__, Forbidden)
+    # the line's words for it: no request URL (its query), no client status tuple
+    assert brief(raised.value.__cause__) == "Forbidden: 403 GET"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -82,7 +83,18 @@ def disk_line(path: Path, writing: str) -> str:
     )
 
 
+REQUEST_URL = re.compile(r" https?://\S*?(?=: |\s|$)")
+"""A request's URL in a storage client's message (`403 POST http://host/upload/...?uploadType=
+multipart: ...`): the line names the location already; the query may carry a signature."""
+CLIENT_STATUS_TUPLE = re.compile(r":? \('Request failed with status code'.*\)$")
+"""google-resumable-media's `('Request failed with status code', 403, 'Expected one of',
+<HTTPStatus.OK: 200>)`, which the status code already says."""
+BRIEF_LIMIT = 160
+
+
 def brief(error: BaseException) -> str:
-    """`Type: first line of the message`, short enough for a one-line report."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+    """`Type: message`, on one line and short enough for a report of at most a few hundred
+    characters: without request URLs or the client's status tuple, cut at BRIEF_LIMIT."""
+    text = CLIENT_STATUS_TUPLE.sub("", REQUEST_URL.sub("", " ".join(str(error).split())))
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= BRIEF_LIMIT else text[: BRIEF_LIMIT - 3] + "..."
