@@ -216,6 +216,33 @@ def test_a_peers_refused_upload_abandons_that_checkpoint_at_once(proxied_store, 
     assert chief.fatal is worker.fatal is None
 
 
+def test_a_peer_that_cannot_write_at_all_is_heard_through_the_ranks(proxied_store, tmp_path):
+    """Every write of node 1 under checkpoint-2 is refused, its gave-up marker too: the chief
+    hears it through the ranks' agreement (`hear_peers`, what trainer/training/callbacks.py
+    passes on after each step) and abandons checkpoint-2 within seconds, not after
+    `peer_timeout` (30 min by default); checkpoint-4 completes."""
+    store, proxy = proxied_store
+    refused = proxy.fault("POST|PUT", r"checkpoint-2/.*(zero_pp_rank_1|node-1)", refuse=True)
+    chief = CheckpointUploader(store, tmp_path / "staging-0", node_rank=0, num_nodes=2,
+                               is_global_main=True, keep=None, peer_timeout=600)  # fmt: skip
+    worker = uploader(store, tmp_path, 1, 2)
+    chief.submit(node_checkpoint(tmp_path, 0, 2, shard_rank=0))
+    worker.submit(node_checkpoint(tmp_path, 1, 2, shard_rank=1))
+    wait_until(lambda: settled(worker, "checkpoint-2"), 120, "node 1 giving up")
+    assert worker.abandoned_through == 2 and chief.busy, "the chief waits for node 1"
+    chief.hear_peers([chief.abandoned_through, worker.abandoned_through])
+    wait_until(lambda: settled(chief, "checkpoint-2"), 10, "the chief abandoning checkpoint-2")
+    assert chief.errors["checkpoint-2"] == (
+        "PeerGaveUp: node 1 could not upload its part of checkpoint-2 (said through the "
+        "training processes; it could not write its marker)"
+    )
+    chief.submit(node_checkpoint(tmp_path, 0, 4, shard_rank=0))
+    worker.submit(node_checkpoint(tmp_path, 1, 4, shard_rank=1))
+    assert worker.close(timeout=60) and chief.close(timeout=60)
+    assert refused.hits > 1, "node 1's data and its marker were refused"
+    assert complete_checkpoints(store) == ["checkpoint-4"]
+
+
 def test_uploads_refused_checkpoint_after_checkpoint_are_fatal(proxied_store, tmp_path):
     store, proxy = proxied_store
     proxy.fault("POST|PUT", r"checkpoint-\d+/", refuse=True)

@@ -178,6 +178,7 @@ class PeerGaveUp(TransferError):
 
 
 GAVE_UP_SUFFIX = ".gave-up.json"
+PEER_WORD_BY_AGREEMENT = "said through the training processes; it could not write its marker"
 
 
 def gave_up_marker(node_rank: int) -> str:
@@ -224,6 +225,11 @@ class CheckpointUploader:
         self.uploading: str | None = None
         self.uploading_since: float | None = None
         self.fatal: str | None = None
+        self.abandoned_through = -1
+        """The newest step whose part this node gave up on: its word to the chief, also
+        carried by the ranks' agreement after each step (`hear_peers`), which needs no
+        storage: a node that cannot write cannot write its gave-up marker either."""
+        self._peers_abandoned = [-1] * num_nodes
         self._failed_in_a_row = 0
         self._pending: list[tuple[Path, str | None]] = []
         self._to_announce: list[str] = []
@@ -258,6 +264,16 @@ class CheckpointUploader:
             self._changed.notify()
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is queued or uploading (on the chief: or waiting for peers)."""
+        return bool(self._pending) or self.uploading is not None
+
+    def hear_peers(self, abandoned: list[float]) -> None:
+        """Each node's `abandoned_through`, as the ranks agreed on them: the chief abandons
+        a checkpoint a peer gave up on without waiting for a marker that may never come."""
+        self._peers_abandoned = [int(step) for step in abandoned]
 
     def unsaved(self) -> list[str]:
         """Failed checkpoints newer than this node's newest upload: work the store lacks.
@@ -325,6 +341,7 @@ class CheckpointUploader:
 
     def _give_up(self, name: str, reason: str, skipped: bool) -> None:
         """A peer's word to the chief that its part of `name` will not come."""
+        self.abandoned_through = max(self.abandoned_through, checkpoint_step(name))
         if self.is_global_main:
             return
         marker = json.dumps({"node": self.node_rank, "reason": reason, "skipped": skipped})
@@ -377,6 +394,9 @@ class CheckpointUploader:
             for node in (node for node in missing if f"node-{node}{GAVE_UP_SUFFIX}" in listed):
                 word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
                 raise PeerGaveUp(name, node, word.get("reason", "?"), bool(word.get("skipped")))
+            step = checkpoint_step(name)
+            for node in (node for node in missing if self._peers_abandoned[node] >= step):
+                raise PeerGaveUp(name, node, PEER_WORD_BY_AGREEMENT, skipped=False)
             if time.monotonic() > deadline:
                 raise TransferError(f"nodes {missing} did not finish uploading {name}")
             time.sleep(1)

@@ -224,8 +224,12 @@ class SaveOnStopOrInterval(TrainerCallback):
         interval_minutes: float | None,
         clock: Callable[[], float] = time.monotonic,
         agree: Callable[[list[float]], list[float]] = agree,
+        uploader: CheckpointUploader | None = None,
+        num_nodes: int = 1,
     ) -> None:
         self._stop = stop
+        self._uploader = uploader
+        self._num_nodes = num_nodes
         self._interval = interval_minutes * 60 if interval_minutes else None
         self._clock = clock
         self._agree = agree
@@ -254,7 +258,10 @@ class SaveOnStopOrInterval(TrainerCallback):
             and state.is_world_process_zero
             and self._clock() - self._last_save >= self._interval
         )
-        stop_origin, save_due = self._agree([float(stop_here), float(due)])
+        stop_origin, save_due, *abandoned = self._agree(
+            [float(stop_here), float(due), *self._uploads_word()]
+        )
+        self._hear(abandoned)
         if stop_origin:
             self._stopped(state.global_step, stop_origin)
             control.should_save = True
@@ -262,6 +269,37 @@ class SaveOnStopOrInterval(TrainerCallback):
             control.should_evaluate = False  # no time for it: the notice is seconds long
         elif save_due:
             control.should_save = True
+
+    def settle_uploads(self) -> None:
+        """After the last step, on every rank: agree once a second until no node's uploads are
+        pending, carrying each node's word on the checkpoints it gave up (as after each step),
+        so that the chief waits for no peer whose part will not come. Ends at a stop."""
+        if self._num_nodes == 1:
+            return
+        while True:
+            busy = self._uploader is not None and self._uploader.busy
+            stopping = self._stop.requested
+            busy_anywhere, stop_anywhere, *abandoned = self._agree(
+                [float(busy), float(stopping), *self._uploads_word()]
+            )
+            self._hear(abandoned)
+            if not busy_anywhere or stop_anywhere:
+                return
+            time.sleep(1)
+
+    def _uploads_word(self) -> list[float]:
+        """This node's slot: the newest checkpoint step its uploader gave up on (others -1;
+        every rank takes part, the local main process speaks for the node)."""
+        if self._num_nodes == 1:
+            return []
+        word = [-1.0] * self._num_nodes
+        if self._uploader is not None:
+            word[self._node] = float(self._uploader.abandoned_through)
+        return word
+
+    def _hear(self, abandoned: list[float]) -> None:
+        if abandoned and self._uploader is not None and self._uploader.is_global_main:
+            self._uploader.hear_peers(abandoned)
 
     def rewind_to_step_start(self) -> None:
         """The random generators back where the abandoned step began, so that the checkpoint

@@ -84,6 +84,7 @@ def finish(run: TrainingRun) -> None:
     with run.kept.step("syncing the TensorBoard logs"):
         if run.tensorboard is not None:
             run.tensorboard.sync()
+    run.saver.settle_uploads()  # every rank: a peer that gave up is heard after the last step
     if run.uploader is not None:
         run.uploader.close()
         if unsaved := run.uploader.unsaved():  # older failures: a newer checkpoint holds more
