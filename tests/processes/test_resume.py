@@ -359,6 +359,8 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
     complete = complete_checkpoints(checkpoints)
     assert name not in complete, "no manifest without every file"
     assert complete and checkpoint_step(complete[-1]) < checkpoint_step(name)
+    assert line.endswith(f"the newest complete checkpoint is {checkpoints.uri}/{complete[-1]}, "
+                         "where a restart resumes"), "the line names the resume point"  # fmt: skip
     resumable = find_resumable_checkpoint(checkpoints, tmp_path / "restart")
     assert resumable is not None and resumable.name == complete[-1]
     print(f"stop without time to upload: {name} left incomplete, resume point {complete[-1]}")

@@ -107,8 +107,7 @@ class WhatIsKept:
         if not done or name in uploader.failures:
             return Stopped(
                 f"{cause}: {name} was not uploaded to {self.checkpoints} within {seconds:.1f} s "
-                f"(--stop_grace_seconds {self.grace:g}); the job resumes from the previous "
-                "complete checkpoint"
+                f"(--stop_grace_seconds {self.grace:g}); {newest_complete_line(self.checkpoints)}"
             )
         what = "is complete" if uploader.is_global_main else "has this node's part"
         return Stopped(
