@@ -243,6 +243,20 @@ def test_a_peer_that_cannot_write_at_all_is_heard_through_the_ranks(proxied_stor
     assert complete_checkpoints(store) == ["checkpoint-4"]
 
 
+def test_incomplete_checkpoints_older_than_a_complete_one_are_removed(gcs, tmp_path):
+    """A stop's checkpoint that missed the grace (files, no manifest) stays in the bucket only
+    until a newer checkpoint completes; retention alone counts complete ones. A newer
+    incomplete one (an upload in flight) stays."""
+    store = open_store(fresh_prefix())
+    store.child("checkpoint-3").upload(node_checkpoint(tmp_path, 0, 3, 0))
+    store.child("checkpoint-6").upload(node_checkpoint(tmp_path, 0, 6, 0))
+    chief = uploader(store, tmp_path, 0, 1)
+    chief.submit(node_checkpoint(tmp_path, 0, 4, 0))
+    assert chief.close(timeout=60)
+    assert complete_checkpoints(store) == ["checkpoint-4"]
+    assert store.list_dirs() == ["checkpoint-4", "checkpoint-6"]
+
+
 def test_uploads_refused_checkpoint_after_checkpoint_are_fatal(proxied_store, tmp_path):
     store, proxy = proxied_store
     proxy.fault("POST|PUT", r"checkpoint-\d+/", refuse=True)

@@ -402,9 +402,19 @@ class CheckpointUploader:
             time.sleep(1)
 
     def _apply_retention(self, best: str | None) -> None:
+        """`--save_total_limit` over complete checkpoints, after incomplete ones older than
+        the newest complete are removed: a stop's checkpoint that missed the grace, a part
+        abandoned for a peer. Nothing is still writing them: every node uploads in order, and
+        all finished the newer one."""
+        complete = complete_checkpoints(self.store)
+        newest = checkpoint_step(complete[-1])
+        for name in checkpoint_names(self.store):
+            if checkpoint_step(name) < newest and name not in complete:
+                self.store.child(name).delete()
+                logger.info("deleted %s/%s (incomplete, older than %s)", self.store.uri, name,
+                            complete[-1])  # fmt: skip
         if not self.keep:
             return
-        complete = complete_checkpoints(self.store)
         doomed = [name for name in complete[: -self.keep] if name != best]
         for name in doomed:
             checkpoint = self.store.child(name)
