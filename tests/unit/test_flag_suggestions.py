@@ -15,7 +15,7 @@ from dataclasses import asdict
 import pytest
 from accelerate import PartialState
 
-from tests.support.helpers import resolved
+from tests.support.helpers import resolved, warm_hub_cache
 from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS
 from trainer.command_line.parser import known_flags
@@ -120,7 +120,10 @@ def test_every_flag_of_the_community_whisper_script_is_ours_or_answered():
     assert not sorted(names - set(known_flags()))
 
 
-def test_the_community_whisper_scripts_line_runs_as_it_meant(capsys):
+def test_the_community_whisper_scripts_line_runs_as_it_meant(capsys, tmp_path, monkeypatch):
+    """On a machine that downloaded the checkpoint (its config tells the task)."""
+    warm_hub_cache(tmp_path / "hub-cache", "model", "openai/whisper-tiny")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     line = ("--model_name openai/whisper-tiny --dataset_name x/y --language hindi "
             "--sampling_rate 16000 --num_proc 2 --train_strategy epoch --learning_rate 3e-5 "
             "--warmup 100 --train_batchsize 16 --eval_batchsize 8 --num_epochs 2 "

@@ -139,18 +139,24 @@ class WhatIsKept:
     def checkpoint_line(self) -> str:
         """Where the newest complete checkpoint is, or that there is none and why."""
         uploader = self.uploader
-        behind = []
-        if uploader is not None and uploader.uploading is not None:
-            waited = self._waited_for or 0.0
-            behind.append(f"{uploader.uploading} was still uploading after {waited:.0f} s")
-        if uploader is not None:
-            behind += [f"{name}'s upload failed ({uploader.errors[name]})"
-                       for name in uploader.failures if name in uploader.errors]  # fmt: skip
+        behind = self._uploads_behind()
         why = f" ({'; '.join(behind)})" if behind else ""
         why_none = None
         if uploader is not None and not uploader.submitted:
             why_none = why or " (no checkpoint was saved before this)"
         return newest_complete_line(self.checkpoints, why, why_none)
+
+    def _uploads_behind(self) -> list[str]:
+        """What this node's uploads left undone: the one still running, the failed ones."""
+        uploader = self.uploader
+        if uploader is None:
+            return []
+        behind = []
+        if uploader.uploading is not None:
+            waited = self._waited_for or 0.0
+            behind.append(f"{uploader.uploading} was still uploading after {waited:.0f} s")
+        return behind + [f"{name}'s upload failed ({uploader.errors[name]})"
+                         for name in uploader.failures if name in uploader.errors]  # fmt: skip
 
     def line(self) -> str:
         """The checkpoint and the model, after this node's uploads had their chance."""

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
@@ -62,17 +63,23 @@ def main() -> None:
         remember_failure(config, error, without_secrets(str(error)), 1)
         sys.exit(1)
     except Stopped as stopped:
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"preempted: {stopped}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        if reports := os.environ.get(STOP_REPORTS_VARIABLE):  # the agent's word: it was said
-            Path(reports, f"rank-{os.environ.get('RANK', '0')}").touch()
-        # Not sys.exit: it would wait for the storage client's transfer threads, i.e. for
-        # an upload this process has given up on (its checkpoint keeps no manifest).
-        os._exit(PREEMPTED_EXIT_CODE)
+        end_stopped(stopped)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
         remember_failure(config, error, report_failure(error), 1)
         sys.exit(1)
+
+
+def end_stopped(stopped: Stopped) -> NoReturn:
+    """The `preempted:` line (local rank 0), a mark for the node's agent that it was said
+    (trainer/common/handoff.py STOP_REPORTS_VARIABLE), and exit 75. Not sys.exit: it would
+    wait for the storage client's transfer threads, i.e. for an upload this process has
+    given up on (its checkpoint keeps no manifest)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"preempted: {stopped}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if reports := os.environ.get(STOP_REPORTS_VARIABLE):
+        Path(reports, f"rank-{os.environ.get('RANK', '0')}").touch()
+    os._exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":
