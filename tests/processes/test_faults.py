@@ -330,15 +330,16 @@ def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(
     finished_job, tmp_path, demo_assets, gcs
 ):
     """Fault 3: complete checkpoints exist but their files' downloads are refused (403).
-    The run stops before training with one line; nothing is trained or deleted: the store
-    a restart resumes from once storage answers again is as the job left it."""
+    The run stops before training with one line (the local main process's: the other rank,
+    which waited for its choice, says nothing); nothing is trained or deleted: the store a
+    restart resumes from once storage answers again is as the job left it."""
     proxy = FlakyProxy(gcs)
     try:
         job = restart_of(finished_job, tmp_path, demo_assets, proxy.url)
         before = job.checkpoints.list_files()
         refused = proxy.fault("GET", r"/checkpoints/checkpoint-\d+/(?!manifest)\S*alt=media",
                               refuse=True)  # fmt: skip
-        code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=1)
+        code, output = job.run("second", "--max_steps", "6", "--eval_strategy", "no", nproc=2)
     finally:
         proxy.close()
 

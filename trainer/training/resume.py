@@ -25,7 +25,9 @@ RESUME_CHOICE_FILENAME = ".resume-from"
 
 def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | None:
     """The local path of the checkpoint to resume, fetched and verified, or None: found by each
-    node's local main process (fetching what the node lacks), told the others in a local file."""
+    node's local main process (fetching what the node lacks), told the others in a local file.
+    When the local main process fails (its line says why), the others stop without a line of
+    their own: a RunFailed without a cause, which only local rank 0 would print."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     choice = config.outputs.resume
@@ -35,6 +37,7 @@ def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | 
     choice_file = output_dir / RESUME_CHOICE_FILENAME
     with args.main_process_first(local=True, desc="looking for a checkpoint to resume"):
         if place.is_local_main:
+            choice_file.unlink(missing_ok=True)  # an earlier run's choice is not this one's
             if choice == "auto":
                 found = newest_readable_checkpoint(
                     config.locations.checkpoints, output_dir, say=place.is_global_main
@@ -43,6 +46,9 @@ def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | 
                 found = explicit_checkpoint(choice, output_dir)
             output_dir.mkdir(parents=True, exist_ok=True)
             choice_file.write_text(str(found or ""))
+        if not choice_file.exists():  # the local main process failed, and says why itself
+            raise RunFailed("this node's local main process could not choose the checkpoint "
+                            "to resume")  # fmt: skip
         path = choice_file.read_text() or None
     if path and place.is_global_main:
         print(f"resuming from {path}", flush=True)
