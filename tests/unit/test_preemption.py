@@ -11,7 +11,7 @@ import signal
 from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from tests.support.tiny_regression import Regression, regression_arguments, regression_rows
-from trainer.training.callbacks import SaveOnStopOrInterval
+from trainer.training.callbacks import SaveOnStopOrInterval, long_step_warning
 from trainer.training.preemption import StopRequest
 
 
@@ -111,3 +111,39 @@ def test_sigterm_finishes_the_step_saves_it_and_stops(tmp_path):
     assert saved == [7], "the step in flight finishes, is saved, and training stops"
     assert savers[0].stopped_at_step == 7 and savers[0].stop_origin_node == 0
     assert stop.requested
+
+
+class Seconds:
+    """A clock that moves `per_call` seconds each time it is read."""
+
+    def __init__(self, per_call: float) -> None:
+        self.now, self.per_call = 0.0, per_call
+
+    def __call__(self) -> float:
+        self.now += self.per_call
+        return self.now
+
+
+def test_a_step_longer_than_the_grace_is_one_warning_after_the_first_steps(tmp_path, capsys):
+    """A stop is agreed between steps (or micro-batches): when more time passes between two
+    such points than --stop_grace_seconds, one `warning:` says what a preemption would lose;
+    steps within the grace say nothing."""
+    saver = SaveOnStopOrInterval(StopRequest(), None, clock=Seconds(12), stop_grace=8)
+    args = regression_arguments(tmp_path, 6)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_rows(8))
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(saver)
+    trainer.train()
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning:" in line]
+    assert warnings == [long_step_warning(12, 8)]
+    assert warnings[0].startswith("warning: a stop can be agreed only every 12 s here (a "
+                                  "training step, or a micro-batch under gradient accumulation)"
+                                  ", longer than --stop_grace_seconds 8")  # fmt: skip
+
+    quick = SaveOnStopOrInterval(StopRequest(), None, clock=Seconds(3), stop_grace=8)
+    trainer = Trainer(model=Regression(), args=regression_arguments(tmp_path / "quick", 6),
+                      train_dataset=regression_rows(8))  # fmt: skip
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(quick)
+    trainer.train()
+    assert "warning:" not in capsys.readouterr().out

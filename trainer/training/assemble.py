@@ -136,8 +136,9 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
         if callback is not None:
             trainer.add_callback(callback)
     stop = StopRequest()
-    saver = SaveOnStopOrInterval(stop, config.outputs.save_interval_minutes,
-                                 uploader=uploader, num_nodes=place.num_nodes)  # fmt: skip
+    saver = SaveOnStopOrInterval(stop, config.outputs.save_interval_minutes, uploader=uploader,
+                                 num_nodes=place.num_nodes,
+                                 stop_grace=config.outputs.stop_grace_seconds)  # fmt: skip
     trainer.add_callback(saver)
     outputs = config.outputs
     kept = WhatIsKept(uploader, config.locations.checkpoints, outputs.stop_grace_seconds,

@@ -208,6 +208,20 @@ class HypertuneCallback(TrainerCallback):
         )
 
 
+FIRST_STEPS = 2
+"""Steps that may be slow for reasons of their own (engine warm-up, first batches)."""
+
+
+def long_step_warning(took: float, grace: float) -> str:
+    return (
+        f"warning: a stop can be agreed only every {took:.0f} s here (a training step, or a "
+        f"micro-batch under gradient accumulation), longer than --stop_grace_seconds "
+        f"{grace:g}: a preemption would lose the work since the newest complete checkpoint. "
+        "Save more often (--save_steps, --save_interval_minutes), or use more gradient "
+        "accumulation steps of fewer examples"
+    )
+
+
 class SaveOnStopOrInterval(TrainerCallback):
     """After each step: on an agreed stop request, save and stop; when rank 0's clock says the
     interval has passed since the last save (whatever triggered it), save. Between the
@@ -226,8 +240,12 @@ class SaveOnStopOrInterval(TrainerCallback):
         agree: Callable[[list[float]], list[float]] = agree,
         uploader: CheckpointUploader | None = None,
         num_nodes: int = 1,
+        stop_grace: float | None = None,
     ) -> None:
         self._stop = stop
+        self._stop_grace = stop_grace
+        self._last_agreement: float | None = None
+        self._warned_long_step = False
         self._uploader = uploader
         self._num_nodes = num_nodes
         self._interval = interval_minutes * 60 if interval_minutes else None
@@ -246,12 +264,15 @@ class SaveOnStopOrInterval(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if args.gradient_accumulation_steps > 1:  # what a checkpoint of the last step holds
             self._step_start_rng = rng_states()
+        self._last_agreement = self._clock()
 
     def on_substep_end(self, args, state, control, **kwargs):
+        self._time_since_last_agreement(state)
         if self._agreed_stop(state.global_step):  # the last completed step
             raise StoppedMidStep(self.stop_origin_node)
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._time_since_last_agreement(state)
         stop_here = self._node + 1 if self._stop.requested else 0
         due = bool(
             self._interval is not None
@@ -269,6 +290,21 @@ class SaveOnStopOrInterval(TrainerCallback):
             control.should_evaluate = False  # no time for it: the notice is seconds long
         elif save_due:
             control.should_save = True
+
+    def _time_since_last_agreement(self, state) -> None:
+        """Once, after the first steps (the first one warms up): a `warning:` when more time
+        passes between two points where a stop can be agreed (a step, or a micro-batch under
+        gradient accumulation) than --stop_grace_seconds: a stop would then outlast what
+        torchrun waits, and a preemption lose the work since the newest complete checkpoint."""
+        now, last = self._clock(), self._last_agreement
+        self._last_agreement = now
+        if self._stop_grace is None or self._warned_long_step or last is None:
+            return
+        took = now - last
+        if state.global_step > FIRST_STEPS and took > self._stop_grace:
+            self._warned_long_step = True
+            if state.is_world_process_zero:
+                print(long_step_warning(took, self._stop_grace), flush=True)
 
     def settle_uploads(self) -> None:
         """After the last step, on every rank: agree once a second until no node's uploads are
