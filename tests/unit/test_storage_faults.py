@@ -27,6 +27,7 @@ from trainer.storage.failure_kinds import (
     mount_point,
     permanent,
     refused,
+    unavailable,
 )
 from trainer.storage.store import FileEntry, differing, open_store
 
@@ -139,3 +140,30 @@ def test_resume_skips_proven_corruption_but_stops_on_refused_reads(gcs, tmp_path
     assert isinstance(raised.value.__cause__, Forbidden)
     # the line's words for it: no request URL (its query), no client status tuple
     assert brief(raised.value.__cause__) == "Forbidden: 403 GET"
+
+
+def test_storage_that_does_not_answer_is_an_outage_and_a_refusal_is_not(gcs, monkeypatch):
+    """What the real client raises through the proxy, one request each (no retry): 503s and
+    dropped connections are an outage (the launcher's write probe then says so and exits 1,
+    which a restart tries again), a 403 a refusal (a configuration error, exit 2)."""
+    proxy = FlakyProxy(gcs, failure_rate=1.0, seed=1)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    storage._process_client.cache_clear()
+    bucket = storage._client().bucket(BUCKET)
+    try:
+        outages = []
+        for _ in range(4):  # the seeded proxy answers 503 or drops the connection
+            with pytest.raises(Exception) as raised:
+                bucket.blob(f"probe-{uuid.uuid4().hex}").upload_from_string("x", retry=None)
+            outages.append(raised.value)
+        proxy.failure_rate = 0.0
+        proxy.fault("POST", r"refused-probe", refuse=True)
+        with pytest.raises(Forbidden) as refusal:
+            bucket.blob("refused-probe").upload_from_string("x", retry=None)
+    finally:
+        proxy.close()
+        storage._process_client.cache_clear()
+    kinds = {type(error).__name__ for error in outages}
+    assert "ServiceUnavailable" in kinds and len(kinds) == 2, kinds  # and a dropped connection
+    assert all(unavailable(error) and not refused(error) for error in outages), kinds
+    assert refused(refusal.value) and not unavailable(refusal.value)

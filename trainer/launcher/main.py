@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.common.cache import clear_orphaned_build_locks
-from trainer.common.errors import UserError
+from trainer.common.errors import StorageUnavailable, UserError
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, PREEMPTED_EXIT_CODE
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as error:
         print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
+    except StorageUnavailable as error:  # an outage: exit 1, which a restart tries again
+        print(f"error: {mask(str(error), secrets)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except RunAlreadyEnded as ended:  # a restart of a job that delivered, or failed for good
         out = sys.stderr if ended.exit_code else sys.stdout
         print(mask(ended.line, secrets), file=out, flush=True)

@@ -54,6 +54,17 @@ def refused(error: BaseException) -> bool:
     return any(type(cause).__name__ in REFUSALS for cause in causes(error))
 
 
+OUTAGES = ("ServerError", "TooManyRequests", "RetryError", "DeadlineExceeded", "Timeout",
+           "ConnectionError", "TransportError", "TimeoutError")  # fmt: skip
+"""Exception classes (google.api_core, requests, google.auth, builtins; subclasses count)
+of a service that did not answer: an outage, which may pass."""
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether storage failed to answer (an outage), rather than refused or found nothing."""
+    return any(kind.__name__ in OUTAGES for cause in causes(error) for kind in type(cause).__mro__)
+
+
 def permanent(error: BaseException) -> bool:
     """Whether retrying the same transfer is pointless: a refusal or a full disk."""
     return refused(error) or disk_full(error)

@@ -26,8 +26,8 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from trainer.common.errors import UserError
-from trainer.storage.failure_kinds import permanent
+from trainer.common.errors import StorageUnavailable, UserError
+from trainer.storage.failure_kinds import brief, permanent, refused, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,11 @@ class Store(ABC):
         except UserError:
             raise
         except Exception as error:  # noqa: BLE001 - any failure means "cannot write here"
+            if unavailable(error) and not refused(error):
+                raise StorageUnavailable(
+                    f"{self.uri} did not answer the launcher's write probe ({brief(error)}): "
+                    "storage is unavailable, not misconfigured; a restart tries again"
+                ) from None
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise UserError(
                 f"Cannot write to {self.uri}: {type(error).__name__} {first_line}".rstrip()
