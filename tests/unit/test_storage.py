@@ -321,19 +321,22 @@ def test_skipping_a_damaged_checkpoint_is_a_warning_naming_the_steps_trained_aga
     from trainer.training.resume import newest_readable_checkpoint
 
     store = open_store(fresh_prefix())
-    for step in (3, 6):
+    for step in (3, 6, 8):
         chief = uploader(store, tmp_path, 0, 1)
         chief.submit(node_checkpoint(tmp_path, 0, step, 0))
         chief.close()
     manifest = json.loads(store.child("checkpoint-6").read_text(MANIFEST))
     manifest["files"][0]["crc32c"] = "AAAAAA=="
     store.child("checkpoint-6").write_text(MANIFEST, json.dumps(manifest))
+    truncated = store.child("checkpoint-8").read_text(MANIFEST)[:40]  # not "no manifest"
+    store.child("checkpoint-8").write_text(MANIFEST, truncated)
 
     found = newest_readable_checkpoint(store.uri, tmp_path / "resume", say=True)
     assert found == tmp_path / "resume" / "checkpoint-3"
     assert capsys.readouterr().out == (
-        f"warning: checkpoint-6 in {store.uri} is damaged (stored files differ from the "
-        "manifest) and skipped: resuming from checkpoint-3, so steps 4-6 are trained again\n"
+        f"warning: checkpoint-8, checkpoint-6 in {store.uri} are damaged (a manifest, or the "
+        "files it lists, not as written) and skipped: resuming from checkpoint-3, so steps "
+        "4-8 are trained again\n"
     )
     assert newest_readable_checkpoint(store.uri, tmp_path / "again", say=False) is not None
     assert capsys.readouterr().out == "", "only the global main process says it"

@@ -122,6 +122,8 @@ def find_resumable_checkpoint(
     for name in reversed(names):
         try:
             entries = read_manifest(store.child(name))
+            if entries is None and store.child(name).read_text(MANIFEST) is not None:
+                raise StoredFilesDiffer(f"{name}'s {MANIFEST} is there but not a manifest")
             if entries is None:
                 logger.warning("skipping %s/%s: no manifest (incomplete checkpoint)",
                                store.uri, name)  # fmt: skip
@@ -145,8 +147,9 @@ def damaged_line(store: Store, damaged: list[str], found: Path | None) -> str:
     instead = f"resuming from {found.name}" if found is not None else "starting from step 1"
     return (
         f"warning: {', '.join(damaged)} in {store.uri} "
-        f"{'is' if len(damaged) == 1 else 'are'} damaged (stored files differ from the "
-        f"manifest) and skipped: {instead}, so steps {since + 1}-{newest} are trained again"
+        f"{'is' if len(damaged) == 1 else 'are'} damaged (a manifest, or the files it lists, "
+        f"not as written) and skipped: {instead}, so steps {since + 1}-{newest} are trained "
+        "again"
     )
 
 
