@@ -190,6 +190,20 @@ def complete_from(checkpoints, step: int) -> bool:
 CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
 
 
+def offline_dry_run(args: list, capsys) -> tuple[int, dict | None, str]:
+    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
+    the plan's configuration, stderr)."""
+    from trainer.launcher import main as launch
+
+    try:
+        launch.main(["--dry-run", "--skip_hub_check", *[str(arg) for arg in args]])
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    return code, json.loads(out)["config"] if code == 0 else None, err
+
+
 def resolved(argv: list[str], hardware: Hardware = CPU, env: dict | None = None):
     """The run's configuration as a launcher on `hardware` resolves it (nothing checked)."""
     from trainer.config.resolve import resolve_run

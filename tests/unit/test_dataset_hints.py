@@ -7,12 +7,12 @@ task objects the training processes build."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 
 from tests.support.helpers import checked_task, few_clips, resolved, task_of
+from tests.support.helpers import offline_dry_run as dry_run
 from tests.support.tiny_assets import (
     build_tiny_bert,
     sentiment_sentences,
@@ -20,23 +20,10 @@ from tests.support.tiny_assets import (
     write_sentiment_csv,
 )
 from trainer.common.errors import UserError
-from trainer.launcher import main as launch
 from trainer.settings.run_config import RunConfig
 from trainer.tasks import build_task
 
 TEXT = ["--task", "text-classification"]
-
-
-def dry_run(args: list[str], capsys) -> tuple[int, dict | None, str]:
-    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
-    the plan's configuration, stderr)."""
-    try:
-        launch.main(["--dry-run", "--skip_hub_check", *[str(arg) for arg in args]])
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    return code, json.loads(out)["config"] if code == 0 else None, err
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,11 @@ from dataclasses import asdict
 import pytest
 from accelerate import PartialState
 
+from tests.support.helpers import offline_dry_run as dry_run
 from tests.support.helpers import resolved, warm_hub_cache
 from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS
 from trainer.command_line.parser import known_flags
-from trainer.launcher import main as launch
 from trainer.storage.checkpoints import MANIFEST, find_resumable_checkpoint
 from trainer.storage.store import describe_local, open_store
 from trainer.tasks.training_arguments import build_training_arguments
@@ -29,18 +29,6 @@ from trainer.training.resume import checkpoint_to_resume
 SPEECH = ["--task", "speech-recognition", "--model_name_or_path", "openai/whisper-tiny",
           "--dataset_name", "x/y"]  # fmt: skip
 """A speech line (no download: --dry-run --skip_hub_check)."""
-
-
-def dry_run(args: list[str], capsys) -> tuple[int, dict | None, str]:
-    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
-    the plan's configuration, stderr)."""
-    try:
-        launch.main(["--dry-run", "--skip_hub_check", *args])
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    return code, json.loads(out)["config"] if code == 0 else None, err
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from datasets import load_dataset
 
 from tests.support.helpers import checked_task, speech_task, task_of
+from tests.support.helpers import offline_dry_run as dry_run
 from tests.support.tiny_assets import (
     build_tiny_bert,
     build_tiny_vit,
@@ -90,18 +91,6 @@ def test_the_documented_table_is_the_codes():
     """docs/launching.md holds the table generated from FOREIGN_FLAGS; regenerate it with
     python -m trainer.command_line.foreign_flags --write."""
     assert documented_table(DOC.read_text()) == markdown_table()
-
-
-def dry_run(args: list[str], capsys) -> tuple[int, dict | None, str]:
-    """`python -m trainer --dry-run --skip_hub_check ARGS` in this process: (exit code,
-    the plan's configuration, stderr)."""
-    try:
-        launch.main(["--dry-run", "--skip_hub_check", *args])
-        code = 0
-    except SystemExit as exit:
-        code = exit.code
-    out, err = capsys.readouterr()
-    return code, json.loads(out)["config"] if code == 0 else None, err
 
 
 @pytest.fixture(scope="module")
