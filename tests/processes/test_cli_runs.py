@@ -101,3 +101,22 @@ def test_one_process_without_deepspeed_trains_speech_grouped_by_length(
     assert code == 0, output[-3000:]
     assert "world size 1" in output and "step 2/2" in output, output[-3000:]
     assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+
+
+def test_an_optimizer_this_node_cannot_run_is_refused_before_launch(
+    tmp_path, demo_assets, demo_cache
+):
+    """`--optim adamw_bnb_8bit` on a CPU-only node, as a user runs it (not a dry run): one line
+    and exit 2 before anything starts; it used to launch and die with an ImportError in
+    every training process."""
+    args = ["--optim", "adamw_bnb_8bit", "--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir), "--text_column_name", "transcription",
+            "--max_steps", "2", "--output_dir", "out"]  # fmt: skip
+    result = run_cli(args, tmp_path, trainer_env(demo_cache))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1] == (
+        "error: --optim adamw_bnb_8bit is a bitsandbytes optimizer and needs a CUDA GPU; this "
+        "is a CPU-only node: leave --optim out (torch's AdamW, the default), or use a machine "
+        "with a GPU."
+    )
+    assert "Traceback" not in result.stderr
