@@ -149,7 +149,10 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
     resumed = re.findall(r"resuming from out/checkpoint-(\d+)", output)
     assert resumed and int(resumed[-1]) >= 10, output[-4000:]
     after = [int(s) for s, _ in STEP_LINE.findall(output.split("resuming from")[-1])]
-    assert min(after) == int(resumed[-1]) + 1, "nothing trained twice past the checkpoint"
+    if int(resumed[-1]) < 20:
+        assert min(after) == int(resumed[-1]) + 1, "nothing trained twice past the checkpoint"
+    else:  # on a loaded machine the kill can land after the last checkpoint: none trained
+        assert after == [] and "checkpoint-20 holds the last step" in output, output[-4000:]
     expected = load_file(reference / "model" / "model.safetensors")
     got = load_file(killed / "model" / "model.safetensors")
     worst = max((expected[k] - got[k]).abs().max().item() for k in expected)

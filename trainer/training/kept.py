@@ -107,12 +107,22 @@ class WhatIsKept:
         if not done or name in uploader.failures:
             return Stopped(
                 f"{cause}: {name} was not uploaded to {self.checkpoints} within {seconds:.1f} s "
-                f"(--stop_grace_seconds {self.grace:g}); {newest_complete_line(self.checkpoints)}"
+                f"(--stop_grace_seconds {self.grace:g}); {self._resume_point()}"
             )
         what = "is complete" if uploader.is_global_main else "has this node's part"
         return Stopped(
             f"{cause}: {name} {what} in {self.checkpoints}, {seconds:.1f} s after the stop"
         )
+
+    def _resume_point(self) -> str:
+        """Where the job resumes after a stop whose checkpoint missed the grace, from what this
+        node's uploader knows: no time is left to list a slow store (torchrun is about to
+        stop the process). The chief's newest upload is complete (its manifest written)."""
+        uploader = self.uploader
+        if uploader is not None and uploader.is_global_main and uploader.uploaded:
+            newest = f"{self.checkpoints.rstrip('/')}/{uploader.uploaded[-1]}"
+            return f"the newest complete checkpoint is {newest}, where a restart resumes"
+        return "the job resumes from the previous complete checkpoint"
 
     def wait(self, since: float | None = None) -> None:
         """Let this node's queued uploads finish.
