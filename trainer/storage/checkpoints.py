@@ -303,7 +303,7 @@ class CheckpointUploader:
             try:
                 if self.fatal:  # the run is stopping: no attempt can succeed
                     raise TransferError(self.fatal)
-                self._publish(snapshot, best)
+                self._publish(snapshot)
             except PeerGaveUp as gave_up:
                 if gave_up.skipped:
                     self.skipped.append(snapshot.name)
@@ -313,8 +313,9 @@ class CheckpointUploader:
             except Exception as error:  # noqa: BLE001 - a failed upload must not stop training
                 self._failed(snapshot.name, error)
             else:
-                self.uploaded.append(snapshot.name)
+                self.uploaded.append(snapshot.name)  # complete: a stop's line may name it
                 self._failed_in_a_row = 0
+                self._tidy(best)
             finally:
                 self.uploading = None
                 shutil.rmtree(snapshot, ignore_errors=True)
@@ -354,7 +355,7 @@ class CheckpointUploader:
             logger.warning("could not tell the chief that %s is abandoned: %s", name,
                            brief(error))  # fmt: skip
 
-    def _publish(self, snapshot: Path, best: str | None) -> None:
+    def _publish(self, snapshot: Path) -> None:
         started = time.monotonic()
         target = self.store.child(snapshot.name)
         entries = target.upload(snapshot)
@@ -364,7 +365,6 @@ class CheckpointUploader:
                     len(entries), time.monotonic() - started)  # fmt: skip
         if self.is_global_main:
             self._write_manifest(target, snapshot.name)
-            self._apply_retention(best)
 
     def _write_manifest(self, target: Store, name: str) -> None:
         self._wait_for_nodes(target, name)
@@ -403,6 +403,15 @@ class CheckpointUploader:
             if time.monotonic() > deadline:
                 raise TransferError(f"nodes {missing} did not finish uploading {name}")
             time.sleep(1)
+
+    def _tidy(self, best: str | None) -> None:
+        """The chief's retention after a checkpoint completed; its failure fails nothing."""
+        if not self.is_global_main:
+            return
+        try:
+            self._apply_retention(best)
+        except Exception as error:  # noqa: BLE001 - the checkpoint is complete; retry next time
+            logger.warning("could not tidy %s: %s", self.store.uri, brief(error))
 
     def _apply_retention(self, best: str | None) -> None:
         """`--save_total_limit` over complete checkpoints, after incomplete ones older than
