@@ -42,12 +42,24 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+START_ATTEMPTS = 2
+"""Ray gives its dashboard a fixed 20 s to start (`ray._private.services`), which a loaded
+2-core machine can miss: a head that failed so is started once more."""
+
+
 def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> RayCluster:
     """Head and worker node, `cpus_per_node` CPUs each, started in `root/node0` and
     `root/node1` (a Ray worker's files go to its node's directory: RAY_CHDIR_TO_TRIAL_DIR=0).
 
     The nodes' environment is the trainer's test environment (cache, offline Hub): Ray
     workers inherit their node's environment, not the driver's."""
+    for _ in range(START_ATTEMPTS - 1):
+        with contextlib.suppress(AssertionError):  # a node that died at start
+            return _start_ray_cluster(root, cache_dir, cpus_per_node)
+    return _start_ray_cluster(root, cache_dir, cpus_per_node)
+
+
+def _start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int) -> RayCluster:
     port, dashboard_port = free_port(), free_port()
     # `python` on the nodes is this environment's, as it is the image's on a real cluster
     # (a submitted job's entrypoint runs `python -m trainer.ray`).
