@@ -53,10 +53,7 @@ def fit(run: TrainingRun) -> None:
             run.trainer.save_step(trial=None)
         raise run.kept.stopped_after_saving(run.saver, run.stop) from None
     except NothingLeftToTrain:
-        if run.place.is_global_main:
-            print(f"{Path(run.resume_from).name} holds the last step (--max_steps "
-                  f"{run.trainer.state.max_steps}): nothing left to train; delivering its "
-                  "model", flush=True)  # fmt: skip
+        end_at_the_resumed_last_step(run)
         return
     except EvaluationFailed as failed:
         if failed.step >= run.trainer.state.max_steps:
@@ -68,6 +65,18 @@ def fit(run: TrainingRun) -> None:
     if run.saver.stopped_at_step is not None:
         raise run.kept.stopped_after_saving(run.saver, run.stop)
     run.trainer.save_metrics("train", result.metrics)
+
+
+def end_at_the_resumed_last_step(run: TrainingRun) -> None:
+    """Resumed from a checkpoint of the last step: say so, and end as the Trainer's own end of
+    training does (the best checkpoint's weights, with --load_best_model_at_end)."""
+    trainer = run.trainer
+    if run.place.is_global_main:
+        print(f"{Path(run.resume_from).name} holds the last step (--max_steps "
+              f"{trainer.state.max_steps}): nothing left to train; delivering its model",
+              flush=True)  # fmt: skip
+    if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        trainer._load_best_model()
 
 
 def deliver(run: TrainingRun) -> None:
