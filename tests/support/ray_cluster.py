@@ -42,24 +42,19 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-START_ATTEMPTS = 2
-"""Ray gives its dashboard a fixed 20 s to start (`ray._private.services`), which a loaded
-2-core machine can miss: a head that failed so is started once more."""
-
-
 def start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int = 1) -> RayCluster:
     """Head and worker node, `cpus_per_node` CPUs each, started in `root/node0` and
     `root/node1` (a Ray worker's files go to its node's directory: RAY_CHDIR_TO_TRIAL_DIR=0).
 
     The nodes' environment is the trainer's test environment (cache, offline Hub): Ray
-    workers inherit their node's environment, not the driver's."""
-    for _ in range(START_ATTEMPTS - 1):
-        with contextlib.suppress(AssertionError):  # a node that died at start
-            return _start_ray_cluster(root, cache_dir, cpus_per_node)
-    return _start_ray_cluster(root, cache_dir, cpus_per_node)
+    workers inherit their node's environment, not the driver's.
 
-
-def _start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int) -> RayCluster:
+    The head starts its dashboard (job submission's server) as Ray does by default, not
+    with `--include-dashboard true`: Ray gives a dashboard a fixed 20 s to register
+    (`ray._private.services.start_api_server`) and, when it was asked for explicitly,
+    kills the head if it is late, which a loaded 2-core machine often is. Started by
+    default, a late dashboard goes on starting, and the cluster is ready once it answers
+    (`alive_nodes` asks it)."""
     port, dashboard_port = free_port(), free_port()
     # `python` on the nodes is this environment's, as it is the image's on a real cluster
     # (a submitted job's entrypoint runs `python -m trainer.ray`).
@@ -70,7 +65,7 @@ def _start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int) -> RayCl
               "--num-gpus", "0", "--disable-usage-stats"]  # fmt: skip
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-"))
     head = [RAY, "start", "--head", "--port", str(port), "--temp-dir", str(temp_dir),
-            "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+            "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(dashboard_port), *common]  # fmt: skip
     worker = [RAY, "start", "--address", f"127.0.0.1:{port}", *common]
     nodes = [start_node(root, 0, head, env)]
@@ -84,7 +79,7 @@ def _start_ray_cluster(root: Path, cache_dir: Path, cpus_per_node: int) -> RayCl
         assert nodes[0].poll() is None, head_log.read_text()
         nodes.append(start_node(root, 1, worker, env))
         wait_until(lambda: alive_nodes(cluster) == 2 or any(n.poll() is not None for n in nodes),
-                   120, "both Ray nodes")  # fmt: skip
+                   300, "both Ray nodes and the dashboard")  # fmt: skip
         assert all(node.poll() is None for node in nodes), head_log.read_text()
     except BaseException:
         cluster.stop()
