@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         client = connect(options.address)
         job_env = runtime_env(options.env_var, os.environ)
         check_cluster_python(client, job_env, required_distributions())
-        job_id = client.submit_job(
+        job_id = submit(
+            client,
             entrypoint=" ".join(["python", "-m", "trainer.ray", *map(shlex.quote, job_argv)]),
             runtime_env=job_env,
         )
@@ -100,6 +101,27 @@ def connect(address: str):
     return client
 
 
+AGENT_WAIT_SECONDS = 120.0
+"""How long a submission waits for a job agent: a cluster that was just started answers "No
+available agent to submit job, please try again later" until its dashboard has found its
+nodes' agents (seconds, more on a loaded head)."""
+
+
+def submit(client, clock=time.monotonic, sleep=time.sleep, **job) -> str:
+    """`client.submit_job(**job)`, tried again while the cluster has no job agent ready;
+    UserError if it has none after AGENT_WAIT_SECONDS."""
+    deadline = clock() + AGENT_WAIT_SECONDS
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as error:
+            if "try again later" not in str(error) or clock() > deadline:
+                raise UserError(
+                    f"the Ray cluster refused the job: {' '.join(str(error).split())}"
+                ) from None
+        sleep(2.0)
+
+
 def runtime_env(names: list[str], env) -> dict:
     """The project as working_dir, and the named variables that are set here."""
     passed = {name: env[name] for name in names if name in env}
@@ -117,8 +139,10 @@ def check_cluster_python(client, job_env: dict, required: list[Requirement]) -> 
     """One small job, run as the real one will be (same `python`, same runtime_env), reports
     the versions installed there; UserError naming what is missing or out of range."""
     names = [req.name for req in required]
-    probe = client.submit_job(
-        entrypoint=" ".join(["python", "-c", shlex.quote(PROBE), *names]), runtime_env=job_env
+    probe = submit(
+        client,
+        entrypoint=" ".join(["python", "-c", shlex.quote(PROBE), *names]),
+        runtime_env=job_env,
     )
     status = wait_for_end(client, probe, poll=0.25)
     logs = client.get_job_logs(probe)

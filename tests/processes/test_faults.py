@@ -507,7 +507,7 @@ def test_a_deleted_bucket_stops_the_run_with_one_line(tmp_path, demo_assets, gcs
     assert code == 1, output[-3000:]
     line = the_line(output, "error:")
     assert re.match(rf"error: checkpoint uploads cannot succeed: the bucket gs://{bucket} no "
-                    r"longer exists; training stopped at step (\d+) rather than go on without "
+                    r"longer exists; training stopped after step (\d+) rather than go on without "
                     rf"saving; the checkpoints in {job.base}/checkpoints/ cannot be listed "
                     r"\(NotFound: ", line), line  # fmt: skip
     assert max(int(step) for step, _ in STEP_LINE.findall(output)) < 200

@@ -423,7 +423,10 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path, demo_asset
         f"no complete checkpoint in {base}/checkpoints/ (no checkpoint was saved before "
         f"this); the trained model is saved at {base}/model/ (load it with from_pretrained)"
     ], output[-3000:]
-    assert "Traceback" in output and "metric backend exploded" in output
+    kept = f"{base}/checkpoints/debug/traceback-rank0.txt"
+    assert f"the traceback of the error below is in {kept}" in output, output[-3000:]
+    traceback = open_store(kept.rsplit("/", 1)[0]).read_text("traceback-rank0.txt")
+    assert "Traceback" not in output and "metric backend exploded" in traceback
 
     local = tmp_path / "model-from-gcs"
     open_store(f"{base}/model").download(local)

@@ -1,9 +1,11 @@
 """A training process fails: one `error:` line naming its rank, node and exception, and
-its traceback once; not a traceback per rank plus torchrun's ChildFailedError box. Here the
-reports themselves, in this process; real runs whose process fails or is killed:
+where its traceback was kept; not a traceback per rank plus torchrun's ChildFailedError box.
+Here the reports themselves, in this process; real runs whose process fails or is killed:
 tests/processes/test_failure_report_runs.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,19 @@ from trainer.launcher import accelerate_launch
 from trainer.settings.run_config import Hardware
 from trainer.storage.checkpoints import write_manifest
 from trainer.storage.store import open_store
-from trainer.training.failures import is_peer_failure, report_failure
+from trainer.training.failures import MAX_LINE, is_peer_failure, report_failure
+from trainer.training.tracebacks import keep_traceback, traceback_text
+
+
+def keep_in(folder: Path):
+    """A traceback keeper writing to `folder/traceback.txt` (training's writes to the run's
+    output directory: test_a_traceback_is_kept_in_the_output_dir_and_beside_gs_checkpoints)."""
+
+    def keep(error: BaseException) -> str:
+        (folder / "traceback.txt").write_text(traceback_text(error))
+        return str(folder / "traceback.txt")
+
+    return keep
 
 
 class Failure:
@@ -72,10 +86,10 @@ def test_a_killed_process_s_line_says_where_the_newest_complete_checkpoint_is(
     )
 
 
-def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch):
+def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch, tmp_path):
     """An echo of another process's failure waits (torchrun stops it if the cause was on
-    its node), then its node's local rank 0 alone says so, without a traceback; a cause
-    reports at once, with its traceback."""
+    its node), then its node's local rank 0 alone says so, keeping no traceback; a cause
+    reports at once, in one line naming the file its traceback went to."""
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("GROUP_RANK", "1")
@@ -83,10 +97,10 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
     assert is_peer_failure(echo)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    report_failure(echo, sleep=waits.append)
+    report_failure(echo, keep_in(tmp_path), sleep=waits.append)
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("LOCAL_RANK", "0")
-    report_failure(echo, sleep=waits.append)
+    report_failure(echo, keep_in(tmp_path), sleep=waits.append)
     assert capsys.readouterr().err.startswith(
         "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
     )
@@ -97,14 +111,18 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     except ValueError as raised:
         cause = raised
     assert not is_peer_failure(cause)
-    report_failure(cause, sleep=waits.append)
+    assert not (tmp_path / "traceback.txt").exists()  # an echo keeps none
+    report_failure(cause, keep_in(tmp_path), sleep=waits.append)
     assert len(waits) == 2
-    err = capsys.readouterr().err
-    assert err.count("error:") == 1 and "Traceback" in err
-    assert err.endswith("error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n")
+    assert capsys.readouterr().err == (
+        f"the traceback of the error below is in {tmp_path / 'traceback.txt'}\n"
+        "error: rank 2 of 4 (node 1, local rank 0) failed: ValueError: bad clip\n"
+    )
+    kept = (tmp_path / "traceback.txt").read_text()
+    assert kept.startswith("Traceback (most recent call last)") and "ValueError: bad\nclip" in kept
 
 
-def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypatch):
+def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypatch, tmp_path):
     """Training notes on the exception where the newest complete checkpoint is (a dead
     node or a crash on one rank, like every other failure, says where a restart resumes);
     the line ends with it, secrets masked."""
@@ -117,13 +135,71 @@ def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypat
     )
     echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
     echo.add_note(kept)
-    line = report_failure(echo, sleep=lambda seconds: None)
+    line = report_failure(echo, keep_in(tmp_path), sleep=lambda seconds: None)
     assert line.endswith(f"the cause is in that node's log; {kept}"), line
     assert capsys.readouterr().err == f"error: {line}\n"
 
     crash = ValueError("a NaN on this rank")
     crash.add_note("there is no complete checkpoint in gs://b/hf_secretvalue123/checkpoints")
-    line = report_failure(crash)
+    line = report_failure(crash, lambda error: None)
     assert line == ("rank 0 of 2 (node 0, local rank 0) failed: ValueError: a NaN on this rank; "
                     "there is no complete checkpoint in gs://b/***/checkpoints"), line  # fmt: skip
     assert "hf_secretvalue123" not in capsys.readouterr().err
+
+
+def test_a_long_exception_is_cut_so_the_line_keeps_what_is_kept_and_where_the_traceback_is(
+    capsys, monkeypatch, tmp_path
+):
+    """A storage client's exception quotes the whole request URL and its status tuple: the
+    cause is cut, not the end of the line that says where the work is (the traceback file
+    keeps all of it)."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    url = "https://storage.googleapis.com/upload/storage/v1/b/bucket/o?uploadType=resumable"
+    error = ConnectionError(f"403 POST {url}&name=checkpoints%2Fcheckpoint-4%2Fmodel.safetensors: "
+                            "('Request failed with status code', 403, 'Expected one of', "
+                            "<HTTPStatus.OK: 200>, <HTTPStatus.CREATED: 201>)" * 3)  # fmt: skip
+    kept = (
+        "the newest complete checkpoint is gs://b/checkpoints/checkpoint-2, where a restart resumes"
+    )
+    error.add_note(kept)
+    line = report_failure(error, keep_in(tmp_path))
+    assert len(line) <= MAX_LINE, len(line)
+    assert line.startswith("rank 1 of 2 (node 0, local rank 0) failed: ConnectionError: 403 POST")
+    assert line.endswith(f"…; {kept}"), line
+    assert "HTTPStatus" in (tmp_path / "traceback.txt").read_text()  # the whole of it is kept
+    assert capsys.readouterr().err.endswith(f"\nerror: {line}\n")
+
+
+def test_a_traceback_is_kept_in_the_output_dir_and_beside_gs_checkpoints(
+    gcs, tmp_path, monkeypatch
+):
+    """In training, the traceback goes to OUTPUT_DIR/logs/, and beside the checkpoints when
+    they are in Cloud Storage (a node's disk goes with the job): the line names the copy.
+    A copy that cannot be made leaves the line naming the local file."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.chdir(tmp_path)
+    hardware = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
+    argv = ["--task", "speech-recognition", "--model_name_or_path", "org/model",
+            "--dataset_name", "org/data", "--output_dir", str(tmp_path / "out"),
+            "--checkpoint_dir", "gs://test-bucket/traceback-run/checkpoints"]  # fmt: skip
+    config = resolve_run(argv, {}, hardware)
+    try:
+        raise KeyError("a missing column")
+    except KeyError as raised:
+        error = raised
+
+    where = keep_traceback(error, config)
+    assert where == "gs://test-bucket/traceback-run/checkpoints/debug/traceback-rank3.txt"
+    copy = open_store("gs://test-bucket/traceback-run/checkpoints/debug").read_text(
+        "traceback-rank3.txt"
+    )
+    local = (tmp_path / "out" / "logs" / "traceback-rank3.txt").read_text()
+    assert copy == local and "KeyError: 'a missing column'" in local
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens
+    from trainer.storage import store as storage
+
+    storage._process_client.cache_clear()
+    monkeypatch.setattr("trainer.training.tracebacks.UPLOAD_SECONDS", 3.0)
+    assert keep_traceback(error, config) == str(tmp_path / "out" / "logs" / "traceback-rank3.txt")

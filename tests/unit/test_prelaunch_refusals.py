@@ -6,9 +6,11 @@ cluster whose Python lacks the project's dependencies. Dry runs in this process
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -290,3 +292,66 @@ def test_this_pythons_dependencies_pass_and_one_out_of_range_is_named_with_the_r
     assert ray_submit.missing_packages(required, stock) == (
         f"lacks transformers; has torch 2.5.1+cu121 (needs {torch.specifier})"
     )
+
+
+class JobsApi(http.server.BaseHTTPRequestHandler):
+    """Ray's job REST API as a cluster whose dashboard has not yet found a job agent
+    answers it: `refusals` submissions get Ray's own 500, then one is taken."""
+
+    refusals = 0
+    submissions: list[dict] = []
+
+    def do_GET(self):
+        import ray
+
+        self._answer(200, {"ray_version": ray.__version__, "version": "4"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        JobsApi.submissions.append(body)
+        if len(JobsApi.submissions) <= JobsApi.refusals:
+            text = b"No available agent to submit job, please try again later."
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
+        self._answer(200, {"submission_id": "raysubmit_taken", "job_id": "raysubmit_taken"})
+
+    def _answer(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def jobs_api():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JobsApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    JobsApi.submissions = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_submission_waits_for_a_freshly_started_cluster_s_job_agent(jobs_api, monkeypatch):
+    """A cluster just started answers "try again later" until its dashboard has found a job
+    agent: the submission is made again (the real client, against the API on loopback), and
+    refused in one line only once AGENT_WAIT_SECONDS have passed."""
+    client = ray_submit.connect(jobs_api)
+    JobsApi.refusals = 2
+    naps: list[float] = []
+    assert ray_submit.submit(client, sleep=naps.append, entrypoint="python -V") == "raysubmit_taken"
+    assert len(JobsApi.submissions) == 3 and len(naps) == 2
+    assert JobsApi.submissions[-1]["entrypoint"] == "python -V"
+
+    JobsApi.refusals, JobsApi.submissions = 10**6, []
+    now = iter(range(0, 10**6, 30))
+    with pytest.raises(UserError, match="refused the job: .*No available agent .*try again later"):
+        ray_submit.submit(client, clock=lambda: next(now), sleep=naps.append, entrypoint="x")
+    assert 1 < len(JobsApi.submissions) <= 1 + ray_submit.AGENT_WAIT_SECONDS / 30 + 1

@@ -45,6 +45,7 @@ from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.run_config import Hardware
 from trainer.tasks import load_task, task_names
 from trainer.training.failures import report_failure
+from trainer.training.tracebacks import keep_traceback
 
 CANARY = "CANARY_5e3c1b"
 CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
@@ -196,16 +197,25 @@ def test_training_arguments_are_saved_without_the_token(tmp_path):
     assert env == {"HF_TOKEN": CANARY}
 
 
-def test_a_failure_report_masks_the_processes_secrets(monkeypatch, capsys):
+def test_a_failure_report_masks_the_processes_secrets(monkeypatch, capsys, tmp_path):
+    """Neither the line nor the traceback file it names holds the secret."""
     monkeypatch.setenv("MY_VALUE", CANARY)
     monkeypatch.setenv("TRAINER_SECRET_VARIABLES", "MY_VALUE")
+    monkeypatch.chdir(tmp_path)
+    config = resolve_run(["--task", "text-classification", "--model_name_or_path", "org/m",
+                          "--dataset_name", "org/d", "--output_dir", "out"], {}, CPU)  # fmt: skip
     try:
         raise RuntimeError(f"the server rejected {CANARY}")
     except RuntimeError as error:
-        report_failure(error)
+        report_failure(error, lambda cause: keep_traceback(cause, config))
     err = capsys.readouterr().err
-    assert CANARY not in err
-    assert err.splitlines()[-1].endswith("failed: RuntimeError: the server rejected ***")
+    kept = tmp_path / "out" / "logs" / "traceback-rank0.txt"
+    assert CANARY not in err and CANARY not in kept.read_text()
+    assert "RuntimeError: the server rejected ***" in kept.read_text()
+    assert err.splitlines()[-2:] == [
+        f"the traceback of the error below is in {kept}",
+        "error: rank 0 of 1 (node 0, local rank 0) failed: RuntimeError: the server rejected ***",
+    ]
 
 
 # (e) Secret Manager: resolution and refusals ----------------------------------------------------

@@ -22,7 +22,9 @@ from trainer.storage.checkpoints import (
     CheckpointUploader,
     complete_checkpoints,
     find_resumable_checkpoint,
+    newest_complete_line,
     read_manifest,
+    write_manifest,
 )
 from trainer.storage.store import crc32c_of, open_store
 
@@ -411,3 +413,19 @@ def test_fuse_path_outputs_go_through_the_storage_client(gcs, tmp_path, monkeypa
     assert all(Path(path).is_relative_to(source) for path in read_back), read_back
     assert {e.path: e for e in entries} == open_store(f"gs://{prefix}/checkpoint-4").list_files()
     assert not Path("/gcs").exists()
+
+
+def test_a_checkpoint_whose_manifest_is_truncated_is_not_named_where_a_restart_resumes(tmp_path):
+    """A truncated manifest makes a checkpoint damaged, not complete: the resume skips it,
+    so the line a stopping run prints names the one before it."""
+    store = open_store(str(tmp_path / "checkpoints"))
+    for name in ("checkpoint-2", "checkpoint-4"):
+        store.child(name).write_text("trainer_state.json", "{}")
+        write_manifest(store.child(name), {"files": []})
+    whole = store.child("checkpoint-4").read_text(MANIFEST)
+    store.child("checkpoint-4").write_text(MANIFEST, whole[: len(whole) // 2])
+
+    assert complete_checkpoints(store) == ["checkpoint-2"]
+    assert newest_complete_line(store.uri) == (
+        f"the newest complete checkpoint is {store.uri}/checkpoint-2, where a restart resumes"
+    )

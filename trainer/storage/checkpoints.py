@@ -74,8 +74,10 @@ def checkpoint_names(store: Store) -> list[str]:
 
 
 def complete_checkpoints(store: Store) -> list[str]:
-    """Names of checkpoints with a manifest, oldest first."""
-    return [n for n in checkpoint_names(store) if store.child(n).read_text(MANIFEST) is not None]
+    """Names of checkpoints with a readable manifest, oldest first: one whose manifest is
+    truncated or damaged is not resumed from (find_resumable_checkpoint skips it), so no
+    line may name it as where a restart resumes."""
+    return [n for n in checkpoint_names(store) if read_manifest(store.child(n)) is not None]
 
 
 def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None = None) -> str:

@@ -103,7 +103,7 @@ class CheckpointSyncCallback(TrainerCallback):
         if self.uploader is not None and self.uploader.fatal:
             raise UploadsImpossible(
                 f"checkpoint uploads cannot succeed: {self.uploader.fatal}; training stopped "
-                f"at step {state.global_step} rather than go on without saving"
+                f"after step {state.global_step} rather than go on without saving"
             )
 
     def on_save(self, args, state, control, **kwargs):

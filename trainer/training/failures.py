@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
+from collections.abc import Callable
 
 from trainer.common.secrets import mask, secret_values
 
@@ -28,23 +28,39 @@ def root_cause(error: BaseException) -> BaseException | None:
     return error.__cause__ if isinstance(error, RunFailed) else error
 
 
-def report_run_failed(error: RunFailed) -> None:
-    """The cause's traceback, then one line (the last line a reader of the log sees)."""
+MAX_LINE = 300
+"""The longest `error:` line (without the prefix) report_failure makes by cutting the cause."""
+
+KeepTraceback = Callable[[BaseException], "str | None"]
+"""Writes an error's traceback to a file and returns where (trainer/training/tracebacks.py)."""
+
+
+def report_run_failed(error: RunFailed, keep: KeepTraceback) -> None:
+    """One line, the last a reader of the log sees; the cause's traceback goes to a file
+    that the line before it names."""
     if os.environ.get("LOCAL_RANK", "0") == "0" or error.rank_local:
         if error.__cause__ is not None:
-            print_traceback(error.__cause__)
+            say_where_the_traceback_is(keep(error.__cause__))
         print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
+
+
+def say_where_the_traceback_is(where: str | None) -> None:
+    """A short line before the `error:` line, for whoever debugs the cause."""
+    if where:
+        print(f"the traceback of the error below is in {where}", file=sys.stderr, flush=True)
 
 
 PEER_FAILURE_GRACE_SECONDS = 5.0
 """How long a process whose collective broke waits before reporting (see report_failure)."""
 
 
-def report_failure(error: Exception, sleep=time.sleep) -> str:
-    """The failing process's traceback, then one `error:` line naming its rank, node and the
-    exception (what torchrun's error box would stand in for), ended by the exception's notes
-    (training adds where the newest complete checkpoint is); returns the line without `error:
-    `.
+def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> str:
+    """One `error:` line naming the failing process's rank, node and the exception (what
+    torchrun's error box would stand in for), ended by the exception's notes (training adds
+    where the newest complete checkpoint is), after a line naming where its traceback was
+    kept; returns the line without `error: `. The exception's message is cut so that the line
+    fits MAX_LINE: a request URL or a client's exception tuple must not push out where the
+    work is.
 
     When one process fails, the others' collectives break too ("connection closed by peer"):
     echoes, not causes. Such a process waits a moment first; torchrun stops it meanwhile if the
@@ -56,31 +72,38 @@ def report_failure(error: Exception, sleep=time.sleep) -> str:
         f"rank {env.get('RANK', '0')} of {env.get('WORLD_SIZE', '1')} (node "
         f"{env.get('GROUP_RANK', '0')}, local rank {env.get('LOCAL_RANK', '0')})"
     )
-    cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())[:500]}"
     kept = "".join(f"; {without_secrets(note)}" for note in getattr(error, "__notes__", ()))
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
-        line = (
+        line = fitted(error, lambda cause: (
             f"{place} stopped: a process on another node failed or its machine went away "
             f"({cause}); the cause is in that node's log{kept}"
-        )
+        ))  # fmt: skip
         if env.get("LOCAL_RANK", "0") == "0":
             print(f"error: {line}", file=sys.stderr, flush=True)
         return line
-    print_traceback(error)
-    line = f"{place} failed: {cause}{kept}"
+    say_where_the_traceback_is(keep(error))
+    line = fitted(error, lambda cause: f"{place} failed: {cause}{kept}")
     print(f"error: {line}", file=sys.stderr, flush=True)
     return line
+
+
+MIN_CAUSE = 60
+"""What is kept of an exception however long the rest of the line is."""
+
+
+def fitted(error: BaseException, line_with: Callable[[str], str]) -> str:
+    """`line_with(cause)`, the cause (`Type: message` on one line, secrets masked) cut with an
+    ellipsis so that the line fits MAX_LINE, keeping MIN_CAUSE characters of it at least."""
+    cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())}"
+    room = max(MAX_LINE - len(line_with("")), MIN_CAUSE)
+    return line_with(cause if len(cause) <= room else cause[: room - 1] + "…")
 
 
 def without_secrets(text: str) -> str:
     """`text` with the values of this process's secret variables (HF_TOKEN, those the
     launcher filled from --secret) masked: an exception's message may quote one."""
     return mask(text, secret_values([], os.environ))
-
-
-def print_traceback(error: BaseException) -> None:
-    print(without_secrets("".join(traceback.format_exception(error))), end="", file=sys.stderr)
 
 
 PEER_FAILURE_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")

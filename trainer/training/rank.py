@@ -30,6 +30,7 @@ from trainer.settings.run_config import RunConfig
 from trainer.training.failures import RunFailed, report_failure, report_run_failed, without_secrets
 from trainer.training.preemption import Stopped
 from trainer.training.run_end import remember_failure
+from trainer.training.tracebacks import keep_traceback
 
 
 def main() -> None:
@@ -59,13 +60,14 @@ def main() -> None:
         remember_failure(config, error, line, CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
         sys.exit(CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
     except RunFailed as error:
-        report_run_failed(error)
+        report_run_failed(error, lambda cause: keep_traceback(cause, config))
         remember_failure(config, error, without_secrets(str(error)), 1)
         sys.exit(1)
     except Stopped as stopped:
         end_stopped(stopped)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
-        remember_failure(config, error, report_failure(error), 1)
+        line = report_failure(error, lambda cause: keep_traceback(cause, config))
+        remember_failure(config, error, line, 1)
         sys.exit(1)
 
 
