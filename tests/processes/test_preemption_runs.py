@@ -6,6 +6,7 @@ tests/processes/test_resume.py)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import subprocess
 import sys
@@ -102,3 +103,36 @@ def test_sigterm_before_the_training_processes_can_save_is_said_by_the_node(
         "(13 s: --stop_grace_seconds + 5); there is no complete checkpoint in out"
     ], output[-3000:]
     assert "preempted:" not in output
+
+
+def test_sigterm_to_a_one_process_run_without_deepspeed_saves_the_step(
+    tmp_path, demo_assets, demo_cache
+):
+    """One process without DeepSpeed (the CPU default) is started by accelerate itself, not
+    by torchrun's agent: a SIGTERM to the launcher (what Vertex AI and `docker stop` send)
+    killed the launcher alone, and the training process trained on, orphaned, until the
+    container took it down unsaved. The launcher now passes the stop on: the step is saved,
+    the line says so, exit 75, and no training process is left behind."""
+    import psutil
+
+    args = ["--model_name_or_path", str(demo_assets.model_dir),
+            "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
+            "--deepspeed", "none", "--nproc_per_node", "1", "--max_steps", "300",
+            "--logging_steps", "1", "--save_steps", "1000", "--eval_strategy", "no",
+            "--output_dir", "out"]  # fmt: skip
+    run = start_trainer(args, tmp_path, trainer_env(demo_cache))
+    launcher = psutil.Process(run.process.pid)
+    wait_until(lambda: "step 2/300" in run.log.read_text(), 240, "the second step")
+    training = launcher.children(recursive=True)
+    run.terminate()
+    code, output = run.finish(120)
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    stopped = re.search(r"preempted: SIGTERM on node 0 \(.*\): (checkpoint-(\d+)) is complete "
+                        r"in out", output)  # fmt: skip
+    assert stopped, output[-3000:]
+    assert int(stopped.group(2)) >= 2 and (tmp_path / "out" / stopped.group(1)).is_dir()
+    assert not [
+        process
+        for process in training
+        if process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    ], "a process was left behind"

@@ -10,10 +10,13 @@ DeepSpeed, which accelerate starts itself (CalledProcessError instead). A node w
 never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py). After a
 SIGTERM, a node whose processes were killed before they saved (none left its mark in the
 `STOP_REPORTS_VARIABLE` directory) gets one `error:` line and exit code 1: 75 says saved.
+A SIGTERM that comes before torchrun's own handler (`pass_on_the_stop`) is passed on to the
+training process accelerate started itself, or ends a node that started none yet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_the_start(args)
     reports = Path(tempfile.mkdtemp(prefix="trainer-stop-reports-"))
     os.environ[STOP_REPORTS_VARIABLE] = str(reports)  # the training processes inherit it
+    signal.signal(signal.SIGTERM, pass_on_the_stop)  # torchrun's replaces it when it starts
     try:
         launch_command(args)
     except ChildFailedError as error:
@@ -67,6 +71,24 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(PREEMPTED_EXIT_CODE)
         print(f"error: {unreported_stop(args.machine_rank or 0)}", file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def pass_on_the_stop(signum, frame) -> None:
+    """SIGTERM to this process while no torchrun agent handles it: one process without
+    DeepSpeed, which accelerate starts itself and would leave running, orphaned, to be
+    killed unsaved with the container; or no training process yet. The first gets the
+    signal, saves and says so (exit 75, or a killed process's line); the second means
+    nothing of this attempt was trained: one line, exit 75."""
+    import psutil
+
+    children = psutil.Process().children()
+    if not children:
+        print("preempted: SIGTERM before the training processes started: nothing new was "
+              "trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(PREEMPTED_EXIT_CODE)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signal.SIGTERM)
 
 
 def unreported_stop(node: int) -> str:
