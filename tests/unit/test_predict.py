@@ -165,7 +165,7 @@ def test_a_speech_folder_is_transcribed_as_served_and_scored_by_trainings_wer(
     folder = tmp_path / "clips"
     folder.mkdir()
     with (source / "metadata.csv").open() as handle:
-        rows = list(csv.DictReader(handle))[:3]
+        rows = list(csv.DictReader(handle))[:2]
     for row in rows:
         (folder / row["file_name"]).write_bytes((source / row["file_name"]).read_bytes())
     (folder / "metadata.csv").write_text(
@@ -184,7 +184,7 @@ def test_a_speech_folder_is_transcribed_as_served_and_scored_by_trainings_wer(
         line["prediction"]["text"])) for line in lines]  # fmt: skip
     wer = 100 * jiwer.wer([r for r, _ in pairs], [p for _, p in pairs])
     results = json.loads((tmp_path / "out" / "test_results.json").read_text())
-    assert results == {"test_wer": pytest.approx(wer), "test_samples": 3}
+    assert results == {"test_wer": pytest.approx(wer), "test_samples": 2}
 
 
 def test_a_saved_dataset_split_is_predicted_with_its_class_label_names(tmp_path, text_model):
@@ -231,10 +231,11 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2_before_the_model_loads(
     assert not out.exists()
 
 
-def test_predictions_go_to_a_gs_output(tmp_path, text_model, gcs):
+def test_a_gs_model_is_downloaded_and_predictions_go_to_a_gs_output(tmp_path, text_model, gcs):
+    open_store(f"gs://{BUCKET}/predict/model").upload(text_model)
     source = tmp_path / "test.jsonl"
     source.write_text('{"id": "x", "text": "fine .", "label": "positive"}\n')
-    assert predict(text_model, source, f"gs://{BUCKET}/predict/run-1") == 0
+    assert predict(f"gs://{BUCKET}/predict/model", source, f"gs://{BUCKET}/predict/run-1") == 0
     store = open_store(f"gs://{BUCKET}/predict/run-1")
     assert sorted(store.list_files()) == ["predictions.jsonl", "test_results.json"]
     (line,) = [json.loads(x) for x in store.read_text("predictions.jsonl").splitlines()]

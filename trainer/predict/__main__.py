@@ -38,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m trainer.predict",
         description="Predict over a test set offline with the serving code; score it when "
         "it holds references.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("model", help="a local model folder or gs:// URI, as python -m trainer.serve "
                    "takes it")  # fmt: skip
