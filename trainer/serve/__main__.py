@@ -68,6 +68,18 @@ def checked_model(model: str | None, contract: Contract) -> str:
     return str(folder)
 
 
+def model_folder(location: str) -> Path:
+    """The model's local folder: a gs:// model is downloaded into a new temporary one first
+    (in parallel, every file's CRC32C verified); python -m trainer.predict loads it so too."""
+    if not location.startswith("gs://"):
+        return Path(location)
+    from trainer.storage.store import open_store
+
+    folder = Path(tempfile.mkdtemp(prefix="model-"))
+    open_store(location).download(folder)
+    return folder
+
+
 def loader(location: str):
     """What loads the predictor on the server's loading thread: downloads a gs:// model
     first, then loads and warms it."""
@@ -75,13 +87,7 @@ def loader(location: str):
     def load():
         from trainer.serve.predictors import load_predictor, warm_up
 
-        folder = Path(location)
-        if location.startswith("gs://"):
-            from trainer.storage.store import open_store
-
-            folder = Path(tempfile.mkdtemp(prefix="model-"))
-            open_store(location).download(folder)
-        predictor = load_predictor(folder)
+        predictor = load_predictor(model_folder(location))
         warm_up(predictor)
         # Where it runs, said once: a GPU node whose driver torch cannot use would else
         # serve from the CPU without a word.

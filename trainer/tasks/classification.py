@@ -198,7 +198,12 @@ def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
     if isinstance(logits, tuple):
         logits = logits[0]
     predicted = np.asarray(logits).argmax(axis=-1)
-    labels = np.asarray(prediction.label_ids)
+    return label_metrics(predicted, np.asarray(prediction.label_ids))
+
+
+def label_metrics(predicted: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Accuracy and macro F1 of predicted label ids against the true ones: the evaluation's
+    metrics, and python -m trainer.predict's over a test set (from label names)."""
     size = int(max(labels.max(), predicted.max())) + 1
     hits = np.bincount(labels[predicted == labels], minlength=size)
     # F1 = 2 TP / (2 TP + FP + FN), and 2 TP + FP + FN = (times predicted) + (times true)

@@ -108,7 +108,7 @@ class SpeechRecognitionTask(Task):
     arguments_class = SpeechArguments
     training_arguments_class = Seq2SeqTrainingArguments
     default_metric = "wer"
-    metric_names = ("wer",)  # compute_metrics' word_error_rate
+    metric_names = ("wer",)  # word_error_rate
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
     detect_local_layout = staticmethod(detect_local_layout)
@@ -279,14 +279,10 @@ class SpeechRecognitionTask(Task):
 
     def compute_metrics(self, processor) -> Callable:
         tokenizer = processor.tokenizer
-        normalize = _identity
-        if self.options.do_normalize_eval:
-            english = self._prompt is not None and self._prompt.english
-            normalize = tokenizer.normalize if english else tokenizer.basic_normalize
+        english = self._prompt is not None and self._prompt.english
+        normalize = eval_normalizer(tokenizer, english, self.options.do_normalize_eval)
 
-        def word_error_rate(prediction) -> dict[str, float]:
-            import jiwer
-
+        def generated_wer(prediction) -> dict[str, float]:
             predicted_ids = prediction.predictions
             if isinstance(predicted_ids, tuple):
                 predicted_ids = predicted_ids[0]
@@ -296,17 +292,9 @@ class SpeechRecognitionTask(Task):
             )
             predictions = tokenizer.batch_decode(predicted_ids, skip_special_tokens=True)
             references = tokenizer.batch_decode(label_ids, skip_special_tokens=True)
-            pairs = [
-                (normalize(ref), normalize(pred))
-                for ref, pred in zip(references, predictions, strict=True)
-            ]
-            pairs = [(ref, pred) for ref, pred in pairs if ref.strip()]
-            if not pairs:
-                return {"wer": float("nan")}
-            refs, preds = zip(*pairs, strict=True)
-            return {"wer": 100.0 * jiwer.wer(list(refs), list(preds))}
+            return {"wer": word_error_rate(references, predictions, normalize)}
 
-        return word_error_rate
+        return generated_wer
 
     def column_flags(self) -> dict[str, str]:
         return {
@@ -422,6 +410,31 @@ def _decoder_seconds(decoder) -> float:
     if duration is None:
         duration = decoder.get_all_samples().duration_seconds
     return duration
+
+
+def eval_normalizer(tokenizer, english: bool, normalize: bool) -> Callable[[str], str]:
+    """How transcripts are normalised before WER (`--do_normalize_eval`): Whisper's English
+    normaliser for English transcripts, its basic one otherwise."""
+    if not normalize:
+        return _identity
+    return tokenizer.normalize if english else tokenizer.basic_normalize
+
+
+def word_error_rate(
+    references: list[str], predictions: list[str], normalize: Callable[[str], str]
+) -> float:
+    """WER in percent over the pairs whose normalised reference has words (NaN when none
+    has): the evaluation's metric, and python -m trainer.predict's over a test set."""
+    import jiwer
+
+    pairs = [
+        (normalize(ref), normalize(pred)) for ref, pred in zip(references, predictions, strict=True)
+    ]
+    pairs = [(ref, pred) for ref, pred in pairs if ref.strip()]
+    if not pairs:
+        return float("nan")
+    refs, preds = zip(*pairs, strict=True)
+    return 100.0 * jiwer.wer(list(refs), list(preds))
 
 
 def _identity(text: str) -> str:

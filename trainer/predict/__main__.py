@@ -1,0 +1,163 @@
+"""`python -m trainer.predict MODEL INPUT OUTPUT`: a delivered model's predictions over a
+folder of media files, a `.jsonl` file of serving instances or a saved dataset, offline
+(docs/serving.md). The model is loaded as `python -m trainer.serve` loads it, and every
+instance goes through the server's own predictor (`prepare`, then `predict` a batch): what a
+test set gets here is what the endpoint would answer.
+
+OUTPUT (a local folder or gs:// URI) gets predictions.jsonl, one line per example in the
+input's order, and, when the input holds references, test_results.json with the task's
+metrics as training computes them. The command line, the input and OUTPUT are checked before
+the model loads (one `error:` line, exit 2); more undecodable examples than
+`--max_bad_examples` allows, or a model that does not load, end it with one `error:` line
+and exit 1, writing nothing to OUTPUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from trainer.common.errors import StorageUnavailable, UserError
+from trainer.predict.examples import input_kind, read_examples
+from trainer.serve.__main__ import DEFAULT_MAX_BATCH_SIZE, checked_model, model_folder
+from trainer.serve.contract import Contract
+from trainer.settings.data_flags import DEFAULT_MAX_BAD_EXAMPLES, max_bad
+from trainer.storage.store import GcsStore, Store, open_store
+
+PREDICTIONS = "predictions.jsonl"
+RESULTS = "test_results.json"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.predict",
+        description="Predict over a test set offline with the serving code; score it when "
+        "it holds references.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("model", help="a local model folder or gs:// URI, as python -m trainer.serve "
+                   "takes it")  # fmt: skip
+    p.add_argument("input", help="a folder of media files (audio, images or .txt files, with "
+                   "an optional metadata.csv or metadata.jsonl), a .jsonl file of serving "
+                   "instances, or a dataset saved with save_to_disk")  # fmt: skip
+    p.add_argument("output", help="a local folder or gs:// URI for predictions.jsonl and "
+                   "test_results.json")  # fmt: skip
+    p.add_argument("--batch_size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="instances in one forward pass")  # fmt: skip
+    p.add_argument("--max_bad_examples", default=DEFAULT_MAX_BAD_EXAMPLES,
+                   help="examples that cannot be read or decoded are skipped and counted, up "
+                   "to this many (a count, or a share of all with a percent sign); past it "
+                   "the run stops")  # fmt: skip
+    p.add_argument("--split", default="test", help="the split of a saved DatasetDict")
+    p.add_argument("--parameters", default="{}", help="the serving request's parameters, as "
+                   'JSON (e.g. \'{"language": "en"}\', \'{"top_k": 1}\')')  # fmt: skip
+    return p
+
+
+@dataclass(frozen=True)
+class Request:
+    """The command line, checked."""
+
+    model: str
+    input: Path
+    kind: str
+    output: Store
+    parameters: dict
+
+
+def checked(args: argparse.Namespace) -> Request:
+    """The checked command line, or ValueError / UserError saying what is wrong."""
+    model = checked_model(args.model, Contract.from_environment({}))
+    if args.batch_size < 1:
+        raise ValueError("--batch_size must be at least 1")
+    max_bad(args.max_bad_examples, 0)
+    try:
+        parameters = json.loads(args.parameters)
+    except ValueError:
+        parameters = None
+    if not isinstance(parameters, dict):
+        raise ValueError(f"--parameters {args.parameters}: give a JSON object")
+    path = Path(args.input).expanduser()
+    return Request(model, path, input_kind(path), output_store(args.output), parameters)
+
+
+def output_store(location: str) -> Store:
+    """Where the files go: a gs:// location must take a write, a local one be a folder."""
+    store = open_store(location)
+    if isinstance(store, GcsStore):
+        store.check_writable()
+    elif store.root.exists() and not store.root.is_dir():
+        raise ValueError(f"{location} is a file: OUTPUT is a folder")
+    return store
+
+
+def fail(message: object, code: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        request = checked(args)
+    except (ValueError, FileNotFoundError, UserError) as error:
+        fail(error, 2)
+    except StorageUnavailable as error:
+        fail(error, 1)
+
+    from trainer.common.quiet import silence_known_noise
+
+    silence_known_noise()  # the libraries' own bars and listed warnings: ours is the one bar
+    predict(request, args)
+
+
+def predict(request: Request, args: argparse.Namespace) -> None:
+    from trainer.predict.offline import OfflineRun
+    from trainer.serve.media import InstanceError
+    from trainer.serve.predictors import load_predictor, task_of_model_dir
+
+    folder = model_folder(request.model)
+    try:
+        task = task_of_model_dir(folder)
+        found = read_examples(request.input, request.kind, task, args.split)
+    except (ValueError, FileNotFoundError, UserError) as error:
+        fail(str(error).replace(str(folder), request.model), 2)
+    try:
+        predictor = load_predictor(folder)
+    except Exception as error:  # noqa: BLE001 - said in one line, as the server says it
+        fail(f"the model did not load: {type(error).__name__}: {error}", 1)
+    try:
+        parameters = predictor.checked_parameters(request.parameters)
+    except InstanceError as error:
+        fail(f"--parameters: {error}", 2)
+    pipe = predictor.pipe
+    print(f"predicting {found.total} examples of {request.input} with {predictor.task} on "
+          f"{pipe.device} in {pipe.model.dtype}", flush=True)  # fmt: skip
+    run = OfflineRun(predictor, parameters, args.batch_size, args.max_bad_examples,
+                     str(request.input))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="predictions-") as staging:
+        try:
+            with (Path(staging) / PREDICTIONS).open("w", encoding="utf-8") as lines:
+                outcome = run.predict(found.examples, found.total, lines)
+        except UserError as error:
+            fail(error, 1)
+        written = [PREDICTIONS]
+        if outcome.scored:
+            from trainer.predict.scoring import metrics_of
+
+            results = metrics_of(predictor, outcome.scored, parameters)
+            (Path(staging) / RESULTS).write_text(json.dumps(results, indent=2) + "\n")
+            written.append(RESULTS)
+        request.output.upload(Path(staging), written)
+    print(f"predicted {outcome.predicted} of {found.total} examples, skipped "
+          f"{len(outcome.skipped)}: {' and '.join(written)} in {request.output.uri}",
+          flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
