@@ -26,6 +26,7 @@ from trainer.common.hub_access import (
 )
 from trainer.data.sources import looks_like_path
 from trainer.tasks import DEFAULT_TASK, load_task, task_names
+from trainer.tasks.model_tasks import task_of_model
 
 HUB_TIMEOUT_SECONDS = 15
 
@@ -125,26 +126,3 @@ def model_config(model: str, cache_dir: str | None, env: Mapping[str, str]) -> d
     except (OSError, ValueError):
         return None
     return config if isinstance(config, dict) else None
-
-
-def task_of_model(config: dict) -> str | None:
-    """Whisper is speech recognition; a type transformers can classify images (sequences) with is
-    image (text) classification; the architectures decide a type that can do both."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as IMAGE,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as TEXT,
-    )
-
-    model_type = config.get("model_type")
-    architectures = " ".join(config.get("architectures") or [])
-    if model_type == "whisper" or "Whisper" in architectures:
-        return "speech-recognition"
-    if "ImageClassification" in architectures or (model_type in IMAGE and model_type not in TEXT):
-        return "image-classification"
-    if "SequenceClassification" in architectures or model_type in TEXT:
-        return "text-classification"
-    if model_type in IMAGE:
-        return "image-classification"
-    return None

@@ -1,0 +1,144 @@
+"""A Vertex AI Model Registry on loopback for the registration tests: it answers the REST
+calls the real SDK (`aiplatform.Model.list`, `aiplatform.Model.upload` with
+`api_transport="rest"`) makes, and keeps every request it got.
+
+- `GET .../models?filter=display_name="NAME"`: the models of that display name;
+- `POST .../models:upload`: the body parsed strictly into `aiplatform_v1.UploadModelRequest`
+  (an unknown field is a 400 and lands in `errors`), kept in `uploads`; the answer is a
+  long-running Operation, not yet done;
+- `GET .../operations/N`: that Operation, done, its response an `UploadModelResponse`: a new
+  model (version 1) or, with `parentModel`, the next version of it;
+- `GET .../models/ID@VERSION`: the model as uploaded.
+
+`refuse_uploads(code, status, message)` makes uploads fail as the service does (403
+PERMISSION_DENIED, 429 RESOURCE_EXHAUSTED, ...), with Google's JSON error body. Anything else
+asked is a 404 and lands in `errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from google.cloud.aiplatform_v1 import types
+
+UPLOAD_RESPONSE_TYPE = "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse"
+LOCATION = r"/v1/(projects/[^/]+/locations/[^/]+)"
+
+
+@dataclass
+class StoredModel:
+    resource_name: str
+    display_name: str
+    versions: list[types.Model] = field(default_factory=list)
+
+
+class VertexCapture:
+    """The registry; `endpoint` is what `--api_endpoint` takes."""
+
+    def __init__(self, project: str = "test-project", region: str = "us-central1") -> None:
+        self.parent = f"projects/{project}/locations/{region}"
+        self.models: dict[str, StoredModel] = {}
+        self.uploads: list[tuple[str, types.UploadModelRequest]] = []
+        """(the URL's parent, the request) of every upload, refused ones too."""
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.operations: dict[str, types.UploadModelResponse] = {}
+        self.refusal: tuple[int, str, str] | None = None
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def add_model(self, display_name: str) -> str:
+        """A model registered earlier (version 1); returns its resource name."""
+        name = f"{self.parent}/models/{1000 + len(self.models)}"
+        model = types.Model(name=name, display_name=display_name, version_id="1")
+        self.models[name] = StoredModel(name, display_name, [model])
+        return name
+
+    def refuse_uploads(self, code: int, status: str, message: str) -> None:
+        self.refusal = (code, status, message)
+
+    def _listed(self, query: str) -> dict:
+        wanted = re.fullmatch(r'display_name="([^"]*)"', parse_qs(query).get("filter", [""])[0])
+        found = [m.versions[-1] for m in self.models.values()
+                 if wanted and m.display_name == wanted.group(1)]  # fmt: skip
+        return {"models": [json.loads(types.Model.to_json(model)) for model in found]}
+
+    def _upload(self, parent: str, body: bytes) -> tuple[int, dict]:
+        request = types.UploadModelRequest.from_json(body.decode(), ignore_unknown_fields=False)
+        self.uploads.append((parent, request))
+        if self.refusal is not None:
+            code, status, message = self.refusal
+            return code, {"error": {"code": code, "status": status, "message": message}}
+        stored = self.models.get(request.parent_model)
+        if stored is None:
+            name = f"{parent}/models/{2000 + len(self.models)}"
+            stored = self.models[name] = StoredModel(name, request.model.display_name)
+        version = types.Model(request.model)
+        version.name, version.version_id = stored.resource_name, str(len(stored.versions) + 1)
+        stored.versions.append(version)
+        operation = f"{stored.resource_name}/operations/{len(self.operations) + 1}"
+        self.operations[operation] = types.UploadModelResponse(
+            model=stored.resource_name, model_version_id=version.version_id
+        )
+        return 200, {"name": operation, "done": False}
+
+    def _operation(self, name: str) -> dict:
+        response = json.loads(types.UploadModelResponse.to_json(self.operations[name]))
+        return {"name": name, "done": True, "response": {"@type": UPLOAD_RESPONSE_TYPE, **response}}
+
+    def _model(self, name: str, version: str) -> dict:
+        return json.loads(types.Model.to_json(self.models[name].versions[int(version) - 1]))
+
+    def answer(self, method: str, target: str, body: bytes) -> tuple[int, dict]:
+        url = urlsplit(target)
+        path = unquote(url.path)
+        with self.lock:
+            self.requests.append(f"{method} {path}")
+            if method == "GET" and (found := re.fullmatch(rf"{LOCATION}/models", path)):
+                return 200, self._listed(url.query)
+            if method == "POST" and (found := re.fullmatch(rf"{LOCATION}/models:upload", path)):
+                return self._upload(found.group(1), body)
+            if method == "GET" and (found := re.search(r"(projects/.*/operations/\d+)$", path)):
+                return 200, self._operation(found.group(1))
+            if method == "GET" and (found := re.fullmatch(r"/v1/(.*/models/\d+)@(\d+)", path)):
+                return 200, self._model(found.group(1), found.group(2))
+            self.errors.append(f"unexpected {method} {target}")
+            return 404, {"error": {"code": 404, "status": "NOT_FOUND", "message": path}}
+
+    def _handler(self):
+        capture = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _reply(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    status, answer = capture.answer(self.command, self.path, body)
+                except Exception as error:  # a request our types reject: the test fails on it
+                    capture.errors.append(f"{self.command} {self.path}: {error!r}")
+                    status, answer = 400, {"error": {"code": 400, "message": repr(error)}}
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = _reply
+
+        return Handler

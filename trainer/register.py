@@ -1,0 +1,117 @@
+"""`python -m trainer.register MODEL_URI --name NAME --serving_image IMAGE`: register a model
+a run delivered in the Vertex AI Model Registry (docs/serving.md, "Registering the model").
+
+A new model, or, when a model of that display name exists, a new version of it (made the
+default); a model registered before under that name is not registered twice. Prints
+`registered: projects/P/locations/R/models/ID@VERSION ...`. Bad input is one `error:` line
+and exit 2 before any request; a registry or storage that refuses or does not answer is one
+`error:` line saying the model is kept, with the command to retry, and exit 1.
+
+The serving image must be named: the package does not know the commit it was built from,
+so it cannot name cloudbuild.yaml's `IMAGE-serve:COMMIT` push by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from trainer.common.errors import UserError
+from trainer.registry.registration_request import Registration, check_before_requests
+from trainer.registry.upload import VertexPlace
+
+DEFAULT_REGION = "us-central1"
+PROJECT_VARIABLES = ("GOOGLE_CLOUD_PROJECT", "CLOUD_ML_PROJECT_ID")
+"""The project: gcloud's and the client libraries' variable, else the one Vertex AI sets in
+its jobs."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.register",
+        description="Register a delivered model in the Vertex AI Model Registry (a new "
+        "version when NAME exists).",
+    )
+    p.add_argument("model_uri", metavar="MODEL_URI", help="the delivered model's gs:// folder")
+    p.add_argument("--name", required=True, help="the model's display name in the registry")
+    p.add_argument("--serving_image", required=True,
+                   help="the serving image, pinned: REGION-docker.pkg.dev/PROJECT/REPO/"
+                        "vertex-hf-trainer-serve:COMMIT (cloudbuild.yaml)")  # fmt: skip
+    p.add_argument("--project", help="default: $GOOGLE_CLOUD_PROJECT, else $CLOUD_ML_PROJECT_ID")
+    p.add_argument("--region", help=f"default: $CLOUD_ML_REGION, else {DEFAULT_REGION}")
+    p.add_argument("--base_model", help="the base checkpoint, for its label (a merged LoRA "
+                   "model names its own)")  # fmt: skip
+    p.add_argument("--metric", metavar="NAME=VALUE",
+                   help="the final metric and its value, for their labels")  # fmt: skip
+    p.add_argument("--serving_env", metavar="KEY=VALUE", action="append", default=[],
+                   help="a serving container variable (repeatable)")  # fmt: skip
+    p.add_argument("--api_endpoint",
+                   help="the Vertex AI API's address (a private endpoint; tests: a loopback "
+                        "server, spoken to without credentials)")  # fmt: skip
+    return p
+
+
+def key_value(flag: str, text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not key or not equals or not value:
+        raise UserError(f"{flag} {text!r} is not KEY=VALUE")
+    return key, value
+
+
+def registration_of(args: argparse.Namespace, env) -> Registration:
+    """The Registration the flags ask for, checked as far as it can be without a request, or
+    UserError."""
+    project = args.project or next((env[v] for v in PROJECT_VARIABLES if env.get(v)), None)
+    if not project:
+        raise UserError("no project: pass --project or set GOOGLE_CLOUD_PROJECT")
+    region = args.region or env.get("CLOUD_ML_REGION") or DEFAULT_REGION
+    registration = Registration(
+        model_uri=args.model_uri,
+        name=args.name,
+        serving_image=args.serving_image,
+        place=VertexPlace(project, region, args.api_endpoint),
+        base_model=args.base_model,
+        metric=key_value("--metric", args.metric) if args.metric else None,
+        serving_env=dict(key_value("--serving_env", item) for item in args.serving_env),
+    )
+    check_before_requests(registration)
+    return registration
+
+
+def refuse(line: str, exit_code: int) -> NoReturn:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(exit_code)
+
+
+def outcome_line(done, name: str) -> str:
+    """What a `Registered` says: the resource name and version, and how it came to be."""
+    if done.already:
+        return (f"already registered: {done.versioned_name} ({name}, version {done.version_id}; "
+                "nothing sent)")  # fmt: skip
+    how = "a new model" if done.new_model else f"a new version of {name}"
+    return f"registered: {done.versioned_name} ({how}, version {done.version_id})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        registration = registration_of(args, os.environ)
+    except UserError as error:
+        refuse(str(error), 2)
+    # the SDK, transformers and torch load here, once the command line is known good
+    from trainer.registry.registration import RegistrationFailed, register
+
+    try:
+        done = register(registration)
+    except UserError as error:  # what the model's folder says: incomplete, or no task
+        refuse(str(error), 2)
+    except RegistrationFailed as failure:
+        refuse(f"the model at {registration.model_uri} is kept; registering it failed: "
+               f"{failure}; retry with: {registration.retry_command()}", 1)  # fmt: skip
+    print(outcome_line(done, args.name), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`register()`: a delivered model into the Vertex AI Model Registry, once.
+
+The order is the cheap checks first: the URI, the name and the serving environment before any
+request; then what the model says about itself (its manifest and config.json, read where it
+was delivered); then the record beside it (registered already: nothing is sent); only then the
+registry. Anything the registry or storage answers wrongly (403, a quota, a name the service
+refuses, an outage past the SDK's retries) is `RegistrationFailed`, whose line says that the
+model is kept and how to retry; the delivered model is never touched.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import requests
+from google.api_core.exceptions import GoogleAPICallError, RetryError
+from google.auth.exceptions import GoogleAuthError
+
+from trainer.common.errors import StorageUnavailable
+from trainer.registry.delivered_facts import read_delivered_model
+from trainer.registry.labels import check_name_and_labels
+from trainer.registry.registration_record import RecordedRegistration, RegistrationRecord
+from trainer.registry.registration_request import (
+    Registration,
+    check_before_requests,
+    registry_labels,
+)
+from trainer.registry.upload import connect, upload_model
+from trainer.storage.failure_kinds import brief
+from trainer.storage.store import TransferError, open_store
+
+REGISTRY_ERRORS = (GoogleAPICallError, RetryError, GoogleAuthError, requests.RequestException,
+                   StorageUnavailable, TransferError)  # fmt: skip
+"""What the registry and storage raise for a request they refused or never answered."""
+
+
+class RegistrationFailed(Exception):
+    """The registry (or storage) refused or did not answer; the model is kept."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    resource_name: str
+    version_id: str
+    already: bool = False
+    """Registered by an earlier call (its record beside the model): nothing was sent now."""
+    new_model: bool = True
+
+    @property
+    def versioned_name(self) -> str:
+        return f"{self.resource_name}@{self.version_id}"
+
+
+def register(registration: Registration) -> Registered:
+    """Register the delivered model (see the module's docstring); UserError for bad input,
+    RegistrationFailed when the registry or storage fails."""
+    uri = check_before_requests(registration)
+    try:
+        return registered_once(registration, uri)
+    except REGISTRY_ERRORS as error:
+        raise RegistrationFailed(brief(error)) from error
+
+
+def registered_once(registration: Registration, uri: str) -> Registered:
+    delivered = read_delivered_model(open_store(uri))
+    base_model = registration.base_model or delivered.adapter_base
+    labels = check_name_and_labels(
+        registration.name,
+        registry_labels(delivered.task, base_model, registration.metric,
+                        registration.serving_image),
+    )  # fmt: skip
+    record = RegistrationRecord(uri)
+    earlier = record.find(registration.place, registration.name)
+    if earlier is not None:
+        return Registered(earlier.resource_name, earlier.version_id, already=True)
+    connect(registration.place)
+    uploaded = upload_model(
+        registration.name, uri, registration.serving_image, registration.serving_env, labels
+    )
+    place = registration.place
+    entry = RecordedRegistration(place.project, place.region, registration.name,
+                                 uploaded.resource_name, uploaded.version_id)  # fmt: skip
+    try:
+        record.add(entry)
+    except REGISTRY_ERRORS as error:
+        print(f"warning: registered, but recording it in {record.uri} failed "
+              f"({brief(error)}): registering this model again would add another version",
+              file=sys.stderr)  # fmt: skip
+    return Registered(uploaded.resource_name, uploaded.version_id, new_model=uploaded.new_model)
