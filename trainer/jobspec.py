@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from trainer import jobspec_batch
 from trainer.command_line.parser import FlagParser
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
@@ -629,11 +630,12 @@ def main(argv: list[str] | None = None) -> None:
     if "-h" in argv or "--help" in argv:
         for dataclass_type in (JobSpecArguments, FileArguments):
             print(_parser(dataclass_type).format_help())
-        print("Any other flag is passed to the training program on every node.")
+        print("Any other flag is passed to the training program on every node.\n")
+        print(jobspec_batch.parser().format_help())
         return
     try:
         output, spec_argv = _parser(FileArguments).parse_known_args(argv)
-        files = render(spec_argv, upload=not output.check)
+        files, submit = written_files(spec_argv, Path(output.dest), upload=not output.check)
     except UserError as error:
         print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
         sys.exit(2)
@@ -643,6 +645,18 @@ def main(argv: list[str] | None = None) -> None:
     for name, text in files.items():
         (Path(output.dest) / name).write_text(text)
         print(f"wrote {Path(output.dest) / name}")
+    if submit:
+        print(f"submit it: {submit}")
+
+
+def written_files(
+    spec_argv: list[str], dest: Path, upload: bool
+) -> tuple[dict[str, str], str | None]:
+    """The files this command line writes, and the command that submits them where the
+    files do not say it themselves (a batch prediction request is plain JSON)."""
+    if jobspec_batch.requested(spec_argv):
+        return jobspec_batch.render(spec_argv, dest)
+    return render(spec_argv, upload=upload), None
 
 
 def check_files(dest: Path, files: dict[str, str], spec_argv: list[str]) -> int:

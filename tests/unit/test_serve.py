@@ -206,6 +206,58 @@ def test_an_image_comes_in_every_form_and_gets_the_same_prediction(image_predict
     assert predictions[0]["scores"] == sorted(predictions[0]["scores"], reverse=True)
 
 
+def as_batch_prediction_sends(instances: list, batch_size: int) -> list[dict]:
+    """The request bodies Vertex AI batch prediction posts to the container: `batch_size`
+    instances (manualBatchTuningParameters.batchSize) in each `{"instances": [...]}`."""
+    return [{"instances": instances[start : start + batch_size]}
+            for start in range(0, len(instances), batch_size)]  # fmt: skip
+
+
+def test_both_batch_prediction_inputs_get_the_same_predictions_for_the_same_media(
+    image_predictor, gcs, tmp_path
+):
+    """A `jsonl` input sends each line's JSON as an instance; a `file-list` input (a text file
+    of gs:// URIs) sends each file's bytes as `{"b64": ...}` ("Get batch predictions from a
+    custom trained model"). Both are replayed, 2 instances a request, against the server."""
+    from trainer.storage.store import open_store
+
+    media = tmp_path / "media"
+    media.mkdir()
+    names = ["red", "green", "blue", "green", "red"]
+    for index, name in enumerate(names):
+        (media / f"{index}-{name}.png").write_bytes(png(COLOURS[name]))
+    open_store("gs://test-bucket/batch-input").upload(media)
+    store = open_store("gs://test-bucket/batch-input")
+    file_list = [f"gs://test-bucket/batch-input/{index}-{name}.png"
+                 for index, name in enumerate(names)]  # fmt: skip
+    jsonl = "".join(
+        json.dumps({"image": {"b64": base64.b64encode(png(COLOURS[name])).decode()}}) + "\n"
+        for name in names
+    )
+    from_jsonl = [json.loads(line) for line in jsonl.splitlines()]
+    from_file_list = []
+    for uri in file_list:
+        with store.open_read(uri.rsplit("/", 1)[1]) as stream:
+            from_file_list.append({"b64": base64.b64encode(stream.read()).decode()})
+    with serve(image_predictor) as url:
+        wait_ready(url)
+
+        def predictions(instances: list) -> list[dict]:
+            answers = [httpx.post(url + "/predict", json=body, timeout=60)
+                       for body in as_batch_prediction_sends(instances, batch_size=2)]  # fmt: skip
+            assert [answer.status_code for answer in answers] == [200, 200, 200]
+            return [p for answer in answers for p in answer.json()["predictions"]]
+
+        by_line, by_file = predictions(from_jsonl), predictions(from_file_list)
+    assert len(by_line) == len(by_file) == len(names)
+    for line, file in zip(by_line, by_file, strict=True):
+        # a request's instances may share a forward pass or not: equal to float precision
+        assert set(line["labels"]) == set(COLOURS)
+        assert dict(zip(file["labels"], file["scores"], strict=True)) == pytest.approx(
+            dict(zip(line["labels"], line["scores"], strict=True)), abs=1e-5
+        )
+
+
 def test_bad_requests_get_json_naming_the_instance_and_the_server_keeps_serving(
     image_predictor, gcs
 ):
