@@ -448,7 +448,21 @@ def container_args(options: JobSpecArguments, training_flags: list[str]) -> list
     given = {flag.split("=", 1)[0] for flag in training_flags}
     if options.spot and "--save_interval_minutes" not in given:
         args += ["--save_interval_minutes", str(SPOT_SAVE_INTERVAL_MINUTES)]
+    if "--register_model" in given and "--serving_image" not in given:
+        args += ["--serving_image", serving_image_of(options.image)]
     return args
+
+
+def serving_image_of(image: str) -> str:
+    """The serving image cloudbuild.yaml pushes beside `image`, from the same commit:
+    IMAGE-serve:TAG. A digest names one image only: UserError, asking for --serving_image."""
+    name, colon, tag = image.rpartition(":")
+    if "@" in image or not colon or "/" in tag:
+        raise UserError(
+            f"--register_model: --image {image} does not name its serving image by a tag: "
+            "pass --serving_image (IMAGE-serve:COMMIT, pushed by cloudbuild.yaml)"
+        )
+    return f"{name}-serve:{tag}"
 
 
 def custom_job_spec(

@@ -20,12 +20,8 @@ from typing import NoReturn
 
 from trainer.common.errors import UserError
 from trainer.registry.registration_request import Registration, check_before_requests
+from trainer.registry.run_registration import DEFAULT_REGION, project_of, region_of
 from trainer.registry.upload import VertexPlace
-
-DEFAULT_REGION = "us-central1"
-PROJECT_VARIABLES = ("GOOGLE_CLOUD_PROJECT", "CLOUD_ML_PROJECT_ID")
-"""The project: gcloud's and the client libraries' variable, else the one Vertex AI sets in
-its jobs."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,10 +59,10 @@ def key_value(flag: str, text: str) -> tuple[str, str]:
 def registration_of(args: argparse.Namespace, env) -> Registration:
     """The Registration the flags ask for, checked as far as it can be without a request, or
     UserError."""
-    project = args.project or next((env[v] for v in PROJECT_VARIABLES if env.get(v)), None)
+    project = project_of(args.project, env)
     if not project:
         raise UserError("no project: pass --project or set GOOGLE_CLOUD_PROJECT")
-    region = args.region or env.get("CLOUD_ML_REGION") or DEFAULT_REGION
+    region = region_of(args.region, env)
     registration = Registration(
         model_uri=args.model_uri,
         name=args.name,
@@ -85,15 +81,6 @@ def refuse(line: str, exit_code: int) -> NoReturn:
     sys.exit(exit_code)
 
 
-def outcome_line(done, name: str) -> str:
-    """What a `Registered` says: the resource name and version, and how it came to be."""
-    if done.already:
-        return (f"already registered: {done.versioned_name} ({name}, version {done.version_id}; "
-                "nothing sent)")  # fmt: skip
-    how = "a new model" if done.new_model else f"a new version of {name}"
-    return f"registered: {done.versioned_name} ({how}, version {done.version_id})"
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
@@ -110,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     except RegistrationFailed as failure:
         refuse(f"the model at {registration.model_uri} is kept; registering it failed: "
                f"{failure}; retry with: {registration.retry_command()}", 1)  # fmt: skip
-    print(outcome_line(done, args.name), flush=True)
+    print(done.line(args.name), flush=True)
 
 
 if __name__ == "__main__":

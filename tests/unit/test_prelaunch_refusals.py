@@ -355,3 +355,49 @@ def test_a_submission_waits_for_a_freshly_started_cluster_s_job_agent(jobs_api, 
     with pytest.raises(UserError, match="refused the job: .*No available agent .*try again later"):
         ray_submit.submit(client, clock=lambda: next(now), sleep=naps.append, entrypoint="x")
     assert 1 < len(JobsApi.submissions) <= 1 + ray_submit.AGENT_WAIT_SECONDS / 30 + 1
+
+
+# --register_model -----------------------------------------------------------------------------
+
+
+def test_register_model_is_checked_before_launch(dry_run, monkeypatch):
+    """What the registry would refuse, or a registration that cannot be made, is one line
+    before anything trains: no serving image, a model that stays on the node's disk, a name
+    Vertex AI refuses, no project to register in."""
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
+    assert_refused(dry_run("--register_model", "sentiment"),
+                   "error: --register_model needs --serving_image")  # fmt: skip
+    image = ["--serving_image", "us-docker.pkg.dev/p/r/t-serve:abc"]
+    assert_refused(dry_run("--register_model", "sentiment", *image),
+                   "is not in Cloud Storage: Vertex AI serves a model from its gs://BUCKET/PATH "
+                   "folder")  # fmt: skip
+    in_gcs = ["--model_dir", "gs://bucket/run/model", *image]
+    assert_refused(dry_run("--register_model", "a name?", *in_gcs),
+                   "is not a Vertex AI model name")  # fmt: skip
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    monkeypatch.delenv("CLOUD_ML_PROJECT_ID", raising=False)
+    assert_refused(dry_run("--register_model", "sentiment", *in_gcs),
+                   "no project to register in")  # fmt: skip
+    monkeypatch.setenv("CLOUD_ML_PROJECT_ID", "the-jobs-project")  # as Vertex AI sets it
+    code, out, err = dry_run("--register_model", "sentiment", *in_gcs)
+    assert code == 0, err
+
+
+def test_a_job_spec_registers_with_the_serving_image_of_its_own_commit():
+    """`trainer.jobspec` names the serving image cloudbuild.yaml pushed beside --image from
+    the same commit (IMAGE-serve:TAG); an image pinned by digest names none: one line."""
+    from trainer import jobspec
+
+    options, flags = jobspec.parse_arguments([
+        "--image", "us-central1-docker.pkg.dev/p/r/vertex-hf-trainer:abc123",
+        "--register_model", "whisper-demo"])  # fmt: skip
+    args = jobspec.container_args(options, flags)
+    assert args[-2:] == [
+        "--serving_image",
+        "us-central1-docker.pkg.dev/p/r/vertex-hf-trainer-serve:abc123",
+    ]
+    options, flags = jobspec.parse_arguments([
+        "--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32,
+        "--register_model", "whisper-demo"])  # fmt: skip
+    with pytest.raises(UserError, match="pass --serving_image"):
+        jobspec.container_args(options, flags)

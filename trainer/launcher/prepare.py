@@ -14,6 +14,8 @@ from trainer.launcher.plan import LaunchPlan, build_launch_plan
 from trainer.node import machine  # tests replace its detectors
 from trainer.node.training_env import prepare_node
 from trainer.preflight.run_checks import check_run
+from trainer.registry.run_registration import registered_on_restart
+from trainer.storage.run_records import RunAlreadyEnded
 
 
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
@@ -30,5 +32,8 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     config = resolve_run(argv, env, hardware)
     secrets = prepare_node(config, env)
-    model = check_run(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
+    try:
+        model = check_run(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
+    except RunAlreadyEnded as ended:  # its model delivered: registered now if it was not
+        raise registered_on_restart(ended, config, env) from None
     return build_launch_plan(config, env, cache_dir(env), secrets=secrets, model=model)

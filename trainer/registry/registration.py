@@ -51,6 +51,14 @@ class Registered:
     def versioned_name(self) -> str:
         return f"{self.resource_name}@{self.version_id}"
 
+    def line(self, name: str) -> str:
+        """What was registered under display name `name`, and how it came to be."""
+        if self.already:
+            return (f"already registered: {self.versioned_name} ({name}, version "
+                    f"{self.version_id}; nothing sent)")  # fmt: skip
+        how = "a new model" if self.new_model else f"a new version of {name}"
+        return f"registered: {self.versioned_name} ({how}, version {self.version_id})"
+
 
 def register(registration: Registration) -> Registered:
     """Register the delivered model (see the module's docstring); UserError for bad input,

@@ -58,9 +58,15 @@ class OutputArguments:
     )
     failure_upload_seconds: float = flag(
         600,
-        "After a failure that is not a stop, how long the checkpoints "
-        "already saved get to finish uploading before the process exits.",
+        "After a failure (not a stop): how long saved checkpoints get to upload.",
     )
+    # --register_model and its place: docs/serving.md, "Registering the model" (one line each
+    # in --help, which must fit a terminal page).
+    register_model: str | None = flag(None, "Register the model as NAME.")
+    serving_image: str | None = flag(None, "Its serving image, pinned.")
+    registry_project: str | None = flag(None, "The registry's project.")
+    registry_region: str | None = flag(None, "The registry's region.")
+    registry_api_endpoint: str | None = flag(None, "Private registry API address.")
 
     def __post_init__(self) -> None:
         if self.save_interval_minutes is not None and self.save_interval_minutes <= 0:

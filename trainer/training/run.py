@@ -4,7 +4,8 @@
               its callbacks (trainer/training/assemble.py)
     fit       train from the resume point; an agreed stop saves the step and ends here
     deliver   the model to its destination, before anything else can fail
-    finish    the final evaluation, the TensorBoard logs, the last checkpoint uploads
+    finish    the final evaluation, the TensorBoard logs, the last checkpoint uploads, and
+              the model's registration (--register_model)
 
 How a run that ends early ends, what it keeps and the one line that says so, is decided in
 one place around the steps: `WhatIsKept.keeping` (trainer/training/kept.py). Nothing here
@@ -25,6 +26,7 @@ from trainer.training.distributed import release_process_group
 from trainer.training.failures import RunFailed, root_cause
 from trainer.training.keep_work import EvaluationFailed
 from trainer.training.progress import StartupTimer, before_after_line, evaluation_logged_at
+from trainer.training.registration import register_the_model
 
 
 def train(config: RunConfig, launched_at: float | None = None) -> None:
@@ -86,8 +88,9 @@ def deliver(run: TrainingRun) -> None:
 
 
 def finish(run: TrainingRun) -> None:
-    """The final evaluation, the last TensorBoard sync, and the last checkpoint's upload
-    (however long it takes): a failure in any of them loses nothing delivered."""
+    """The final evaluation, the last TensorBoard sync, the last checkpoint's upload (however
+    long it takes), and the model's registration: a failure in any of them loses nothing
+    delivered."""
     with run.kept.step("the final evaluation"):
         evaluate_final(run)
     with run.kept.step("syncing the TensorBoard logs"):
@@ -98,6 +101,7 @@ def finish(run: TrainingRun) -> None:
         run.uploader.close()
         if unsaved := run.uploader.unsaved():  # older failures: a newer checkpoint holds more
             raise RunFailed(f"uploading {', '.join(unsaved)} failed")
+    register_the_model(run)
 
 
 def evaluate_final(run: TrainingRun) -> None:
