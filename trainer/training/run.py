@@ -25,8 +25,8 @@ from trainer.training.delivery import ModelNotDelivered, deliver_model
 from trainer.training.distributed import release_process_group
 from trainer.training.failures import RunFailed, root_cause
 from trainer.training.keep_work import EvaluationFailed
+from trainer.training.model_registration import register_the_model
 from trainer.training.progress import StartupTimer, before_after_line, evaluation_logged_at
-from trainer.training.registration import register_the_model
 
 
 def train(config: RunConfig, launched_at: float | None = None) -> None:
