@@ -4,7 +4,8 @@
               its callbacks (trainer/training/assemble.py)
     fit       train from the resume point; an agreed stop saves the step and ends here
     deliver   the model to its destination, before anything else can fail
-    finish    the final evaluation, the TensorBoard logs, the last checkpoint uploads
+    finish    the final evaluation, the test predictions (--do_predict), the TensorBoard
+              logs, the last checkpoint uploads
 
 How a run that ends early ends, what it keeps and the one line that says so, is decided in
 one place around the steps: `WhatIsKept.keeping` (trainer/training/kept.py). Nothing here
@@ -25,6 +26,7 @@ from trainer.training.distributed import release_process_group
 from trainer.training.failures import RunFailed, root_cause
 from trainer.training.keep_work import EvaluationFailed
 from trainer.training.progress import StartupTimer, before_after_line, evaluation_logged_at
+from trainer.training.test_predictions import predict_test
 
 
 def train(config: RunConfig, launched_at: float | None = None) -> None:
@@ -90,6 +92,8 @@ def finish(run: TrainingRun) -> None:
     (however long it takes): a failure in any of them loses nothing delivered."""
     with run.kept.step("the final evaluation"):
         evaluate_final(run)
+    with run.kept.step("the test predictions"):
+        predict_test(run)
     with run.kept.step("syncing the TensorBoard logs"):
         if run.tensorboard is not None:
             run.tensorboard.sync()
