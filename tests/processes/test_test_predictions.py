@@ -79,3 +79,31 @@ def test_a_test_split_without_labels_is_predicted_not_scored(text_assets, tmp_pa
     assert [(line["id"], line["reference"]) for line in lines] == [("h-7", None), ("h-3", None)]
     assert all(line["prediction"]["label"] in SENTIMENTS for line in lines)
     assert results["test_samples"] == 2 and "test_accuracy" not in results
+
+
+def test_speech_do_predict_writes_generated_text_named_by_clip(demo_assets, demo_cache, tmp_path):
+    """Speech predicts as its evaluation does, by generation: each line's prediction is the
+    decoded text ({"text": ...}, the server's shape), its id the clip's file name, its
+    reference the transcript; test_results.json has the word error rate."""
+    from tests.support.tiny_assets import write_tone_speech
+    from trainer.node.demo_assets import DEMO_SENTENCES
+
+    sentences = list(DEMO_SENTENCES)
+    write_tone_speech(tmp_path / "speech", {"train": sentences[:4], "test": sentences[4:7]})
+    args = [
+        "--deepspeed", "none", "--nproc_per_node", "1", "--language", "en",
+        "--model_name_or_path", str(demo_assets.model_dir),
+        "--dataset_name", str(tmp_path / "speech"), "--text_column_name", "transcription",
+        "--max_steps", "1", "--eval_strategy", "no", "--generation_max_length", "8",
+        "--do_predict", "--output_dir", "out",
+    ]  # fmt: skip
+    code, output = run_trainer(args, cwd=tmp_path, env=trainer_env(demo_cache), timeout=300)
+    assert code == 0, output[-3000:]
+    beside = tmp_path / "out" / "model-test"
+    lines = [json.loads(line) for line in (beside / "predictions.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["0000.wav", "0001.wav", "0002.wav"]
+    assert [line["reference"] for line in lines] == sentences[4:7]
+    assert all(list(line["prediction"]) == ["text"] for line in lines)
+    assert all(isinstance(line["prediction"]["text"], str) for line in lines)
+    results = json.loads((beside / "test_results.json").read_text())
+    assert results["test_samples"] == 3 and results["test_wer"] >= 0
