@@ -165,6 +165,38 @@ def test_a_job_spec_leaves_the_optimizers_package_to_the_image(text_assets):
         check_training_arguments(resolved(argv, CPU), packages_here=False)
 
 
+# --do_predict's test split ------------------------------------------------------------------
+
+
+def test_do_predict_without_the_test_split_is_refused_naming_the_splits(dry_run):
+    """The split --do_predict predicts after training must be there before anything starts
+    (its absence once surfaced only after training): one line naming the dataset's splits."""
+    assert_planned(dry_run("--do_predict"))  # the fixture's sentiment set: train, test
+    code, out, err = dry_run("--do_predict", "--test_split_name", "holdout")
+    assert_refused((code, out, err), 'error: Split "holdout" not found in ')
+    assert err.rstrip().endswith(
+        ": it has test, train. (--test_split_name names the split --do_predict predicts)"
+    ), err
+    assert_planned(dry_run("--test_split_name", "holdout"))  # read only with --do_predict
+
+
+def test_do_predict_on_files_needs_a_test_file(text_assets, capsys):
+    """With --train_file, the test split is --test_file's: without it, the one line says
+    which splits the files give."""
+    model_dir, dataset_dir = text_assets
+    args = ["--task", "text-classification", "--model_name_or_path", str(model_dir),
+            "--train_file", str(dataset_dir / "train.csv"), *TEXT_COLUMNS,
+            "--do_predict"]  # fmt: skip
+    code, out, err = launch_dry_run(args, capsys)
+    assert_refused(
+        (code, out, err),
+        'error: Split "test" not found in the data files '
+        "(--train_file ...): it has train. (--test_split_name names the split",
+    )
+    with_test = [*args, "--test_file", str(dataset_dir / "test.csv")]
+    assert_planned(launch_dry_run(with_test, capsys))
+
+
 # A Hub checkpoint without --task -------------------------------------------------------------
 
 INFERRED = "task: image-classification (no --task; org/tiny-vit's config.json on the Hub says vit)"

@@ -223,16 +223,15 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
                                        "anyway", CLASSIFICATION),
     "--shuffle_seed": ignored("the training order follows --seed", CLASSIFICATION,
                               takes_value=True),
-    "--remove_splits": ignored("only the splits named by --train_split_name and "
-                               "--eval_split_name are read", CLASSIFICATION, takes_value=True),
+    "--remove_splits": ignored("only the splits named by --train_split_name, "
+                               "--eval_split_name and (with --do_predict) --test_split_name "
+                               "are read", CLASSIFICATION, takes_value=True),
     "--remove_columns": ignored("only the input and label columns are read", CLASSIFICATION,
                                 takes_value=True),
     "--pad_to_max_length": ignored("each batch is padded to its longest text (dynamic "
                                    "padding); --max_seq_length still truncates", TEXT_SCRIPTS),
-    "--max_predict_samples": ignored("no prediction pass is run: the final evaluation uses "
-                                     "--eval_split_name", TEXT_SCRIPTS, takes_value=True),
-    "--test_split_name": ignored("no prediction pass is run: the final evaluation uses "
-                                 "--eval_split_name", CLASSIFICATION, takes_value=True),
+    "--max_predict_samples": ignored("--do_predict predicts the whole --test_split_name",
+                                     TEXT_SCRIPTS, takes_value=True),
     "--validation_split_name": renamed("--eval_split_name", CLASSIFICATION),
     "--text_column_names": renamed("--joined_text_columns", CLASSIFICATION),
     "--do_regression": refused("regression is not trained here: text-classification "

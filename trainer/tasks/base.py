@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import TrainingArguments
@@ -125,6 +125,7 @@ class Task(ABC):
         if index is not None:
             check_shard_set(index, name, data.train_split_name, data.eval_split_name,
                             self.column_flags(), self.column_hint)  # fmt: skip
+            self.check_test_split(index.splits, name)
             return
         layout, directory = self.file_layout(), FILES
         if layout is None:
@@ -137,7 +138,14 @@ class Task(ABC):
         if data.eval_split_name:
             hint = evaluation_hint(layout.splits)
             check_splits(layout.splits, data.eval_split_name, directory, hint)
+        self.check_test_split(layout.splits, directory)
         check_columns(layout.columns, self.column_flags(), str(directory), self.column_hint)
+
+    def check_test_split(self, splits: Iterable[str], where: object) -> None:
+        """With --do_predict, the split it predicts must be among `splits`."""
+        if self.training.get("do_predict"):
+            hint = " (--test_split_name names the split --do_predict predicts)"
+            check_splits(splits, self.data_args.test_split_name, where, hint)
 
     def column_warning(self, columns: list[str]) -> str | None:
         """A warning line about the columns the flags leave unread in a training split with
@@ -175,6 +183,22 @@ class Task(ABC):
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:
         """Training and evaluation datasets with only the columns the collator needs; called after
         `build_model_and_processor`, to apply limits of the model (Whisper's input window)."""
+
+    @abstractmethod
+    def load_test_split(self, processor: Any) -> Dataset:
+        """The `--test_split_name` split that `--do_predict` predicts once the model is
+        delivered, prepared as the evaluation split is, with each example's id in
+        trainer/data/example_ids.py's column."""
+
+    @abstractmethod
+    def references(self, dataset: Dataset) -> list:
+        """The reference of each example of the test split (None where it has none), as
+        `python -m trainer.predict` writes them: a transcript, a label's name."""
+
+    @abstractmethod
+    def predicted_values(self, predictions: Any, processor: Any) -> list[dict]:
+        """The Trainer's predictions over the test split, one value per example in the
+        server's shape (trainer/serve/predictors.py), so that one reader reads both."""
 
     @classmethod
     @abstractmethod

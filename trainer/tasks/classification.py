@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from trainer.common.errors import UserError
+from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
     FILES,
     first_examples,
@@ -191,6 +192,15 @@ def _listed(labels: list[tuple[int, str]]) -> str:
     return shown + (f", ... ({len(labels)} in all)" if len(labels) > LABELS_SHOWN else "")
 
 
+def unlabelled(dataset: Dataset) -> bool:
+    """Every label of `dataset` is missing: -1 in a ClassLabel (datasets' "no label"), or
+    empty (None, NaN)."""
+    from datasets import ClassLabel
+
+    missing = -1 if isinstance(dataset.features[LABEL], ClassLabel) else None
+    return all(value == missing or _is_missing(value) for value in dataset.unique(LABEL))
+
+
 def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
     """Accuracy, and macro F1 over the classes that occur in labels or predictions (those
     scikit-learn's `f1_score(average="macro")` averages over)."""
@@ -215,8 +225,9 @@ def label_metrics(predicted: np.ndarray, labels: np.ndarray) -> dict[str, float]
 
 @dataclass
 class ClassificationCollator:
-    """Raw examples -> model inputs (from the task's `encode_inputs`) plus label ids. With
-    several input columns (a sentence pair), each raw input is a tuple of their values."""
+    """Raw examples -> model inputs (from the task's `encode_inputs`) plus label ids, where
+    the examples have labels. With several input columns (a sentence pair), each raw input
+    is a tuple of their values."""
 
     encode_inputs: Callable[[list], Mapping[str, torch.Tensor]]
     input_columns: tuple[str, ...]
@@ -228,7 +239,8 @@ class ClassificationCollator:
         else:
             inputs = [tuple(example[c] for c in self.input_columns) for example in examples]
         batch = dict(self.encode_inputs(inputs))
-        batch["labels"] = torch.tensor([self.label_ids[example[LABEL]] for example in examples])
+        if LABEL in examples[0]:  # a test split without labels is predicted, not scored
+            batch["labels"] = torch.tensor([self.label_ids[ex[LABEL]] for ex in examples])
         return batch
 
 
@@ -239,6 +251,8 @@ class ClassificationTask(Task):
     """The input column's name once loaded ("image", "text")."""
     input_flag: ClassVar[str]
     """The flag naming the input column in the source data."""
+    predicted_top_k: ClassVar[int]
+    """How many of the likeliest labels a prediction names, as the server answers."""
     options: ClassificationArguments
     labels: LabelSet
     _train: Dataset
@@ -367,6 +381,39 @@ class ClassificationTask(Task):
             evaluation = self.prepare_split(evaluation, spec)
         return self.for_training(train), evaluation
 
+    def load_test_split(self, processor: Any) -> Dataset:
+        """The test split, prepared as the evaluation split is; one whose every label is
+        missing (a benchmark's hidden test labels: -1, or empty) loses its label column, so
+        that it is predicted without being scored."""
+        spec = self.data_args.test_split_name
+        first = self.sources()[0]  # interleaved streams: the first dataset's, as evaluation
+        source = first.load_source(spec)
+        test = with_example_ids(first._selected(source, spec), source, first.input_source())
+        if unlabelled(test):
+            return test.remove_columns(LABEL)
+        return self.prepare_split(test, spec)
+
+    def references(self, dataset: Dataset) -> list:
+        if LABEL not in dataset.column_names:
+            return [None] * len(dataset)
+        return [self.labels.names[self.labels.ids[value]] for value in dataset[LABEL]]
+
+    def predicted_values(self, predictions: Any, processor: Any) -> list[dict]:
+        """The likeliest `predicted_top_k` labels of each example and their softmax scores,
+        shaped by `prediction_value`."""
+        logits = predictions[0] if isinstance(predictions, tuple) else predictions
+        logits = torch.as_tensor(np.asarray(logits), dtype=torch.float32)
+        k = min(self.predicted_top_k, logits.shape[-1])
+        scores, ids = logits.softmax(dim=-1).topk(k, dim=-1)
+        return [
+            self.prediction_value([self.labels.names[i] for i in row], row_scores)
+            for row, row_scores in zip(ids.tolist(), scores.tolist(), strict=True)
+        ]
+
+    @abstractmethod
+    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
+        """One example's prediction, as the server answers it, from its likeliest labels."""
+
     def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
         """Check a split's labels; subclasses add their own checks and clean-up."""
         self.labels.check(dataset, f"split {spec} of {self.data_args.dataset_name}")
@@ -409,10 +456,17 @@ class ClassificationTask(Task):
         """Source input column(s) -> the name(s) the collator reads them by."""
         return {getattr(self.options, self.input_flag): self.input_column}
 
+    def input_source(self) -> str:
+        """The source column of the inputs (the first, for a sentence pair)."""
+        return next(iter(self.input_renames()))
+
     def _load_split(self, spec: str, streaming: bool = False):
         """One split (or `a+b`), reduced to the input and label columns under fixed names
         (and a shard set's example ids, for `--stream_audit_dir`)."""
-        source = self.load_source(spec, streaming)
+        return self._selected(self.load_source(spec, streaming), spec)
+
+    def _selected(self, source, spec: str):
+        """`_load_split`'s columns of `source`, the split `spec` of the dataset."""
         warning = self.column_warning(source.column_names or [])
         training = spec == self.data_args.train_split_name  # read once, to build the model
         if warning and training and os.environ.get("RANK", "0") == "0":

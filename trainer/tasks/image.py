@@ -65,6 +65,7 @@ class ImageClassificationTask(ClassificationTask):
     default_model = "google/vit-base-patch16-224-in21k"  # run_image_classification.py's
     input_column = IMAGE
     input_flag = "image_column_name"
+    predicted_top_k = 5  # the server's default top_k
     options: ImageArguments
 
     @classmethod
@@ -84,6 +85,9 @@ class ImageClassificationTask(ClassificationTask):
                 "(DIR/CLASS/*.jpg), or one folder per split holding those (DIR/train/CLASS/*.jpg)."
             )
         return LocalLayout(builder="imagefolder", splits=splits, columns=frozenset({IMAGE, LABEL}))
+
+    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
+        return {"labels": labels, "scores": scores}
 
     def model_class(self):
         from transformers import AutoModelForImageClassification

@@ -29,6 +29,7 @@ from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
+from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
     FOLDER_METADATA,
     LocalLayout,
@@ -220,6 +221,27 @@ class SpeechRecognitionTask(Task):
                 evaluation = self._with_label_lengths(evaluation, processor.tokenizer)
         return train, evaluation
 
+    def load_test_split(self, processor) -> Dataset:
+        """The test split, its undecodable clips counted and dropped as the evaluation
+        split's are (none dropped for length)."""
+        data = self.data_args
+        first = self.sources()[0]  # interleaved: the first dataset's, as evaluation
+        source = first.load_source(data.test_split_name)
+        test = first._selected(source, data.test_split_name)
+        test = with_example_ids(test, source, self.options.audio_column_name)
+        where = f"split {data.test_split_name} of {data.dataset_name}"
+        return filter_by_duration(test, 0.0, math.inf, data, where, False)
+
+    def references(self, dataset: Dataset) -> list:
+        return list(dataset["text"])
+
+    def predicted_values(self, predictions, processor) -> list[dict]:
+        """The generated token ids as text, as the server answers: {"text": ...}."""
+        tokenizer = processor.tokenizer
+        ids = predictions[0] if isinstance(predictions, tuple) else predictions
+        ids = np.where(ids < 0, tokenizer.pad_token_id, ids)  # the gather's padding
+        return [{"text": text} for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
     def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
         """Each example's label token count, in the column the Trainer's length-grouped samplers
         read (else they look for `input_features`, which raw rows lack). Clips are padded to
@@ -318,9 +340,12 @@ class SpeechRecognitionTask(Task):
         return normalize
 
     def _load_split(self, spec: str, max_samples: int | None, streaming: bool = False):
+        return self._selected(self.load_source(spec, streaming), spec, max_samples)
+
+    def _selected(self, dataset, spec: str, max_samples: int | None = None):
+        """`_load_split`'s audio and text columns of `dataset`, the split `spec`."""
         from datasets import Audio
 
-        dataset = self.load_source(spec, streaming)
         audio, text = self.options.audio_column_name, self.options.text_column_name
         dataset = select_source_columns(
             dataset,

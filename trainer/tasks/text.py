@@ -51,6 +51,7 @@ class TextClassificationTask(ClassificationTask):
     arguments_class = TextArguments
     input_column = "text"
     input_flag = "text_column_name"
+    predicted_top_k = 1
     options: TextArguments
 
     @classmethod
@@ -122,6 +123,9 @@ class TextClassificationTask(ClassificationTask):
             f"the dataset also has {other}, the other half of the pair: "
             f"--text_column_name {','.join(halves[0])} trains on both"
         )
+
+    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
+        return {"label": labels[0], "score": scores[0]}
 
     def model_class(self):
         from transformers import AutoModelForSequenceClassification

@@ -4,8 +4,9 @@
               its callbacks (trainer/training/assemble.py)
     fit       train from the resume point; an agreed stop saves the step and ends here
     deliver   the model to its destination, before anything else can fail
-    finish    the final evaluation, the TensorBoard logs, the last checkpoint uploads, and
-              the model's registration (--register_model)
+    finish    the final evaluation, the test predictions (--do_predict), the TensorBoard
+              logs, the last checkpoint uploads, and the model's registration
+              (--register_model)
 
 How a run that ends early ends, what it keeps and the one line that says so, is decided in
 one place around the steps: `WhatIsKept.keeping` (trainer/training/kept.py). Nothing here
@@ -27,6 +28,7 @@ from trainer.training.failures import RunFailed, root_cause
 from trainer.training.keep_work import EvaluationFailed
 from trainer.training.model_registration import register_the_model
 from trainer.training.progress import StartupTimer, before_after_line, evaluation_logged_at
+from trainer.training.test_predictions import predict_test
 
 
 def train(config: RunConfig, launched_at: float | None = None) -> None:
@@ -88,11 +90,13 @@ def deliver(run: TrainingRun) -> None:
 
 
 def finish(run: TrainingRun) -> None:
-    """The final evaluation, the last TensorBoard sync, the last checkpoint's upload (however
-    long it takes), and the model's registration: a failure in any of them loses nothing
-    delivered."""
+    """The final evaluation, the test predictions, the last TensorBoard sync, the last
+    checkpoint's upload (however long it takes), and the model's registration: a failure in
+    any of them loses nothing delivered."""
     with run.kept.step("the final evaluation"):
         evaluate_final(run)
+    with run.kept.step("the test predictions"):
+        predict_test(run)
     with run.kept.step("syncing the TensorBoard logs"):
         if run.tensorboard is not None:
             run.tensorboard.sync()
