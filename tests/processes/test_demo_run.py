@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +131,28 @@ def test_the_demo_prints_no_unlisted_warning_or_bar(shipped_demo):
     assert shipped_demo.code == 0, output[-3000:]
     assert f"eval at step {STEPS}" in output and "final model and processor saved" in output
     assert noise_lines(output) == [], "not on trainer/common/quiet.py's allow-list"
+
+
+def test_trainer_predict_scores_the_held_out_clips_as_the_last_evaluation_did(
+    shipped_demo, demo_cache, tmp_path
+):
+    """`python -m trainer.predict` in a fresh process, the delivered model over the demo's
+    test folder (the clips the run's last evaluation scored), through the server's own
+    pre- and post-processing: one line per clip, and the WER the run's evaluation reported."""
+    out = shipped_demo.workdir / "out"
+    assert shipped_demo.code == 0, shipped_demo.output[-3000:]
+    test_clips = demo_cache / "demo" / DATASET_DIRNAME / "test"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.predict", str(out / "model"), str(test_clips),
+         str(tmp_path / "predicted"), "--parameters", '{"language": "en"}'],
+        cwd=tmp_path, env=trainer_env(demo_cache), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (tmp_path / "predicted" / "predictions.jsonl").read_text().splitlines()
+    predictions = [json.loads(line) for line in lines]
+    assert len(predictions) == TEST_CLIPS
+    assert all(set(p) == {"id", "reference", "prediction"} for p in predictions)
+    results = json.loads((tmp_path / "predicted" / "test_results.json").read_text())
+    evaluated = json.loads((out / "eval_results.json").read_text())
+    assert results["test_samples"] == TEST_CLIPS
+    assert results["test_wer"] == pytest.approx(evaluated["eval_wer"], abs=1e-6), predictions

@@ -20,7 +20,7 @@ class DataArguments:
     dataset_config_name: str | None = flag(None, "Dataset configuration, e.g. a language code.")
     train_split_name: str = flag("train", "Training split(s); join several with '+'.")
     eval_split_name: str = flag("test", "Evaluation split(s); join several with '+'.")
-    test_split_name: str = flag("test", "The split --do_predict predicts, after delivery.")
+    test_split_name: str = flag("test", "Split for --do_predict.")
     train_val_split: float | None = flag(
         None,
         "Evaluate on this fraction of the training split, drawn with --seed (for "

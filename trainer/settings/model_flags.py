@@ -39,7 +39,7 @@ class ModelArguments:
     load_in_8bit: bool = flag(
         False,
         "Load the frozen base model in 8 bits (bitsandbytes; with --peft lora, on a "
-        "CUDA GPU of compute capability 7.5+ only).",
+        "CUDA GPU of compute capability 7.5+).",
     )
     save_adapter_only: bool = flag(
         False,
