@@ -10,10 +10,18 @@ side in one run:
    see the same machine load): median step times and their ratio;
 2. `agree` alone, called back to back: microseconds per call, and its share of a step.
 
+With `--accumulation N` a step is N micro-batches of gradient accumulation (DDP's `no_sync`
+for all but the last) and the optimizer step, and what is compared is the step with the
+one-number agreement the ranks make after each micro-batch but the last (so that a stop
+loses at most the step in flight: trainer/training/callbacks.py `on_substep_end`) against
+the step without it; both end with the per-step agreement. It also makes the ranks wait for
+each other at every micro-batch, which costs more than the all-reduce itself where their
+micro-batches take unequal times.
+
 On GPUs the same all-reduce goes over NCCL and `.tolist()` makes the CPU wait for the
 step's queued kernels; that is not measured here (no GPU).
 
-    python bench/stop_flag.py [--steps 60] [--calls 2000] [--batch-size 4]
+    python bench/stop_flag.py [--steps 60] [--calls 2000] [--batch-size 4] [--accumulation 1]
 """
 
 from __future__ import annotations
@@ -58,7 +66,11 @@ def rank_main(rank: int, port: int, options: argparse.Namespace, results) -> Non
     features = torch.randn(options.batch_size, 80, chunk_seconds * 100)
     labels = torch.randint(0, 51865, (options.batch_size, 24))
 
-    def step() -> None:
+    def step(each_micro_batch=lambda: None) -> None:
+        for _ in range(options.accumulation - 1):
+            with model.no_sync():
+                model(input_features=features, labels=labels).loss.backward()
+            each_micro_batch()
         loss = model(input_features=features, labels=labels).loss
         loss.backward()
         optimizer.step()
@@ -67,14 +79,17 @@ def rank_main(rank: int, port: int, options: argparse.Namespace, results) -> Non
     for _ in range(3):  # warm-up
         step()
     plain, flagged = [], []
+    accumulating = options.accumulation > 1
     for i in range(options.steps * 2):
         started = time.perf_counter()
-        step()
-        if i % 2:
+        if accumulating:  # both agree per step; the flagged one per micro-batch too
+            step((lambda: agree([0.0])) if i % 2 else (lambda: None))
             agree([0.0, 0.0])
-            flagged.append(time.perf_counter() - started)
-        else:
-            plain.append(time.perf_counter() - started)
+        else:  # the flagged one agrees per step, the plain one not at all
+            step()
+            if i % 2:
+                agree([0.0, 0.0])
+        (flagged if i % 2 else plain).append(time.perf_counter() - started)
     agree([0.0, 0.0])
     started = time.perf_counter()
     for _ in range(options.calls):
@@ -91,6 +106,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="steps of each kind")
     parser.add_argument("--calls", type=int, default=2000, help="back-to-back agree() calls")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--accumulation", type=int, default=1,
+                        help="micro-batches per step; above 1, the per-micro-batch agreement "
+                             "is what is measured")  # fmt: skip
     options = parser.parse_args()
 
     context = mp.get_context("spawn")
@@ -98,11 +116,13 @@ def main() -> None:
     mp.spawn(rank_main, args=(free_port(), options, results), nprocs=2)
     plain, flagged, per_call = results.get()
     print(f"2 ranks, gloo on 127.0.0.1, demo tiny Whisper (3.6 M parameters), DDP, batch "
-          f"{options.batch_size}, {options.steps} steps of each kind, interleaved")  # fmt: skip
+          f"{options.batch_size}, {options.accumulation} micro-batch(es) a step, "
+          f"{options.steps} steps of each kind, interleaved")  # fmt: skip
+    agreed = "agree per micro-batch" if options.accumulation > 1 else "agree"
     print("| | median step | ratio to the plain step |")
     print("|---|---|---|")
     print(f"| step | {plain * 1e3:.1f} ms | 1.000 |")
-    print(f"| step + agree | {flagged * 1e3:.1f} ms | {flagged / plain:.3f} |")
+    print(f"| step + {agreed} | {flagged * 1e3:.1f} ms | {flagged / plain:.3f} |")
     print(f"agree() alone: {per_call * 1e6:.0f} us per call ({options.calls} calls), "
           f"{per_call / plain:.2%} of a plain step")  # fmt: skip
 
