@@ -251,3 +251,28 @@ def dry_run(monkeypatch, capsys, tmp_path, text_assets):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def text_classifier(tmp_path_factory, text_assets) -> Path:
+    """The tiny BERT with a negative/positive head: a delivered text-classification model."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from tests.support.labelled_models import with_labelled_head
+
+    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
+                              BertForSequenceClassification, AutoTokenizer,
+                              ["negative", "positive"])  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def image_classifier(tmp_path_factory, image_assets) -> Path:
+    """The tiny ViT with a head naming COLOURS: a delivered image-classification model."""
+    from transformers import AutoImageProcessor, ViTForImageClassification
+
+    from tests.support.labelled_models import COLOURS, with_labelled_head
+
+    folder = tmp_path_factory.mktemp("image-model")
+    return with_labelled_head(
+        image_assets[0], folder, ViTForImageClassification, AutoImageProcessor, list(COLOURS)
+    )

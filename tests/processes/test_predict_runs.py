@@ -14,20 +14,10 @@ import pytest
 
 from tests.support.helpers import trainer_env
 from tests.unit.test_predict import assert_same_predictions, served
-from tests.unit.test_serve import with_labelled_head
-
-
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory, text_assets):
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
-                              BertForSequenceClassification, AutoTokenizer,
-                              ["negative", "positive"])  # fmt: skip
 
 
 def test_a_text_folder_is_predicted_skipping_a_broken_file_and_scored(
-    tmp_path, text_model, demo_cache
+    tmp_path, text_classifier, demo_cache
 ):
     folder = tmp_path / "reviews"
     folder.mkdir()
@@ -42,7 +32,7 @@ def test_a_text_folder_is_predicted_skipping_a_broken_file_and_scored(
     out = tmp_path / "out"
     env = trainer_env(demo_cache, OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.predict", str(text_model), str(folder), str(out),
+        [sys.executable, "-m", "trainer.predict", str(text_classifier), str(folder), str(out),
          "--max_bad_examples", "1"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -57,7 +47,7 @@ def test_a_text_folder_is_predicted_skipping_a_broken_file_and_scored(
     assert [line["id"] for line in lines] == ["a.txt", "b.txt", "c.txt"]
     assert [line["reference"] for line in lines] == [label for _, label in texts.values()]
     files = [{"b64": base64.b64encode((folder / name).read_bytes()).decode()} for name in texts]
-    assert_same_predictions([line["prediction"] for line in lines], served(text_model, files))
+    assert_same_predictions([line["prediction"] for line in lines], served(text_classifier, files))
     hits = sum(line["prediction"]["label"] == line["reference"] for line in lines)
     results = json.loads((out / "test_results.json").read_text())
     assert results["test_accuracy"] == pytest.approx(hits / 3)

@@ -16,29 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.gcs_emulator import BUCKET
-from tests.unit.test_serve import COLOURS, png, with_labelled_head
+from tests.support.labelled_models import COLOURS, png
 from trainer.predict.__main__ import main
 from trainer.serve.predictors import load_predictor
 from trainer.storage.store import open_store
-
-
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory, text_assets) -> Path:
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
-                              BertForSequenceClassification, AutoTokenizer,
-                              ["negative", "positive"])  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def image_model(tmp_path_factory, image_assets) -> Path:
-    from transformers import AutoImageProcessor, ViTForImageClassification
-
-    folder = tmp_path_factory.mktemp("image-model")
-    return with_labelled_head(
-        image_assets[0], folder, ViTForImageClassification, AutoImageProcessor, list(COLOURS)
-    )
 
 
 def predict(*argv: str) -> int:
@@ -76,7 +57,7 @@ def assert_same_predictions(actual: list[dict], expected: list[dict]) -> None:
 
 
 def test_a_jsonl_of_instances_is_predicted_in_order_and_scored_by_accuracy(
-    tmp_path, text_model, capsys
+    tmp_path, text_classifier, capsys
 ):
     instances = [
         {"id": "a", "text": "good service .", "label": "positive"},
@@ -87,14 +68,14 @@ def test_a_jsonl_of_instances_is_predicted_in_order_and_scored_by_accuracy(
     ]
     source = tmp_path / "test.jsonl"
     source.write_text("".join(json.dumps(i) + "\n" for i in instances))
-    assert predict(text_model, source, tmp_path / "out", "--batch_size", "2") == 0
+    assert predict(text_classifier, source, tmp_path / "out", "--batch_size", "2") == 0
 
     lines = lines_of(tmp_path / "out" / "predictions.jsonl")
     assert [line["id"] for line in lines] == ["a", "b", 3, 4, "c"]
     assert [line.get("reference") for line in lines] == ["positive", "negative", None, None, 1]
     stripped = [{"text": "good service ."}, {"text": "bad food ."}, instances[2], instances[3],
                 {"text": "awful ."}]  # fmt: skip
-    expected = served(text_model, stripped)
+    expected = served(text_classifier, stripped)
     assert_same_predictions([line["prediction"] for line in lines], expected)
     hits = [p["label"] == r for p, r in zip(expected, ["positive", "negative"], strict=False)]
     hits.append(expected[4]["label"] == "positive")
@@ -119,10 +100,10 @@ def class_folders(root: Path, broken: int = 0) -> Path:
 
 
 def test_an_image_folder_skips_and_counts_a_broken_file_and_labels_by_class_folder(
-    tmp_path, image_model, capsys
+    tmp_path, image_classifier, capsys
 ):
     folder = class_folders(tmp_path / "images", broken=1)
-    code = predict(image_model, folder, tmp_path / "out", "--max_bad_examples", "1",
+    code = predict(image_classifier, folder, tmp_path / "out", "--max_bad_examples", "1",
                    "--parameters", '{"top_k": 1}')  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -130,8 +111,8 @@ def test_an_image_folder_skips_and_counts_a_broken_file_and_labels_by_class_fold
     names = ["blue/0.png", "blue/1.png", "green/0.png", "green/1.png", "red/0.png", "red/1.png"]
     assert [line["id"] for line in lines] == names
     assert [line["reference"] for line in lines] == [name.split("/")[0] for name in names]
-    expected = served(image_model, [{"b64": base64.b64encode((folder / n).read_bytes()).decode()}
-                                    for n in names], {"top_k": 1})  # fmt: skip
+    files = [{"b64": base64.b64encode((folder / n).read_bytes()).decode()} for n in names]
+    expected = served(image_classifier, files, {"top_k": 1})
     assert_same_predictions([line["prediction"] for line in lines], expected)
     accuracy = sum(p["labels"][0] == n.split("/")[0] for p, n in zip(expected, names, strict=True))
     results = json.loads((tmp_path / "out" / "test_results.json").read_text())
@@ -142,10 +123,10 @@ def test_an_image_folder_skips_and_counts_a_broken_file_and_labels_by_class_fold
 
 
 def test_more_broken_files_than_allowed_is_one_error_line_exit_1_and_nothing_written(
-    tmp_path, image_model, capsys
+    tmp_path, image_classifier, capsys
 ):
     folder = class_folders(tmp_path / "images", broken=2)
-    code = predict(image_model, folder, tmp_path / "out", "--max_bad_examples", "1")
+    code = predict(image_classifier, folder, tmp_path / "out", "--max_bad_examples", "1")
     err = capsys.readouterr().err
     assert code == 1
     assert error_lines(err) == [
@@ -187,7 +168,7 @@ def test_a_speech_folder_is_transcribed_as_served_and_scored_by_trainings_wer(
     assert results == {"test_wer": pytest.approx(wer), "test_samples": 2}
 
 
-def test_a_saved_dataset_split_is_predicted_with_its_class_label_names(tmp_path, text_model):
+def test_a_saved_dataset_split_is_predicted_with_its_class_label_names(tmp_path, text_classifier):
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
     features = Features({"text": Value("string"),
@@ -196,18 +177,18 @@ def test_a_saved_dataset_split_is_predicted_with_its_class_label_names(tmp_path,
     DatasetDict({"test": Dataset.from_dict(rows, features=features)}).save_to_disk(
         tmp_path / "saved"
     )
-    assert predict(text_model, tmp_path / "saved", tmp_path / "out") == 0
+    assert predict(text_classifier, tmp_path / "saved", tmp_path / "out") == 0
     lines = lines_of(tmp_path / "out" / "predictions.jsonl")
     assert [(line["id"], line["reference"]) for line in lines] == [
         (0, "positive"), (1, "negative"), (2, "positive")]  # fmt: skip
-    expected = served(text_model, [{"text": t} for t in rows["text"]])
+    expected = served(text_classifier, [{"text": t} for t in rows["text"]])
     assert_same_predictions([line["prediction"] for line in lines], expected)
 
-    assert predict(text_model, tmp_path / "saved", tmp_path / "out", "--split", "train") == 2
+    assert predict(text_classifier, tmp_path / "saved", tmp_path / "out", "--split", "train") == 2
 
 
 def test_a_bad_command_line_is_one_error_line_and_exit_2_before_the_model_loads(
-    tmp_path, text_model, capsys
+    tmp_path, text_classifier, capsys
 ):
     source = tmp_path / "test.jsonl"
     source.write_text('{"text": "fine ."}\n')
@@ -216,13 +197,22 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2_before_the_model_loads(
     out = tmp_path / "out"
     cases = [
         ([tmp_path / "nowhere", source, out], f"{tmp_path / 'nowhere'} is not a model folder"),
-        ([text_model, tmp_path / "missing.jsonl", out], "missing.jsonl does not exist"),
-        ([text_model, tmp_path / "table.csv", out], "is neither a folder of media files"),
-        ([text_model, source, tmp_path / "a-file"], "a-file is a file: OUTPUT is a folder"),
-        ([text_model, source, out, "--batch_size", "0"], "--batch_size must be at least 1"),
-        ([text_model, source, out, "--max_bad_examples", "x"], '--max_bad_examples "x"'),
-        ([text_model, source, out, "--parameters", "[1]"], "--parameters [1]: give a JSON"),
-        ([text_model, source, "gs://"], "gs:// names no bucket"),
+        ([text_classifier, tmp_path / "missing.jsonl", out], "missing.jsonl does not exist"),
+        ([text_classifier, tmp_path / "table.csv", out], "is neither a folder of media files"),
+        (
+            [text_classifier, source, tmp_path / "a-file"],
+            "a-file is a file: OUTPUT is a folder",
+        ),
+        (
+            [text_classifier, source, out, "--batch_size", "0"],
+            "--batch_size must be at least 1",
+        ),
+        ([text_classifier, source, out, "--max_bad_examples", "x"], '--max_bad_examples "x"'),
+        (
+            [text_classifier, source, out, "--parameters", "[1]"],
+            "--parameters [1]: give a JSON",
+        ),
+        ([text_classifier, source, "gs://"], "gs:// names no bucket"),
     ]
     for argv, message in cases:
         assert predict(*argv) == 2, argv
@@ -231,8 +221,8 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2_before_the_model_loads(
     assert not out.exists()
 
 
-def test_a_gs_model_is_downloaded_and_predictions_go_to_a_gs_output(tmp_path, text_model, gcs):
-    open_store(f"gs://{BUCKET}/predict/model").upload(text_model)
+def test_a_gs_model_is_downloaded_and_predictions_go_to_a_gs_output(tmp_path, text_classifier, gcs):
+    open_store(f"gs://{BUCKET}/predict/model").upload(text_classifier)
     source = tmp_path / "test.jsonl"
     source.write_text('{"id": "x", "text": "fine .", "label": "positive"}\n')
     assert predict(f"gs://{BUCKET}/predict/model", source, f"gs://{BUCKET}/predict/run-1") == 0

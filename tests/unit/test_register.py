@@ -15,7 +15,6 @@ import pytest
 
 from tests.support.gcs_emulator import BUCKET
 from tests.support.vertex_capture import VertexCapture
-from tests.unit.test_serve import with_labelled_head
 from trainer.common.errors import UserError
 from trainer.register import main
 from trainer.registry.labels import check_name_and_labels, label_value
@@ -26,20 +25,11 @@ from trainer.storage.store import open_store
 IMAGE = "us-central1-docker.pkg.dev/test-project/vertex-trainer/vertex-hf-trainer-serve:ABC1234"
 
 
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory, text_assets):
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
-                              BertForSequenceClassification, AutoTokenizer,
-                              ["negative", "positive"])  # fmt: skip
-
-
 @pytest.fixture
-def delivered(gcs, text_model) -> str:
+def delivered(gcs, text_classifier) -> str:
     """The model delivered to a fresh gs:// folder, as trainer/training/delivery.py does."""
     uri = f"gs://{BUCKET}/{uuid.uuid4().hex}/model"
-    publish_model(open_store(uri), text_model)
+    publish_model(open_store(uri), text_classifier)
     return uri
 
 
@@ -118,12 +108,12 @@ def test_a_new_model_is_uploaded_with_the_serving_container(capsys, registry, de
     assert open_store(delivered).list_files() == model_files  # the model folder as delivered
 
 
-def test_an_existing_name_gets_a_new_version(capsys, registry, gcs, text_model, tmp_path):
+def test_an_existing_name_gets_a_new_version(capsys, registry, gcs, text_classifier, tmp_path):
     """A merged LoRA model names its base checkpoint in adapter/adapter_config.json."""
     existing = registry.add_model("sentiment")
     folder = tmp_path / "model"
     folder.mkdir()
-    for path in text_model.iterdir():
+    for path in text_classifier.iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
     (folder / "adapter").mkdir()
     (folder / "adapter" / "adapter_config.json").write_text(
@@ -192,9 +182,13 @@ def test_a_refusal_keeps_the_model_and_says_how_to_retry(
      ("gs", ["--metric", "eval_wer"], "--metric 'eval_wer' is not KEY=VALUE")],
 )  # fmt: skip
 def test_bad_input_is_one_line_before_any_request(
-    capsys, registry, delivered, text_model, where, flags, expected
+    capsys, registry, delivered, text_classifier, where, flags, expected
 ):
-    uri = {"local": str(text_model), "empty": f"gs://{BUCKET}/nothing/model", "gs": delivered}
+    uri = {
+        "local": str(text_classifier),
+        "empty": f"gs://{BUCKET}/nothing/model",
+        "gs": delivered,
+    }
     code, out, err = register(capsys, registry, uri[where], *flags)
     assert (code, out) == (2, "")
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err

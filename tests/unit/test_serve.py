@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,16 +17,15 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from PIL import Image
 
 from tests.support.helpers import free_port, wait_until
+from tests.support.labelled_models import COLOURS, png
 from trainer.serve.__main__ import checked_model, main
 from trainer.serve.app import make_app
 from trainer.serve.contract import Contract
 from trainer.serve.predictors import load_predictor
 
 LOCAL = Contract.from_environment({})
-COLOURS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
 
 
 @contextlib.contextmanager
@@ -55,51 +53,14 @@ def wait_ready(url: str, route: str = "/health") -> None:
     wait_until(lambda: httpx.get(url + route).status_code == 200, 60, "health 200")
 
 
-def with_labelled_head(base: Path, folder: Path, model_class, preprocessor_class, labels):
-    """`base` (a tiny encoder) with a classification head naming `labels`, saved with its
-    preprocessor in `folder`: what the project delivers for a classification task."""
-    id2label = dict(enumerate(labels))
-    model = model_class.from_pretrained(
-        base, id2label=id2label, label2id={v: k for k, v in id2label.items()}
-    )
-    model.save_pretrained(folder)
-    preprocessor_class.from_pretrained(base).save_pretrained(folder)
-    return folder
+@pytest.fixture(scope="module")
+def text_predictor(text_classifier):
+    return load_predictor(text_classifier)
 
 
 @pytest.fixture(scope="module")
-def text_model(tmp_path_factory, text_assets) -> Path:
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    return with_labelled_head(text_assets[0], tmp_path_factory.mktemp("text-model"),
-                              BertForSequenceClassification, AutoTokenizer,
-                              ["negative", "positive"])  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def image_model(tmp_path_factory, image_assets) -> Path:
-    from transformers import AutoImageProcessor, ViTForImageClassification
-
-    folder = tmp_path_factory.mktemp("image-model")
-    return with_labelled_head(
-        image_assets[0], folder, ViTForImageClassification, AutoImageProcessor, list(COLOURS)
-    )
-
-
-@pytest.fixture(scope="module")
-def text_predictor(text_model):
-    return load_predictor(text_model)
-
-
-@pytest.fixture(scope="module")
-def image_predictor(image_model):
-    return load_predictor(image_model)
-
-
-def png(colour: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (40, 40), colour).save(out, format="PNG")
-    return out.getvalue()
+def image_predictor(image_classifier):
+    return load_predictor(image_classifier)
 
 
 def test_routes_and_port_come_from_vertex_ais_variables(text_predictor):
@@ -149,12 +110,12 @@ def test_a_model_that_fails_to_load_says_so_and_stays_unhealthy(capfd):
 
 
 def test_text_predictions_come_one_per_instance_in_order_with_the_models_labels(
-    text_predictor, text_model
+    text_predictor, text_classifier
 ):
     from transformers import pipeline
 
     texts = ["a great film", "awful", "not bad at all", "the plot", "loved it"]
-    plain = pipeline("text-classification", model=str(text_model))
+    plain = pipeline("text-classification", model=str(text_classifier))
     expected = [plain(text)[0] for text in texts]
     third = {"b64": base64.b64encode(texts[2].encode()).decode()}
     instances = [{"text": texts[0]}, texts[1], third, {"text": texts[3]}, {"text": texts[4]}]
@@ -168,11 +129,11 @@ def test_text_predictions_come_one_per_instance_in_order_with_the_models_labels(
 
 
 def test_a_pair_is_scored_as_a_pair_and_a_text_too_long_is_truncated_with_a_notice(
-    text_predictor, text_model
+    text_predictor, text_classifier
 ):
     from transformers import pipeline
 
-    plain = pipeline("text-classification", model=str(text_model))
+    plain = pipeline("text-classification", model=str(text_classifier))
     pair = {"text": "a great film", "text_pair": "it was awful"}
     long_text = " ".join(["good"] * 400)  # the tiny model takes 128 tokens
     with serve(text_predictor) as url:
@@ -351,12 +312,14 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
     assert english.status_code == 200 and len(english.json()["predictions"]) == 1
 
 
-def test_the_model_is_checked_before_the_port_opens(tmp_path, text_model):
+def test_the_model_is_checked_before_the_port_opens(tmp_path, text_classifier):
     with pytest.raises(ValueError, match="no model"):
         checked_model(None, LOCAL)
     with pytest.raises(ValueError, match="no config.json"):
         checked_model(str(tmp_path), LOCAL)
-    assert checked_model(None, Contract(8080, "/p", "/h", str(text_model))) == str(text_model)
+    assert checked_model(None, Contract(8080, "/p", "/h", str(text_classifier))) == str(
+        text_classifier
+    )
     assert checked_model("gs://bucket/model", LOCAL) == "gs://bucket/model"
 
 
