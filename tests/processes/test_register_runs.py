@@ -1,8 +1,9 @@
 """`--register_model` in real runs: `python -m trainer` trains, delivers its model to Cloud
 Storage (the project's emulator) and registers it with the real Vertex AI SDK in a Model
 Registry on loopback (tests/support/vertex_capture.py), as a restarted Vertex AI job does:
-a registry that refuses keeps the model and gives the command to retry; the restart
-registers the delivered model without training; a further restart registers nothing."""
+credentials without the permission are refused before training; a registry that refuses
+the upload keeps the model and gives the command to retry; the restart registers the
+delivered model without training; a further restart registers nothing."""
 
 from __future__ import annotations
 
@@ -41,6 +42,20 @@ def test_a_run_registers_its_model_once_even_when_the_registry_first_refuses(
             "--register_model", "sentiment", "--serving_image", IMAGE,
             "--registry_api_endpoint", registry.endpoint]  # fmt: skip
 
+    registry.deny("aiplatform.models.upload")  # asked by the launcher before training
+    code, output = run_trainer(args, cwd=tmp_path, env=env, timeout=300)
+    assert code == 2, output[-3000:]
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: --register_model: these credentials lack aiplatform.models.upload in project "
+            "test-project"
+        )
+    ), output[-3000:]
+    assert not re.search(r"^step \d+/2", output, re.M) and registry.uploads == []
+
+    registry.deny()  # granted, but the upload is refused anyway (a quota, say)
     registry.refuse_uploads(403, "PERMISSION_DENIED", "aiplatform.models.upload denied")
     code, output = run_trainer(args, cwd=tmp_path, env=env, timeout=300)
     assert code == 1, output[-3000:]

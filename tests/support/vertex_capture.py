@@ -8,7 +8,9 @@ calls the real SDK (`aiplatform.Model.list`, `aiplatform.Model.upload` with
   long-running Operation, not yet done;
 - `GET .../operations/N`: that Operation, done, its response an `UploadModelResponse`: a new
   model (version 1) or, with `parentModel`, the next version of it;
-- `GET .../models/ID@VERSION`: the model as uploaded.
+- `GET .../models/ID@VERSION`: the model as uploaded;
+- `POST /v1/projects/P:testIamPermissions` (Cloud Resource Manager's, asked of the same
+  address by the launcher's check): the permissions asked, but those `deny` names.
 
 `refuse_uploads(code, status, message)` makes uploads fail as the service does (403
 PERMISSION_DENIED, 429 RESOURCE_EXHAUSTED, ...), with Google's JSON error body. Anything else
@@ -49,6 +51,8 @@ class VertexCapture:
         self.errors: list[str] = []
         self.operations: dict[str, types.UploadModelResponse] = {}
         self.refusal: tuple[int, str, str] | None = None
+        self.denied: set[str] = set()
+        """Permissions testIamPermissions says the caller lacks."""
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -67,6 +71,13 @@ class VertexCapture:
 
     def refuse_uploads(self, code: int, status: str, message: str) -> None:
         self.refusal = (code, status, message)
+
+    def deny(self, *permissions: str) -> None:
+        self.denied = set(permissions)
+
+    def _tested(self, body: bytes) -> dict:
+        asked = json.loads(body)["permissions"]
+        return {"permissions": [name for name in asked if name not in self.denied]}
 
     def _listed(self, query: str) -> dict:
         wanted = re.fullmatch(r'display_name="([^"]*)"', parse_qs(query).get("filter", [""])[0])
@@ -113,6 +124,8 @@ class VertexCapture:
                 return 200, self._operation(found.group(1))
             if method == "GET" and (found := re.fullmatch(r"/v1/(.*/models/\d+)@(\d+)", path)):
                 return 200, self._model(found.group(1), found.group(2))
+            if method == "POST" and re.fullmatch(r"/v1/projects/[^/]+:testIamPermissions", path):
+                return 200, self._tested(body)
             self.errors.append(f"unexpected {method} {target}")
             return 404, {"error": {"code": 404, "status": "NOT_FOUND", "message": path}}
 

@@ -193,3 +193,24 @@ def test_bad_input_is_one_line_before_any_request(
     assert (code, out) == (2, "")
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err
     assert registry.requests == []
+
+
+def test_the_permission_to_register_is_asked_without_registering(registry, capsys):
+    """Resource Manager's testIamPermissions (asked of the loopback registry, as the
+    launcher's check asks it before anything trains): granted passes, a permission missing
+    is one line naming it, no answer is a warning and the run goes on. Nothing is uploaded."""
+    from trainer.registry.permission import check_register_permission
+    from trainer.registry.upload import VertexPlace
+
+    place = VertexPlace("test-project", "us-central1", registry.endpoint)
+    check_register_permission(place)
+    assert registry.requests == ["POST /v1/projects/test-project:testIamPermissions"]
+
+    registry.deny("aiplatform.models.upload")
+    with pytest.raises(UserError, match=r"lack aiplatform.models.upload in project test-project: "
+                       r"grant the job's service account roles/aiplatform.user"):  # fmt: skip
+        check_register_permission(place)
+
+    check_register_permission(VertexPlace("test-project", "us-central1", "http://127.0.0.1:9"))
+    assert "could not be asked (ConnectionError); the run goes on" in capsys.readouterr().err
+    assert registry.uploads == []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from trainer.preflight.hub_checks import check_hub_ids, check_hub_writes, hub_ids
 from trainer.preflight.model_plan import plan_model
 from trainer.preflight.training_checks import check_training_arguments
+from trainer.registry.permission import check_register_permission
 from trainer.registry.run_registration import run_registration
 from trainer.settings.run_config import RunConfig
 from trainer.storage.locations import check_output_locations
@@ -37,7 +38,9 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
     outputs = on_node and not config.launcher.dry_run
     identity = RunIdentity.from_env(env)
     owner = check_outputs(config, identity) if outputs else None
-    run_registration(config, env, on_node=on_node)  # --register_model: name, image, place
+    registration = run_registration(config, env, on_node=on_node)  # --register_model
+    if registration is not None and outputs and config.topology.node_rank == 0:
+        check_register_permission(registration.place)  # with the job's own credentials
     sources = task.sources()  # several when streams are interleaved
     for source in sources if on_node else ():
         source.check_inputs()
