@@ -88,8 +88,10 @@ def registered_on_restart(
     """A restart that finds the model delivered (exit 0) registers it, when the run asks: the
     attempt that delivered it may have been refused by the registry, and `register()` sends
     nothing for a model registered before. The chief alone; the line grows by the outcome."""
+    if ended.exit_code != 0 or config.topology.node_rank != 0:
+        return ended
     registration = run_registration(config, env)
-    if ended.exit_code != 0 or registration is None or config.topology.node_rank != 0:
+    if registration is None:
         return ended
     from trainer.registry.registration import RegistrationFailed, register
 
