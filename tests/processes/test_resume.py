@@ -493,8 +493,12 @@ def test_a_stop_during_a_step_longer_than_the_grace_keeps_the_last_completed_ste
 
     stopped = tmp_path / "stopped"
     stopped.mkdir()
-    slow = with_start_hook(env, tmp_path / "hooks", SLOW_STEPS)
-    run = start_trainer([*args, "--stop_grace_seconds", "1"], cwd=stopped, env=slow)
+    # micro-batches of 1 s or more: step 2 outlasts torchrun's wait (the grace + 5 s) by far,
+    # and the grace leaves a loaded machine time to save step 1 after the micro-batch in flight
+    hook = SLOW_STEPS.replace("time.sleep(0.5)", "time.sleep(1.0)")
+    assert hook != SLOW_STEPS
+    slow = with_start_hook(env, tmp_path / "hooks", hook)
+    run = start_trainer([*args, "--stop_grace_seconds", "3"], cwd=stopped, env=slow)
     wait_while_running([run], lambda: "step 1/3" in run.log.read_text(), 300, "step 1")
     time.sleep(1)  # into step 2
     run.terminate()
