@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import NoReturn
 
-from trainer.common.errors import UserError
+from trainer.common.errors import UserError, exit_with_error
 from trainer.registry.registration_request import Registration, check_before_requests
 from trainer.registry.run_registration import DEFAULT_REGION, project_of, region_of
 from trainer.registry.upload import VertexPlace
@@ -76,26 +74,21 @@ def registration_of(args: argparse.Namespace, env) -> Registration:
     return registration
 
 
-def refuse(line: str, exit_code: int) -> NoReturn:
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    sys.exit(exit_code)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         registration = registration_of(args, os.environ)
     except UserError as error:
-        refuse(str(error), 2)
+        exit_with_error(str(error), 2)
     # the SDK, transformers and torch load here, once the command line is known good
     from trainer.registry.registration import RegistrationFailed, register
 
     try:
         done = register(registration)
     except UserError as error:  # what the model's folder says: incomplete, or no task
-        refuse(str(error), 2)
+        exit_with_error(str(error), 2)
     except RegistrationFailed as failure:
-        refuse(f"the model at {registration.model_uri} is kept; registering it failed: "
+        exit_with_error(f"the model at {registration.model_uri} is kept; registering it failed: "
                f"{failure}; retry with: {registration.retry_command()}", 1)  # fmt: skip
     print(done.line(args.name), flush=True)
 

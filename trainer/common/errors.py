@@ -8,6 +8,11 @@ checks: one line, exit 1, so that a restart tries again. Everything else is a bu
 its traceback.
 """
 
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
 
 class UserError(Exception):
     """Bad input: the message says what is wrong and what to do instead."""
@@ -16,3 +21,10 @@ class UserError(Exception):
 class StorageUnavailable(Exception):
     """Storage did not answer the launcher's checks (a timeout, a 5xx, a dropped connection
     past every retry): not a configuration error, and a restart may find it back."""
+
+
+def exit_with_error(line: object, exit_code: int) -> NoReturn:
+    """The one `error:` line of a command-line tool (`trainer.predict`, `trainer.register`),
+    then its exit code."""
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    sys.exit(exit_code)

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
-from trainer.common.errors import StorageUnavailable, UserError
+from trainer.common.errors import StorageUnavailable, UserError, exit_with_error
 from trainer.predict.examples import input_kind, read_examples
 from trainer.serve.__main__ import DEFAULT_MAX_BATCH_SIZE, checked_model, model_folder
 from trainer.serve.contract import Contract
@@ -96,19 +94,14 @@ def output_store(location: str) -> Store:
     return store
 
 
-def fail(message: object, code: int) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         request = checked(args)
     except (ValueError, FileNotFoundError, UserError) as error:
-        fail(error, 2)
+        exit_with_error(error, 2)
     except StorageUnavailable as error:
-        fail(error, 1)
+        exit_with_error(error, 1)
 
     from trainer.common.quiet import silence_known_noise
 
@@ -126,15 +119,15 @@ def predict(request: Request, args: argparse.Namespace) -> None:
         task = task_of_model_dir(folder)
         found = read_examples(request.input, request.kind, task, args.split)
     except (ValueError, FileNotFoundError, UserError) as error:
-        fail(str(error).replace(str(folder), request.model), 2)
+        exit_with_error(str(error).replace(str(folder), request.model), 2)
     try:
         predictor = load_predictor(folder)
     except Exception as error:  # noqa: BLE001 - said in one line, as the server says it
-        fail(f"the model did not load: {type(error).__name__}: {error}", 1)
+        exit_with_error(f"the model did not load: {type(error).__name__}: {error}", 1)
     try:
         parameters = predictor.checked_parameters(request.parameters)
     except InstanceError as error:
-        fail(f"--parameters: {error}", 2)
+        exit_with_error(f"--parameters: {error}", 2)
     pipe = predictor.pipe
     print(f"predicting {found.total} examples of {request.input} with {predictor.task} on "
           f"{pipe.device} in {pipe.model.dtype}", flush=True)  # fmt: skip
@@ -145,7 +138,7 @@ def predict(request: Request, args: argparse.Namespace) -> None:
             with (Path(staging) / PREDICTIONS).open("w", encoding="utf-8") as lines:
                 outcome = run.predict(found.examples, found.total, lines)
         except UserError as error:
-            fail(error, 1)
+            exit_with_error(error, 1)
         written = [PREDICTIONS]
         if outcome.scored:
             from trainer.predict.scoring import metrics_of
