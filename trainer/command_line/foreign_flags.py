@@ -381,10 +381,12 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--resume_from_ckpt": renamed("--resume", COMMUNITY_WHISPER),
     **{f"--{split}_dataset{part}": refused(ONE_DATASET, COMMUNITY_WHISPER)
        for split in ("train", "eval") for part in ("s", "_configs", "_splits", "_text_columns")},
-    "--wandb_key": refused("a key on the command line is written into the job spec and its "
-                           "logs: set WANDB_API_KEY in the environment, or --secret "
-                           "WANDB_API_KEY=projects/P/secrets/S/versions/V on Vertex AI",
-                           COMMUNITY),
+    "--wandb_key": refused("wandb is not in this image (metrics go to TensorBoard; --report_to "
+                           "wandb needs wandb added to pyproject.toml's dependencies); a key "
+                           "is never given on the command line, which the job spec and its "
+                           "logs keep: with wandb added, set WANDB_API_KEY in the environment, "
+                           "or --secret WANDB_API_KEY=projects/P/secrets/S/versions/V on "
+                           "Vertex AI", COMMUNITY),
     "--repo_id": refused("give the repository as --hub_model_id ORG/NAME with --push_to_hub "
                          "true", COMMUNITY),
     "--print_training_arguments": ignored("python -m trainer --dry-run prints the resolved "
