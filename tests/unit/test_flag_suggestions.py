@@ -7,6 +7,7 @@ starts afresh as the HF scripts do, `--num_workers` says which workers it counts
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import types
@@ -214,15 +215,20 @@ def test_overwrite_output_dir_starts_afresh_and_deletes_nothing(tmp_path, capsys
     code, config, err = dry_run(line, capsys)
     assert code == 0, err
     assert (
-        "--overwrite_output_dir read as --resume never (training starts from step 1; the "
-        "checkpoints already there are not resumed, nor deleted at the start, but a save of the "
-        "same step replaces one and --save_total_limit counts them)"
+        "--overwrite_output_dir read as --resume never (training starts from step 1, on every "
+        "Vertex AI restart of the job too (left out, a restart resumes); the checkpoints "
+        "already there are not resumed, nor deleted at the start, but a save of the same step "
+        "replaces one and --save_total_limit counts them)"
     ) in err.splitlines()
     assert config["flags"]["outputs"]["resume"] == "never"
     run = resolved(line)
     args = types.SimpleNamespace(resume_from_checkpoint=None, output_dir=str(output))
     place = ProcessPlace(node_rank=0, num_nodes=1, is_local_main=True, is_global_main=True)
     assert checkpoint_to_resume(run, args, place) is None
+    # a Vertex AI restart of the same job: the same command line, so step 1 again (the notice
+    # says so: the event's run.sh gives the flag, and a preemption would cost the whole run)
+    restart = resolved(line, env={**os.environ, "CLOUD_ML_JOB_ID": "4242"})
+    assert checkpoint_to_resume(restart, args, place) is None
     assert sorted(path.name for path in checkpoint.iterdir()) == [MANIFEST, "model.safetensors"]
     resuming = resolved([*SPEECH, "--output_dir", str(output)])  # without the flag
     assert resuming.outputs.resume == "auto"

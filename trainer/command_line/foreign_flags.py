@@ -245,10 +245,11 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--logging_dir": renamed("--tensorboard_dir", TF4),
     "--group_by_length": switch(["--train_sampling_strategy", "group_by_length"], TF4),
     "--overwrite_output_dir": switch(["--resume", "never"], TF4,
-                                     "training starts from step 1; the checkpoints already "
-                                     "there are not resumed, nor deleted at the start, but a "
-                                     "save of the same step replaces one and "
-                                     "--save_total_limit counts them"),
+                                     "training starts from step 1, on every Vertex AI "
+                                     "restart of the job too (left out, a restart resumes); "
+                                     "the checkpoints already there are not resumed, nor "
+                                     "deleted at the start, but a save of the same step "
+                                     "replaces one and --save_total_limit counts them"),
     "--no_cuda": switch(["--use_cpu", "true"], TF4),
     "--use_mps_device": ignored("transformers uses an Apple GPU by itself where there is one "
                                 "(there is none on Vertex AI)", TF4),
