@@ -7,6 +7,8 @@ starts afresh as the HF scripts do, `--num_workers` says which workers it counts
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import types
 import warnings
@@ -15,8 +17,8 @@ from dataclasses import asdict
 import pytest
 from accelerate import PartialState
 
+from tests.support.helpers import REPO_ROOT, resolved, warm_hub_cache
 from tests.support.helpers import offline_dry_run as dry_run
-from tests.support.helpers import resolved, warm_hub_cache
 from tests.support.tiny_assets import build_tiny_bert, sentiment_sentences, write_sentiment_csv
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS
 from trainer.command_line.parser import known_flags
@@ -128,19 +130,31 @@ def test_the_community_whisper_scripts_line_runs_as_it_meant(capsys, tmp_path, m
         16, 8)  # fmt: skip
 
 
+WANDB_KEY_REFUSED = (
+    "error: --wandb_key is not a flag of this trainer (community fine-tuning scripts): wandb is "
+    "not in this image (metrics go to TensorBoard; --report_to wandb needs wandb added to "
+    "pyproject.toml's dependencies); a key is never given on the command line, which the job "
+    "spec and its logs keep: with wandb added, set WANDB_API_KEY in the environment, or "
+    "--secret WANDB_API_KEY=projects/P/secrets/S/versions/V on Vertex AI (docs/launching.md).\n"
+)
+"""Today's line sent the user to WANDB_API_KEY alone, in an image whose --report_to wandb is
+refused before launch (trainer/preflight/training_checks.py check_integrations)."""
+
+
+def test_the_wandb_key_refusal_says_what_is_true_of_this_image():
+    """It says wandb is not in this image: true while pyproject.toml does not depend on it."""
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert not re.search(r'^\s*"wandb\b', pyproject, re.M), "no dependency names wandb"
+    assert "wandb is not in this image" in FOREIGN_FLAGS["--wandb_key"].answer
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [
         ("--checkpointing_steps epoch", "error: --checkpointing_steps: give --save_strategy epoch "
          "(a checkpoint per epoch) or --save_steps N.\n"),
-        ("--wandb_key SECRETVALUE", "error: --wandb_key is not a flag of this trainer (community "
-         "fine-tuning scripts): a key on the command line is written into the job spec and its "
-         "logs: set WANDB_API_KEY in the environment, or --secret WANDB_API_KEY=projects/P/"
-         "secrets/S/versions/V on Vertex AI (docs/launching.md).\n"),
-        ("--wandb_key=SECRETVALUE", "error: --wandb_key is not a flag of this trainer (community "
-         "fine-tuning scripts): a key on the command line is written into the job spec and its "
-         "logs: set WANDB_API_KEY in the environment, or --secret WANDB_API_KEY=projects/P/"
-         "secrets/S/versions/V on Vertex AI (docs/launching.md).\n"),
+        ("--wandb_key SECRETVALUE", WANDB_KEY_REFUSED),
+        ("--wandb_key=SECRETVALUE", WANDB_KEY_REFUSED),
         ("--repo_id me/whisper", "error: --repo_id is not a flag of this trainer (community "
          "fine-tuning scripts): give the repository as --hub_model_id ORG/NAME with "
          "--push_to_hub true (docs/launching.md).\n"),
@@ -201,15 +215,20 @@ def test_overwrite_output_dir_starts_afresh_and_deletes_nothing(tmp_path, capsys
     code, config, err = dry_run(line, capsys)
     assert code == 0, err
     assert (
-        "--overwrite_output_dir read as --resume never (training starts from step 1; the "
-        "checkpoints already there are not resumed, nor deleted at the start, but a save of the "
-        "same step replaces one and --save_total_limit counts them)"
+        "--overwrite_output_dir read as --resume never (training starts from step 1, on every "
+        "Vertex AI restart of the job too (left out, a restart resumes); the checkpoints "
+        "already there are not resumed, nor deleted at the start, but a save of the same step "
+        "replaces one and --save_total_limit counts them)"
     ) in err.splitlines()
     assert config["flags"]["outputs"]["resume"] == "never"
     run = resolved(line)
     args = types.SimpleNamespace(resume_from_checkpoint=None, output_dir=str(output))
     place = ProcessPlace(node_rank=0, num_nodes=1, is_local_main=True, is_global_main=True)
     assert checkpoint_to_resume(run, args, place) is None
+    # a Vertex AI restart of the same job: the same command line, so step 1 again (the notice
+    # says so: the event's run.sh gives the flag, and a preemption would cost the whole run)
+    restart = resolved(line, env={**os.environ, "CLOUD_ML_JOB_ID": "4242"})
+    assert checkpoint_to_resume(restart, args, place) is None
     assert sorted(path.name for path in checkpoint.iterdir()) == [MANIFEST, "model.safetensors"]
     resuming = resolved([*SPEECH, "--output_dir", str(output)])  # without the flag
     assert resuming.outputs.resume == "auto"

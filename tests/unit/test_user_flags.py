@@ -201,6 +201,43 @@ def test_a_mistyped_flag_gets_did_you_mean(typed, suggested, bert_and_tables, ca
     assert f"{name} (did you mean {suggested}?)" in err and "SECRETVALUE" not in err
 
 
+SPEECH_LINE = ["--task", "speech-recognition", "--model_name_or_path", "openai/whisper-tiny",
+               "--dataset_name", "x/y"]  # fmt: skip
+"""A speech line that gives its --task (no download: --dry-run --skip_hub_check)."""
+
+
+@pytest.mark.parametrize(
+    ("typed", "named"),
+    [
+        # run_glue_no_trainer.py's --max_length (today: "--max_seq_length: ...; add --task ...")
+        ("--max_length 128", "--max_length (read as --max_seq_length)"),
+        # run_classification.py's --text_column_names (today: named --joined_text_columns)
+        ("--text_column_names title,body", "--text_column_names (read as --joined_text_columns)"),
+        ("--max_seq_length 128", "--max_seq_length"),
+    ],
+)  # fmt: skip
+def test_another_tasks_flag_is_named_as_typed_and_asks_no_second_task(typed, named, capsys):
+    """A text flag on a speech line that gives --task: named as the user typed it, and not
+    "add --task text-classification", which a second --task would refuse as given twice."""
+    code, _, err = dry_run([*SPEECH_LINE, *shlex.split(typed)], capsys)
+    assert (code, err) == (2, (
+        f"error: {named}: flag(s) of --task text-classification, not of --task "
+        "speech-recognition, the --task given: give --task text-classification in its place, "
+        "or leave them out (see python -m trainer --help).\n"))  # fmt: skip
+    code, _, err = dry_run([*SPEECH_LINE, "--task", "text-classification", *shlex.split(typed)],
+                           capsys)  # fmt: skip
+    assert code == 2 and "--task is given 2 times" in err, "so adding a --task is no answer"
+
+
+def test_another_tasks_flag_on_a_line_without_task_asks_for_it(bert_and_tables, capsys):
+    """No --task (the tiny BERT's config makes it text-classification): add the task."""
+    code, _, err = dry_run([*text_args(bert_and_tables), "--image_column_name", "img"], capsys)
+    assert (code, err) == (2, (
+        "error: --image_column_name: flag(s) of --task image-classification, not of --task "
+        "text-classification; add --task image-classification (see python -m trainer "
+        "--help).\n"))  # fmt: skip
+
+
 @pytest.mark.parametrize("secret", ["--wandb_keys=SECRETVALUE", "--token2 SECRETVALUE"])
 def test_an_unknown_flag_is_named_without_its_value(secret, bert_and_tables, capsys):
     code, _, err = dry_run([*text_args(bert_and_tables), *shlex.split(secret)], capsys)

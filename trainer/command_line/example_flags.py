@@ -49,6 +49,18 @@ def translate_example_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     return out, notices
 
 
+def typed_spellings(argv: list[str]) -> dict[str, str]:
+    """Our flag -> the foreign flag of `argv` that set it (`--max_seq_length` -> `--max_length`):
+    an error about a flag must name what the user typed, not what it was read as."""
+    return {
+        ours: name
+        for _, name, value, foreign in _flags(argv)
+        if isinstance(foreign, ForeignFlag)
+        for ours in _sets(name, value, foreign)
+        if ours != name
+    }
+
+
 def check_repeated_flags(argv: list[str]) -> None:
     """A flag given twice, also as a foreign spelling of the other (or set by a foreign flag), is
     an error: argparse would silently keep the last, and the user meant one. Lists are one flag

@@ -245,10 +245,11 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--logging_dir": renamed("--tensorboard_dir", TF4),
     "--group_by_length": switch(["--train_sampling_strategy", "group_by_length"], TF4),
     "--overwrite_output_dir": switch(["--resume", "never"], TF4,
-                                     "training starts from step 1; the checkpoints already "
-                                     "there are not resumed, nor deleted at the start, but a "
-                                     "save of the same step replaces one and "
-                                     "--save_total_limit counts them"),
+                                     "training starts from step 1, on every Vertex AI "
+                                     "restart of the job too (left out, a restart resumes); "
+                                     "the checkpoints already there are not resumed, nor "
+                                     "deleted at the start, but a save of the same step "
+                                     "replaces one and --save_total_limit counts them"),
     "--no_cuda": switch(["--use_cpu", "true"], TF4),
     "--use_mps_device": ignored("transformers uses an Apple GPU by itself where there is one "
                                 "(there is none on Vertex AI)", TF4),
@@ -381,10 +382,12 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--resume_from_ckpt": renamed("--resume", COMMUNITY_WHISPER),
     **{f"--{split}_dataset{part}": refused(ONE_DATASET, COMMUNITY_WHISPER)
        for split in ("train", "eval") for part in ("s", "_configs", "_splits", "_text_columns")},
-    "--wandb_key": refused("a key on the command line is written into the job spec and its "
-                           "logs: set WANDB_API_KEY in the environment, or --secret "
-                           "WANDB_API_KEY=projects/P/secrets/S/versions/V on Vertex AI",
-                           COMMUNITY),
+    "--wandb_key": refused("wandb is not in this image (metrics go to TensorBoard; --report_to "
+                           "wandb needs wandb added to pyproject.toml's dependencies); a key "
+                           "is never given on the command line, which the job spec and its "
+                           "logs keep: with wandb added, set WANDB_API_KEY in the environment, "
+                           "or --secret WANDB_API_KEY=projects/P/secrets/S/versions/V on "
+                           "Vertex AI", COMMUNITY),
     "--repo_id": refused("give the repository as --hub_model_id ORG/NAME with --push_to_hub "
                          "true", COMMUNITY),
     "--print_training_arguments": ignored("python -m trainer --dry-run prints the resolved "

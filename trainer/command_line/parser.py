@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import HfArgumentParser
 
-from trainer.command_line.example_flags import translate_example_flags
+from trainer.command_line.example_flags import translate_example_flags, typed_spellings
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS, canonical
 from trainer.common.errors import UserError
 from trainer.settings.data_flags import DataArguments
@@ -96,16 +97,21 @@ def selected_task_name(argv: list[str]) -> str:
 def parse_flags(argv: list[str]) -> ParsedFlags:
     """Parse and check the training program's flags (no model, data or device touched), the HF
     example scripts' spellings too (trainer/command_line/example_flags.py)."""
-    return parse_training_flags(translate_example_flags(argv)[0])
+    return parse_training_flags(translate_example_flags(argv)[0], typed_spellings(argv))
 
 
-def parse_training_flags(argv: list[str]) -> ParsedFlags:
-    """The flags of `argv` (already in this trainer's spelling), in their groups."""
+def parse_training_flags(
+    argv: list[str], typed: Mapping[str, str] | None = None, task_inferred: bool = False
+) -> ParsedFlags:
+    """The flags of `argv` (already in this trainer's spelling), in their groups. For the
+    message about an unknown flag: `typed`, our flag -> the foreign flag the user typed for it
+    (example_flags.typed_spellings); `task_inferred`, whether resolution added argv's --task."""
     name = selected_task_name(argv)
     task_class = load_task(name)
     namespace, unknown = build_parser(task_class).parse_known_args(argv)
     if unknown:
-        raise UserError(unknown_flags_message(unknown, task_class))
+        task_given = _gives_task(argv) and not task_inferred
+        raise UserError(unknown_flags_message(unknown, task_class, typed or {}, task_given))
     values = vars(namespace)
 
     def take(dtype: type):
@@ -122,17 +128,35 @@ def parse_training_flags(argv: list[str]) -> ParsedFlags:
     return ParsedFlags(name, model, data, options, outputs, training=values)
 
 
-def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
+def unknown_flags_message(
+    unknown: list[str],
+    task_class: type[Task],
+    typed: Mapping[str, str] | None = None,
+    task_given: bool = False,
+) -> str:
     """Names the task whose flags these are, if another task knows them (an example script's
     command line selects its task by the script's name, ours by --task); else each unknown flag
-    with the nearest known one. Names only: a value can be a secret (`--hub_tokn ...`)."""
+    with the nearest known one. Each is named as typed (`--max_length (read as
+    --max_seq_length)`): the user looks for what they wrote. Names only: a value can be a
+    secret (`--hub_tokn ...`)."""
     names = list(dict.fromkeys(token.split("=", 1)[0] for token in unknown if _is_flag(token)))
     if not names:  # values argparse could not place, e.g. after a switch
         return (
             f"{len(unknown)} argument(s) that are no flag's value (flags start with --; "
             "see python -m trainer --help)."
         )
-    knowing = [
+    typed = typed or {}
+    knowing = _tasks_knowing(unknown, task_class)
+    if knowing:
+        shown = " ".join(_as_typed(name, typed) for name in names)
+        return _another_tasks_flags(shown, knowing, task_class, task_given)
+    suggested = ", ".join(did_you_mean(name, task_class, typed.get(name)) for name in names)
+    return f"Unknown flag(s): {suggested} (see python -m trainer --help)."
+
+
+def _tasks_knowing(unknown: list[str], task_class: type[Task]) -> list[str]:
+    """The other tasks that know every flag of `unknown`."""
+    return [
         other
         for other in task_names()
         if load_task(other) is not task_class
@@ -142,14 +166,33 @@ def unknown_flags_message(unknown: list[str], task_class: type[Task]) -> str:
             if _is_flag(token)
         ]
     ]
-    if knowing:
-        choices = " or ".join(f"--task {other}" for other in knowing)
+
+
+def _another_tasks_flags(
+    shown: str, knowing: list[str], task_class: type[Task], task_given: bool
+) -> str:
+    """Another task's flags on this line: add that --task where the line gives none (the task
+    was inferred or is the default); where it gives one, a second --task would be refused as
+    given twice, so: that task in its place, or the flags left out."""
+    choices = " or ".join(f"--task {other}" for other in knowing)
+    head = f"{shown}: flag(s) of {choices}, not of --task {task_name(task_class)}"
+    if task_given:
         return (
-            f"{' '.join(names)}: flag(s) of {choices}, not of --task "
-            f"{task_name(task_class)}; add {choices} (see python -m trainer --help)."
+            f"{head}, the --task given: give {choices} in its place, or leave them out "
+            "(see python -m trainer --help)."
         )
-    suggested = ", ".join(did_you_mean(name, task_class) for name in names)
-    return f"Unknown flag(s): {suggested} (see python -m trainer --help)."
+    return f"{head}; add {choices} (see python -m trainer --help)."
+
+
+def _as_typed(name: str, typed: Mapping[str, str]) -> str:
+    """`--max_length (read as --max_seq_length)` for a flag the user typed in a foreign
+    spelling; our own flag as itself."""
+    return f"{typed[name]} (read as {name})" if name in typed else name
+
+
+def _gives_task(argv: list[str]) -> bool:
+    """Whether `argv` gives --task (`--task X` or `--task=X`)."""
+    return any(canonical(token.split("=", 1)[0]) == "--task" for token in argv)
 
 
 def _is_flag(token: str) -> bool:
@@ -163,12 +206,15 @@ for a suggestion: a misspelling (`learning_rte`, 0.96) passes; a different flag 
 words (`sampling_rate` and `train_sampling_strategy`, 0.72) does not."""
 
 
-def did_you_mean(name: str, task_class: type[Task]) -> str:
+def did_you_mean(name: str, task_class: type[Task], typed: str | None = None) -> str:
     """`--learning_rte (did you mean --learning_rate?)`: the nearest of all the flags known
     here, when this task accepts it (ours, or a foreign spelling the table reads as ours,
     named as what it is read as: command_line/foreign_flags.py). Nothing when the nearest is
     refused or ignored by the table or read by another task only (`--max_seq_length` on a
-    speech line): a suggestion that fails or does nothing points the wrong way."""
+    speech line): a suggestion that fails or does nothing points the wrong way. `typed`: the
+    foreign flag the user typed for `name`, named instead (it was not mistyped)."""
+    if typed is not None:
+        return _as_typed(name, {name: typed})
     known = [flag[2:] for flag in known_flags()]
     close = difflib.get_close_matches(canonical(name)[2:], known, n=1, cutoff=SUGGESTION_CUTOFF)
     suggestion = close and accepted_spellings(task_class).get(close[0])

@@ -31,7 +31,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainer.command_line.example_flags import check_repeated_flags, translate_example_flags
+from trainer.command_line.example_flags import (
+    check_repeated_flags,
+    translate_example_flags,
+    typed_spellings,
+)
 from trainer.command_line.parser import FlagParser, ParsedFlags, parse_training_flags
 from trainer.command_line.recipes import command_line, config_file_flags, expand_config_file
 from trainer.common.cache import cache_dir
@@ -58,14 +62,16 @@ GIVE_BOTH = (
 def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> RunConfig:
     """The run's configuration: UserError (one line) for anything that cannot run."""
     check_repeated_flags(command_line(argv))  # a recipe's flags may be given again
-    translated, notices = translate_example_flags(expand_config_file(argv))
+    expanded = expand_config_file(argv)
+    translated, notices = translate_example_flags(expanded)
     launcher, training_argv = split_launcher_flags(translated)
     topology = resolve_topology(
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
     )
     deepspeed = resolve_deepspeed_config(launcher.deepspeed)
     training_argv, task_notices = with_inferred_task(training_argv, env, launcher.skip_hub_check)
-    first = parse_training_flags(training_argv)  # an unknown flag fails before anything else
+    # an unknown flag fails before anything else, named as the user typed it
+    first = parse_training_flags(training_argv, typed_spellings(expanded), bool(task_notices))
     training_argv, demo = with_model_and_data(first, training_argv, env)
     given = flag_names(training_argv)  # a recipe's flags count as given
     if task_notices:

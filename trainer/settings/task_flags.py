@@ -107,6 +107,11 @@ class TextArguments(ClassificationArguments):
         --text_column_name, joined by --text_column_delimiter (a space unless given)."""
         if self.joined_text_columns is None:
             return self
+        # As transformers' examples/pytorch/text-classification/run_classification.py does:
+        # its preprocess_function starts each example's "sentence" with the first column's
+        # value and appends `text_column_delimiter + value` for each further column; its
+        # --text_column_delimiter defaults to " ". The tasks join at tokenisation
+        # (trainer/tasks/text.py input_encoder), in the training processes and the checks.
         delimiter = " " if self.text_column_delimiter is None else self.text_column_delimiter
         return replace(self, text_column_name=self.joined_text_columns,
                        text_column_delimiter=delimiter, joined_text_columns=None)  # fmt: skip
