@@ -7,6 +7,9 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+import torch
+
 from tests.support.helpers import TEXT_COLUMNS, run_trainer, trainer_env
 from tests.support.sentiment_labels import SENTIMENTS
 
@@ -25,7 +28,7 @@ def sentiment_rows(dataset_dir, split: str) -> list[tuple[str, str, str]]:
                 for i, row in enumerate(csv.DictReader(handle))]  # fmt: skip
 
 
-def predict_run(text_assets, tmp_path, test_file):
+def predict_run(text_assets, tmp_path, test_file, *extra: str):
     """Two steps on the training file (the same columns as `test_file`: files of one
     dataset), then --do_predict over `test_file`."""
     model_dir, dataset_dir = text_assets
@@ -36,7 +39,7 @@ def predict_run(text_assets, tmp_path, test_file):
         "--model_name_or_path", str(model_dir), "--train_file", str(train_file),
         "--test_file", str(test_file), *TEXT_COLUMNS, "--max_seq_length", "16",
         "--per_device_eval_batch_size", "4", "--max_steps", "2", "--do_predict",
-        "--output_dir", "out",
+        "--output_dir", "out", *extra,
     ]  # fmt: skip
     code, output = run_trainer(args, cwd=tmp_path, env=trainer_env(tmp_path / "cache"), timeout=300)
     assert code == 0, output[-3000:]
@@ -47,19 +50,26 @@ def predict_run(text_assets, tmp_path, test_file):
 
 def test_do_predict_writes_predictions_and_their_accuracy_beside_the_model(text_assets, tmp_path):
     """One line per test example in the file's order, its id from the id column, its
-    reference the label's name, its prediction as the server answers; the accuracy in
-    test_results.json is the one the lines give. The model's own folder is left as it was
-    delivered."""
+    reference the label's name, its prediction as the server answers, the delivered
+    model's for that example's text; the accuracy in test_results.json is the one the lines
+    give. The model's own folder is left as it was delivered. Trained as run_glue.py's users
+    run it, with `--group_by_length`: it died at the first step (the Trainer found no
+    lengths), and the Trainer's evaluation sampler groups the test split by length too."""
     rows = sentiment_rows(text_assets[1], "test")
     test_file = tmp_path / "held_out.csv"
     write_table(test_file, rows)
-    lines, results, output = predict_run(text_assets, tmp_path, test_file)
+    lines, results, output = predict_run(text_assets, tmp_path, test_file, "--group_by_length")
     assert f"test predictions: {len(rows)} examples" in output
     assert [line["id"] for line in lines] == [row[0] for row in rows]
     assert [line["reference"] for line in lines] == [row[2] for row in rows]
     assert all(set(line["prediction"]) == {"label", "score"} for line in lines)
     assert all(line["prediction"]["label"] in SENTIMENTS for line in lines)
     assert all(0 < line["prediction"]["score"] <= 1 for line in lines)
+    expected = delivered_predictions(tmp_path / "out" / "model", [row[1] for row in rows])
+    assert [line["prediction"]["label"] for line in lines] == [label for label, _ in expected]
+    scores = [line["prediction"]["score"] for line in lines]  # two steps: close to 1/3 each
+    assert scores == pytest.approx([score for _, score in expected], abs=1e-6)
+    assert max(scores) - min(scores) > 1e-5, "scores this close could not tell examples apart"
     hits = [line["prediction"]["label"] == line["reference"] for line in lines]
     assert results["test_accuracy"] == sum(hits) / len(hits)
     assert results["test_samples"] == len(rows) and "test_macro_f1" in results
@@ -67,6 +77,22 @@ def test_do_predict_writes_predictions_and_their_accuracy_beside_the_model(text_
     assert not {"predictions.jsonl", "test_results.json"} & {
         entry["path"] for entry in manifest["files"]
     }
+
+
+def delivered_predictions(model_dir, texts: list[str]) -> list[tuple[str, float]]:
+    """The delivered model's likeliest label and its score for each text, computed in this
+    process one text at a time (as predict_run's --max_seq_length truncates it)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    predicted = []
+    for text in texts:
+        with torch.no_grad():
+            logits = model(**tokenizer(text, truncation=True, max_length=16, return_tensors="pt"))
+        score, label = logits.logits.softmax(-1)[0].max(-1)
+        predicted.append((model.config.id2label[label.item()], score.item()))
+    return predicted
 
 
 def test_a_test_split_without_labels_is_predicted_not_scored(text_assets, tmp_path):
@@ -84,7 +110,9 @@ def test_a_test_split_without_labels_is_predicted_not_scored(text_assets, tmp_pa
 def test_speech_do_predict_writes_generated_text_named_by_clip(demo_assets, demo_cache, tmp_path):
     """Speech predicts as its evaluation does, by generation: each line's prediction is the
     decoded text ({"text": ...}, the server's shape), its id the clip's file name, its
-    reference the transcript; test_results.json has the word error rate."""
+    reference the transcript; test_results.json has the word error rate. With the example
+    scripts' `--group_by_length`, which once ended such a run after delivery (the Trainer's
+    evaluation sampler looked for the test split's lengths), the split is predicted in order."""
     from tests.support.tiny_assets import write_tone_speech
     from trainer.node.demo_assets import DEMO_SENTENCES
 
@@ -95,7 +123,7 @@ def test_speech_do_predict_writes_generated_text_named_by_clip(demo_assets, demo
         "--model_name_or_path", str(demo_assets.model_dir),
         "--dataset_name", str(tmp_path / "speech"), "--text_column_name", "transcription",
         "--max_steps", "1", "--eval_strategy", "no", "--generation_max_length", "8",
-        "--do_predict", "--output_dir", "out",
+        "--group_by_length", "--do_predict", "--output_dir", "out",
     ]  # fmt: skip
     code, output = run_trainer(args, cwd=tmp_path, env=trainer_env(demo_cache), timeout=300)
     assert code == 0, output[-3000:]

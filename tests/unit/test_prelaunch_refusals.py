@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -387,6 +388,79 @@ def test_a_submission_waits_for_a_freshly_started_cluster_s_job_agent(jobs_api, 
     with pytest.raises(UserError, match="refused the job: .*No available agent .*try again later"):
         ray_submit.submit(client, clock=lambda: next(now), sleep=naps.append, entrypoint="x")
     assert 1 < len(JobsApi.submissions) <= 1 + ray_submit.AGENT_WAIT_SECONDS / 30 + 1
+
+
+class ShellJobsApi(http.server.BaseHTTPRequestHandler):
+    """Ray's job REST API as a cluster answers it, each job's entrypoint run by a shell whose
+    PATH starts with `bin` (the cluster's `python`), to its end, when it is submitted."""
+
+    bin: Path
+    jobs: dict[str, dict] = {}
+
+    def do_GET(self):
+        import ray
+
+        parts = self.path.strip("/").split("/")  # api, version | api, jobs, ID[, logs]
+        if parts[1] == "version":
+            self._answer({"ray_version": ray.__version__, "version": "4"})
+        elif len(parts) == 4:
+            self._answer({"logs": self.jobs[parts[2]]["logs"]})
+        else:
+            job = self.jobs[parts[2]]
+            self._answer({key: job[key] for key in ("type", "status", "entrypoint")})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        path = f"{self.bin}:{os.environ['PATH']}"
+        done = subprocess.run(body["entrypoint"], shell=True, capture_output=True, text=True,
+                              env={**os.environ, "PATH": path})  # fmt: skip
+        job_id = f"raysubmit_{len(self.jobs)}"
+        self.jobs[job_id] = {
+            "type": "SUBMISSION",
+            "entrypoint": body["entrypoint"],
+            "status": "SUCCEEDED" if done.returncode == 0 else "FAILED",
+            "logs": done.stdout + done.stderr,
+        }
+        self._answer({"submission_id": job_id, "job_id": job_id})
+
+    def _answer(self, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("python", ["bare", "this"])
+def test_the_probe_job_reports_the_cluster_pythons_packages(python, bare_python):
+    """The probe job, submitted by the real client to the job API on loopback and run by the
+    cluster's `python` as Ray runs an entrypoint: a Python without the dependencies is refused
+    in one line naming them and both ways to a Python that has them; this Python passes. (The
+    whole submission on a real cluster: tests/processes/test_ray_runs.py, slow.)"""
+    ShellJobsApi.bin = (bare_python if python == "bare" else Path(sys.executable)).parent
+    ShellJobsApi.jobs = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ShellJobsApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = ray_submit.connect(f"http://127.0.0.1:{server.server_address[1]}")
+        required = ray_submit.required_distributions()
+        job_env = ray_submit.runtime_env(["HF_TOKEN"], {})
+        del job_env["working_dir"], job_env["excludes"]  # no upload: the API has no packages
+        if python == "this":
+            ray_submit.check_cluster_python(client, job_env, required)
+            return
+        with pytest.raises(UserError) as refusal:
+            ray_submit.check_cluster_python(client, job_env, required)
+    finally:
+        server.shutdown()
+    names = ", ".join(req.name for req in required)
+    assert str(refusal.value) == f"the Ray cluster's python lacks {names}; {ray_submit.CLUSTER_FIX}"
+    assert "docker/Dockerfile.ray" in str(refusal.value) and "runtime" in str(refusal.value)
+    assert [job["status"] for job in ShellJobsApi.jobs.values()] == ["SUCCEEDED"]
 
 
 # --register_model -----------------------------------------------------------------------------

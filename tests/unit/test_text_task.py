@@ -16,6 +16,7 @@ from transformers import EvalPrediction, TrainingArguments
 
 from tests.support.helpers import checked_task
 from tests.support.sentiment_labels import SENTIMENTS
+from tests.support.tiny_assets import write_paraphrase_csv
 from trainer.command_line.parser import parse_flags
 from trainer.command_line.recipes import RECIPES_DIR, config_file_flags
 from trainer.common.errors import UserError
@@ -137,6 +138,40 @@ def test_collator_truncates_and_pads_to_the_longest_text(text_assets):
     long = {"text": " ".join(["operating profit rose"] * 10), "label": "neutral"}
     assert collate([*short, long])["input_ids"].shape[1] == 8
     assert torch.isfinite(model(**batch).loss)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["one-text", "sentence-pair"])
+def test_group_by_length_gets_the_token_counts_the_collator_makes(pair, text_assets, tmp_path):
+    """`--group_by_length` (run_glue.py's): the Trainer's samplers read each example's length
+    from the length column, else from `input_ids`, which raw rows lack (the collator
+    tokenises): the task counts the collator's tokens, truncation and a pair's two texts
+    included, for the training and evaluation splits."""
+    dataset, columns, limit = text_assets[1], COLUMNS, 12  # texts of 7 to 14 tokens
+    if pair:  # pairs of 14 to 24 tokens
+        dataset, limit = tmp_path / "pairs", 20
+        columns = ["--text_column_name", "sentence1,sentence2", "--eval_split_name", "validation"]
+        write_paraphrase_csv(dataset)
+    task = text_task(text_assets[0], dataset, *columns, "--max_seq_length", str(limit),
+                     "--group_by_length")  # fmt: skip
+    model, tokenizer = task.build_model_and_processor()
+    train, evaluation = task.load_datasets(tokenizer)
+    collate = task.data_collator(tokenizer)
+    for split in (train, evaluation):
+        made = [collate([example])["attention_mask"].sum().item() for example in split]
+        assert split["length"] == made
+    assert len(set(train["length"])) > 1 and max(train["length"]) == limit, "some truncated"
+
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), train_sampling_strategy="group_by_length",
+        use_cpu=True, report_to=[], remove_unused_columns=False,
+    )  # fmt: skip
+    trainer = task.trainer_class(model=model, args=args, train_dataset=train,
+                                 processing_class=tokenizer)  # fmt: skip
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler) and sampler.lengths == train["length"]
+    assert trainer._get_eval_sampler(evaluation).lengths == evaluation["length"]
 
 
 def test_accuracy_and_macro_f1():

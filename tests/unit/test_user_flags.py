@@ -13,7 +13,7 @@ import shlex
 import pytest
 from datasets import load_dataset
 
-from tests.support.helpers import checked_task, speech_task, task_of
+from tests.support.helpers import CPU, checked_task, speech_task, task_of
 from tests.support.helpers import offline_dry_run as dry_run
 from tests.support.tiny_assets import (
     build_tiny_bert,
@@ -31,6 +31,7 @@ from trainer.command_line.foreign_flags import (
 )
 from trainer.command_line.parser import known_flags
 from trainer.launcher import main as launch
+from trainer.node import machine
 
 # Every dataclass field of the Hugging Face example scripts (examples/pytorch/..., current
 # and earlier revisions), the Whisper event's additions, transformers 4.57's
@@ -166,6 +167,49 @@ def test_a_foreign_spelling_is_read_as_ours(given, expected, bert_and_tables, ca
     for group, values in expected.items():
         for key, value in values.items():
             assert str(config["flags"][group][key]) == str(value), (key, config["flags"][group])
+
+
+IMAGE_REFUSAL = (
+    "groups examples by length, and every image is resized to the model's one input size"
+)
+
+
+@pytest.mark.parametrize(
+    ("task", "given", "expected"),
+    [
+        ("speech", "--deepspeed none",
+         {"deepspeed": None, "accelerator_config": {"use_configured_state": True}}),
+        ("speech", "--group_by_length", {"train_sampling_strategy": "group_by_length"}),
+        ("text", "--group_by_length", {"train_sampling_strategy": "group_by_length"}),
+        ("image", "--group_by_length", "--train_sampling_strategy group_by_length "
+         f"(--group_by_length) {IMAGE_REFUSAL}: leave it out."),
+        ("image", "--train_sampling_strategy batch_rebalance",
+         f"--train_sampling_strategy batch_rebalance {IMAGE_REFUSAL}: leave it out."),
+    ],
+)  # fmt: skip
+def test_lines_that_died_after_launch_are_planned_or_refused(
+    task, given, expected, demo_assets, image_assets, bert_and_tables, monkeypatch, capsys
+):
+    """Command lines a CPU node's launcher once planned and whose training processes then
+    died at start (one process without DeepSpeed, in a state the Trainer was told to reuse
+    and none had made; lengths the Trainer found nowhere): planned with what the training
+    processes read, or one line where the task cannot do it (images have no length). They
+    train for real in tests/processes/test_cli_runs.py and test_test_predictions.py."""
+    monkeypatch.setattr(machine, "detect_hardware", lambda: CPU)
+    data = {
+        "speech": [demo_assets.model_dir, demo_assets.dataset_dir, "--text_column_name",
+                   "transcription"],
+        "text": [bert_and_tables / "bert", bert_and_tables / "sentiment", *SENTIMENT_COLUMNS],
+        "image": [*image_assets, "--task", "image-classification"],
+    }[task]  # fmt: skip
+    args = ["--model_name_or_path", *data[:1], "--dataset_name", *data[1:]]
+    code, config, err = dry_run([*args, *shlex.split(given)], capsys)
+    if isinstance(expected, str):
+        assert code == 2 and err == f"error: {expected}\n", err
+        return
+    assert code == 0, err
+    for name, value in expected.items():
+        assert config["flags"]["training"][name] == value
 
 
 def test_launcher_spellings_reach_the_launcher(bert_and_tables, capsys):

@@ -53,6 +53,7 @@ from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, Trainin
 from trainer.settings.task_flags import DEFAULT_TASK
 from trainer.storage.locations import resolve_output_locations
 from trainer.tasks import Task, load_task
+from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
@@ -85,6 +86,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     training["deepspeed"] = None if deepspeed is None else str(deepspeed)
     task_class = load_task(flags.task)
     training |= required_training_arguments(task_class, flags, training, hardware)
+    task_class.check_training_values(training)
     check_streaming(data, training)
     check_hub_token(training, launcher)
     return RunConfig(
@@ -314,7 +316,7 @@ def check_streaming(data: DataArguments, training: Mapping[str, Any]) -> None:
             "cannot say when training ends (a shard set's index.json gives the examples "
             "per epoch: max_steps = examples / (batch size x processes) per epoch)."
         )
-    if training["train_sampling_strategy"] in ("group_by_length", "batch_rebalance"):
+    if training["train_sampling_strategy"] in LENGTH_SAMPLING_STRATEGIES:
         raise UserError(
             f"--train_sampling_strategy {training['train_sampling_strategy']} needs every "
             "example's length before training, which a stream does not have: leave it out."

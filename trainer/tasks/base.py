@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from trainer.settings.data_flags import DataArguments
     from trainer.settings.model_flags import ModelArguments
 
+LENGTH_SAMPLING_STRATEGIES = ("group_by_length", "batch_rebalance")
+"""`--train_sampling_strategy` values whose Trainer samplers read each example's length: from the
+dataset's `--length_column_name` column, else from the model's input column, which no task's
+raw rows have (inputs are made in the collator), so a task that takes them writes the column."""
+
 
 class Task(ABC):
     arguments_class: ClassVar[type]
@@ -106,6 +111,15 @@ class Task(ABC):
             )
         except ValueError as error:
             raise UserError(f"--dataset_name {self.data_args.dataset_name}: {error}") from None
+
+    @property
+    def length_column(self) -> str | None:
+        """The column each example's length goes in, when `--train_sampling_strategy` asks
+        for lengths (the training and evaluation splits; a test split is predicted in its
+        own order); None otherwise."""
+        if self.training.get("train_sampling_strategy") in LENGTH_SAMPLING_STRATEGIES:
+            return self.training["length_column_name"]
+        return None
 
     @property
     def trainer_class(self) -> Callable[..., Trainer]:
@@ -178,6 +192,11 @@ class Task(ABC):
         """TrainingArguments values the task needs whatever the flags say (resolution
         applies them to the flags' `training` values)."""
         return {}
+
+    @classmethod
+    def check_training_values(cls, training: Mapping[str, Any]) -> None:
+        """UserError for TrainingArguments values the task cannot train with; resolution
+        calls it, so every way in refuses them before launch, not the Trainer after it."""
 
     @abstractmethod
     def load_datasets(self, processor: Any) -> tuple[Dataset, Dataset | None]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,7 @@ from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
 from trainer.settings.task_flags import ImageArguments
+from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES
 from trainer.tasks.classification import LABEL, ClassificationTask, LabelSet
 
 if TYPE_CHECKING:
@@ -85,6 +86,18 @@ class ImageClassificationTask(ClassificationTask):
                 "(DIR/CLASS/*.jpg), or one folder per split holding those (DIR/train/CLASS/*.jpg)."
             )
         return LocalLayout(builder="imagefolder", splits=splits, columns=frozenset({IMAGE, LABEL}))
+
+    @classmethod
+    def check_training_values(cls, training: Mapping[str, Any]) -> None:
+        """Every image is resized to the model's one input size, so examples have no length
+        to group by; the Trainer would look for a `pixel_values` column raw rows lack."""
+        strategy = training["train_sampling_strategy"]
+        if strategy in LENGTH_SAMPLING_STRATEGIES:
+            spelling = " (--group_by_length)" if strategy == "group_by_length" else ""
+            raise UserError(
+                f"--train_sampling_strategy {strategy}{spelling} groups examples by length, "
+                "and every image is resized to the model's one input size: leave it out."
+            )
 
     def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
         return {"labels": labels, "scores": scores}

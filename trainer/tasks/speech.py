@@ -57,9 +57,6 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 
-LENGTH_SAMPLING_STRATEGIES = ("group_by_length", "batch_rebalance")
-"""Trainer sampling strategies that read per-example lengths (the label token counts here)."""
-
 COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
 """Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
 
@@ -141,13 +138,6 @@ class SpeechRecognitionTask(Task):
             required["generation_max_length"] = 225
         return required
 
-    @property
-    def _length_column(self) -> str | None:
-        """Where label lengths go, when the sampling strategy groups by length."""
-        if self.training.get("train_sampling_strategy") in LENGTH_SAMPLING_STRATEGIES:
-            return self.training["length_column_name"]
-        return None
-
     def build_model_and_processor(self):
         from transformers import WhisperProcessor
 
@@ -215,7 +205,7 @@ class SpeechRecognitionTask(Task):
             where = f"split {data.eval_split_name} of {data.dataset_name}"
         if evaluation is not None:  # its undecodable clips counted, none dropped for length
             evaluation = filter_by_duration(evaluation, 0.0, math.inf, data, where, False)
-        if self._length_column:
+        if self.length_column:
             train = self._with_label_lengths(train, processor.tokenizer)
             if evaluation is not None:
                 evaluation = self._with_label_lengths(evaluation, processor.tokenizer)
@@ -250,7 +240,7 @@ class SpeechRecognitionTask(Task):
 
         def label_lengths(texts: list[str]) -> dict[str, list[int]]:
             encoded = tokenizer([normalize(text) for text in texts]).input_ids
-            return {self._length_column: [len(ids) for ids in encoded]}
+            return {self.length_column: [len(ids) for ids in encoded]}
 
         return dataset.map(
             label_lengths, batched=True, input_columns=["text"], desc="Counting label tokens"

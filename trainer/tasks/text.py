@@ -16,12 +16,17 @@ from __future__ import annotations
 import math
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
 from trainer.data.checks import split_names
 from trainer.data.sources import LocalLayout, table_header
+from trainer.data.streams import is_stream
 from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 TABLE_FORMATS = {
     ".csv": ("csv", {}),
@@ -154,18 +159,45 @@ class TextClassificationTask(ClassificationTask):
             )
         return model, tokenizer
 
+    def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
+        """The classification splits, with each example's token count where
+        `--train_sampling_strategy` groups by length (`--group_by_length`): the Trainer's
+        samplers would look for `input_ids`, which raw rows lack (the collator tokenises)."""
+        train, evaluation = super().load_datasets(processor)
+        if self.length_column is None or is_stream(train):  # a stream is refused at launch
+            return train, evaluation
+        train = self._with_token_counts(train, processor)
+        if evaluation is not None:  # the Trainer groups evaluation batches by length too
+            evaluation = self._with_token_counts(evaluation, processor)
+        return train, evaluation
+
+    def _with_token_counts(self, dataset: Dataset, tokenizer) -> Dataset:
+        """The tokens the collator will give each example (truncated to `--max_seq_length`,
+        special tokens and a pair's two texts included), in the length column."""
+        encode = self.input_encoder(tokenizer, padded=False)
+        columns = list(self.input_renames().values())
+
+        def token_counts(*texts: list) -> dict[str, list[int]]:
+            inputs = texts[0] if len(texts) == 1 else list(zip(*texts, strict=True))
+            return {self.length_column: [len(ids) for ids in encode(inputs)["input_ids"]]}
+
+        return dataset.map(
+            token_counts, batched=True, input_columns=columns, desc="Counting tokens"
+        )
+
     def input_renames(self) -> dict[str, str]:
         """One column is `text`; more are `text`, `text_pair`, `text_2`... in their order."""
         names = ["text", "text_pair", *(f"text_{i}" for i in range(2, 64))]
         return dict(zip(self.options.text_columns(), names, strict=False))
 
-    def input_encoder(self, tokenizer):
+    def input_encoder(self, tokenizer, padded: bool = True):
+        """Collator-shaped inputs (texts, or tuples of a row's texts) -> token ids, as a batch
+        (padded tensors), or unpadded lists to count each example's tokens."""
         tokenize = partial(
             tokenizer,
             truncation=True,
             max_length=self.options.max_seq_length,
-            padding=True,
-            return_tensors="pt",
+            **({"padding": True, "return_tensors": "pt"} if padded else {}),
         )
         delimiter = self.options.text_column_delimiter
         if len(self.options.text_columns()) == 1:

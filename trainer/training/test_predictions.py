@@ -16,6 +16,7 @@ manifest, written last at delivery, lists exactly the model's files.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.data.example_ids import EXAMPLE_ID
@@ -42,7 +43,8 @@ def predict_test(run) -> None:
         test = task.load_test_split(processor)
     if trainer.compute_metrics is None:  # a run without an evaluation split has none yet
         trainer.compute_metrics = task.compute_metrics(processor)
-    output = trainer.predict(test, metric_key_prefix="test")
+    with in_split_order(trainer.args):
+        output = trainer.predict(test, metric_key_prefix="test")
     trainer.save_metrics("test", {**output.metrics, "test_samples": len(test)})  # rank 0 writes
     if not run.place.is_global_main:
         return
@@ -53,6 +55,20 @@ def predict_test(run) -> None:
     open_store(destination).upload(local, [PREDICTIONS, RESULTS])
     print(f"test predictions: {len(test)} examples of split {task.data_args.test_split_name}; "
           f"{PREDICTIONS} and {RESULTS} saved to {destination}", flush=True)  # fmt: skip
+
+
+@contextmanager
+def in_split_order(args):
+    """The Trainer's evaluation sampler reads `--train_sampling_strategy` too: under
+    `group_by_length` it groups a split's examples by length, which would hand predictions back
+    in another order than the ids and references (and needs a length column a test split does
+    not get: a ValueError after delivery). Predictions are made in the split's own order."""
+    strategy = args.train_sampling_strategy
+    args.train_sampling_strategy = "sequential"
+    try:
+        yield
+    finally:
+        args.train_sampling_strategy = strategy
 
 
 def write_predictions(path: Path, ids, references: list, predictions: list[dict]) -> None:
