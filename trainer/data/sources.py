@@ -40,6 +40,14 @@ class LocalLayout:
     columns: frozenset[str]
     """The columns an example will have (read from headers, not from the data)."""
     load_kwargs: dict = field(default_factory=dict)
+    split_columns: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Split name -> its own columns, where splits may differ (one table per split: a test
+    file without labels, which `load_dataset` reads as it is); empty: each has `columns`."""
+
+    def columns_of(self, splits: Iterable[str]) -> frozenset[str]:
+        """The columns every one of `splits` has."""
+        own = [self.split_columns[name] for name in splits if name in self.split_columns]
+        return frozenset.intersection(*own) if own else self.columns
 
 
 FILES = "the data files (--train_file ...)"
@@ -165,6 +173,38 @@ def table_header(path: Path) -> list[str]:
         return list(json.loads(first_line)) if first_line.strip() else []
     delimiter = "\t" if path.suffix == ".tsv" else ","
     return next(csv.reader([first_line], delimiter=delimiter), [])
+
+
+def table_column(path: Path, column: str) -> list | None:
+    """The values of one column of a table file, as `datasets` reads them (an empty CSV cell
+    is None); None when they cannot be read here, which leaves the judgement to the
+    training processes' reader. Only that column is parsed (a Parquet file's is read alone)."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path, columns=[column]).column(0).to_pylist()
+        if path.suffix in (".csv", ".tsv"):
+            from pyarrow import csv as arrow_csv
+
+            table = arrow_csv.read_csv(
+                path,
+                parse_options=arrow_csv.ParseOptions(
+                    delimiter="\t" if path.suffix == ".tsv" else ",", newlines_in_values=True
+                ),
+                convert_options=arrow_csv.ConvertOptions(
+                    include_columns=[column], strings_can_be_null=True
+                ),
+            )
+            return table.column(0).to_pylist()
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [row.get(column) for row in rows]
+    except Exception:  # noqa: BLE001 - any failure: not known here
+        return None
 
 
 FOLDER_METADATA = ("metadata.csv", "metadata.jsonl")

@@ -347,13 +347,13 @@ class ClassificationTask(Task):
             values.update(labels)
         return sorted(values)
 
-    def check_inputs(self) -> None:
+    def check_inputs(self) -> list[str]:
         if self.data_args.streaming and self.options.class_weights == "balanced":
             raise UserError(
                 "--class_weights balanced counts the training split, which a stream cannot "
                 "do before training: give one weight per label (e.g. 1,2.5,1)."
             )
-        super().check_inputs()
+        return super().check_inputs()
 
     @classmethod
     def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
