@@ -8,6 +8,7 @@ task objects the training processes build."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import shutil
 
 import pytest
@@ -64,6 +65,38 @@ def test_a_missing_evaluation_split_points_to_the_one_the_dataset_has(
     )
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
     assert err.rstrip().endswith("--eval_strategy no trains without)"), err
+
+
+def test_a_hub_dataset_without_the_evaluation_split_names_the_one_it_has(tables, monkeypatch):
+    """A hub dataset's splits are known only when the training processes load it: its
+    missing evaluation split is the launcher's line for a local one, not `datasets`' own
+    (`Unknown split "test". Should be one of [...]`); a missing training split gets no
+    evaluation hint. The hub is played by `datasets`' csv builder over the MRPC files."""
+    import datasets
+
+    from trainer.data.sources import load_split
+
+    load = datasets.load_dataset
+    files = {split: str(tables / "mrpc" / f"{split}.csv") for split in ("train", "validation")}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config, cache_dir, **kwargs: load(
+        "csv", data_files=files, **kwargs))  # fmt: skip
+    task = task_of([*TEXT, "--model_name_or_path", tables / "bert", "--dataset_name", "org/pairs",
+                    "--text_column_name", "sentence1,sentence2"])  # fmt: skip
+    for spec, streaming, hint in (
+        ("test", False, " (--eval_split_name validation evaluates on its validation split; "),
+        ("test", True, " (--eval_split_name validation evaluates on its validation split; "),
+        ("train+dev", False, ""),
+    ):
+        data = dataclasses.replace(
+            task.data_args, train_split_name="train+dev", streaming=streaming
+        )
+        with pytest.raises(UserError) as refused:
+            load_split(data, None, spec, task.detect_local_layout)
+        missing = "dev" if spec == "train+dev" else "test"
+        assert str(refused.value).startswith(
+            f'Split "{missing}" not found in org/pairs: it has train, validation.{hint}'
+        ), refused.value
+        assert bool(hint) == str(refused.value).endswith("--eval_strategy no trains without)")
 
 
 def test_a_test_file_alone_names_what_is_missing(tables, capsys):
