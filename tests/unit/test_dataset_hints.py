@@ -180,6 +180,14 @@ def test_an_evaluation_split_without_labels_is_refused_in_the_training_processes
     hidden = r"^split test of .* has no labels \(a benchmark's test split hides them\): train"
     with pytest.raises(UserError, match=hidden):
         task.load_datasets(tokenizer)
+    # integers, as a CSV holds them: -1 is "no label" too (the training split has no -1), and
+    # --do_predict predicts such a split without scoring it
+    folder = with_test_labels(tables, tmp_path / "csv", "-1", validation=False)
+    task = task_of([*on(tables, folder), *PAIR])
+    _, tokenizer = task.build_model_and_processor()
+    with pytest.raises(UserError, match=hidden):
+        task.load_datasets(tokenizer)
+    assert "label" not in task.load_test_split(tokenizer).column_names
 
 
 def with_test_labels(source, target, labels: str | None, validation: bool = True):
