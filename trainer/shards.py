@@ -34,7 +34,7 @@ from trainer.common.errors import UserError
 from trainer.common.quiet import silence_known_noise
 from trainer.data.checks import check_columns
 from trainer.data.shard_index import INDEX, KEY_COLUMN, Shard, ShardIndex
-from trainer.data.sources import local_directory
+from trainer.data.sources import check_metadata_files, local_directory
 from trainer.data.tar_shards import index_in_place, write_tar
 from trainer.storage.store import open_store
 
@@ -59,6 +59,7 @@ def write_shards(
     the index last."""
     directory = local_directory(source)
     layout = task.detect_local_layout(directory)
+    check_metadata_files(layout)  # as the launcher does: a bad byte named, with its file
     splits: dict[str, list[Shard]] = {}
     features = None
     labels = None

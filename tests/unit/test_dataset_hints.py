@@ -7,6 +7,8 @@ task objects the training processes build."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import shutil
 
 import pytest
@@ -63,6 +65,38 @@ def test_a_missing_evaluation_split_points_to_the_one_the_dataset_has(
     )
     assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
     assert err.rstrip().endswith("--eval_strategy no trains without)"), err
+
+
+def test_a_hub_dataset_without_the_evaluation_split_names_the_one_it_has(tables, monkeypatch):
+    """A hub dataset's splits are known only when the training processes load it: its
+    missing evaluation split is the launcher's line for a local one, not `datasets`' own
+    (`Unknown split "test". Should be one of [...]`); a missing training split gets no
+    evaluation hint. The hub is played by `datasets`' csv builder over the MRPC files."""
+    import datasets
+
+    from trainer.data.sources import load_split
+
+    load = datasets.load_dataset
+    files = {split: str(tables / "mrpc" / f"{split}.csv") for split in ("train", "validation")}
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config, cache_dir, **kwargs: load(
+        "csv", data_files=files, **kwargs))  # fmt: skip
+    task = task_of([*TEXT, "--model_name_or_path", tables / "bert", "--dataset_name", "org/pairs",
+                    "--text_column_name", "sentence1,sentence2"])  # fmt: skip
+    for spec, streaming, hint in (
+        ("test", False, " (--eval_split_name validation evaluates on its validation split; "),
+        ("test", True, " (--eval_split_name validation evaluates on its validation split; "),
+        ("train+dev", False, ""),
+    ):
+        data = dataclasses.replace(
+            task.data_args, train_split_name="train+dev", streaming=streaming
+        )
+        with pytest.raises(UserError) as refused:
+            load_split(data, None, spec, task.detect_local_layout)
+        missing = "dev" if spec == "train+dev" else "test"
+        assert str(refused.value).startswith(
+            f'Split "{missing}" not found in org/pairs: it has train, validation.{hint}'
+        ), refused.value
+        assert bool(hint) == str(refused.value).endswith("--eval_strategy no trains without)")
 
 
 def test_a_test_file_alone_names_what_is_missing(tables, capsys):
@@ -131,7 +165,8 @@ def test_glue_s_unlabelled_test_split_is_refused_before_launch(
 
 def test_an_evaluation_split_without_labels_is_refused_in_the_training_processes(tables, tmp_path):
     """A split whose labels are all datasets' "no label" (-1 of a ClassLabel), as a
-    benchmark's hidden test split: refused when the training processes load it."""
+    benchmark's hidden test split: refused when the training processes load it (a hub
+    dataset's labels are known only then; a local one's are refused before launch, below)."""
     from datasets import ClassLabel, Dataset, Features, Value
 
     features = Features({"sentence": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
@@ -140,12 +175,134 @@ def test_an_evaluation_split_without_labels_is_refused_in_the_training_processes
                       features=features).to_parquet(tmp_path / "train.parquet")  # fmt: skip
     Dataset.from_dict({"sentence": ["A quiet quarter."] * 4, "label": [-1] * 4},
                       features=features).to_parquet(tmp_path / "test.parquet")  # fmt: skip
-    task = checked_task("text-classification", tables / "bert", tmp_path,
-                        "--text_column_name", "sentence")  # fmt: skip
+    task = task_of([*on(tables, tmp_path), "--text_column_name", "sentence"])
     _, tokenizer = task.build_model_and_processor()
     hidden = r"^split test of .* has no labels \(a benchmark's test split hides them\): train"
     with pytest.raises(UserError, match=hidden):
         task.load_datasets(tokenizer)
+    # integers, as a CSV holds them: -1 is "no label" too (the training split has no -1), and
+    # --do_predict predicts such a split without scoring it
+    folder = with_test_labels(tables, tmp_path / "csv", "-1", validation=False)
+    task = task_of([*on(tables, folder), *PAIR])
+    _, tokenizer = task.build_model_and_processor()
+    with pytest.raises(UserError, match=hidden):
+        task.load_datasets(tokenizer)
+    assert "label" not in task.load_test_split(tokenizer).column_names
+
+
+def with_test_labels(source, target, labels: str | None, validation: bool = True):
+    """`source`'s MRPC-shaped train (and validation) CSVs in `target`, and a test.csv of the
+    validation rows whose labels are all `labels` (None: no label column), as a benchmark's
+    test split saved to a file."""
+    target.mkdir()
+    for split in ("train", "validation") if validation else ("train",):
+        shutil.copy(source / "mrpc" / f"{split}.csv", target / f"{split}.csv")
+    with (source / "mrpc" / "validation.csv").open(newline="") as handle:
+        rows = [row[:2] for row in csv.reader(handle)][1:]
+    with (target / "test.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["sentence1", "sentence2"] + (["label"] if labels is not None else []))
+        writer.writerows(row + ([labels] if labels is not None else []) for row in rows)
+    return target
+
+
+PAIR = ["--text_column_name", "sentence1,sentence2"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "validation", "why", "instead"),
+    [
+        ("-1", True, "every one is -1", "evaluate on --eval_split_name validation."),
+        ("", True, "every one is empty", "evaluate on --eval_split_name validation."),
+        (None, True, 'no "label" column', "evaluate on --eval_split_name validation."),
+        ("-1", False, "every one is -1", "--train_val_split 0.15 evaluates on a part of the "
+         "training split; --eval_strategy no trains without."),
+    ],
+)  # fmt: skip
+def test_a_local_evaluation_split_without_labels_is_refused_before_launch(
+    tables, tmp_path, capsys, labels, validation, why, instead
+):
+    """GLUE's test split saved as a file (-1, empty cells, or no label column) is the
+    evaluation split by default: one line before launch naming a split with labels, not a
+    line from every training process after the nodes started (or a -1 class scored)."""
+    folder = with_test_labels(tables, tmp_path / "glue", labels, validation)
+    code, _, err = dry_run([*on(tables, folder), *PAIR], capsys)
+    assert code == 2 and err == (
+        f'error: Split "test" of {folder} has no labels ({why}): {instead}\n'
+    ), err
+    if validation:
+        code, _, err = dry_run([*on(tables, folder), *PAIR, "--eval_split_name", "validation"],
+                               capsys)  # fmt: skip
+        assert code == 0, err  # the unlabelled test file is not read
+
+
+def test_files_and_parquet_without_labels_are_refused_and_a_minus_one_class_is_not(
+    tables, tmp_path, capsys
+):
+    """--validation_file with -1 labels; a Parquet test split of a ClassLabel's -1; and
+    -1 as a class of the training split (a -1/0/1 scale), which is a label."""
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    folder = with_test_labels(tables, tmp_path / "files", "-1")
+    files = ["--train_file", folder / "train.csv", "--validation_file", folder / "test.csv",
+             "--test_file", folder / "validation.csv"]  # fmt: skip
+    model = [*TEXT, "--model_name_or_path", tables / "bert"]
+    code, _, err = dry_run([*model, *files, *PAIR], capsys)
+    assert code == 2 and err == (
+        'error: Split "validation" of the data files (--train_file ...) has no labels (every '
+        "one is -1): evaluate on --eval_split_name test.\n"
+    ), err
+    features = Features({"sentence1": Value("string"), "sentence2": Value("string"),
+                         "label": ClassLabel(names=["no", "yes"])})  # fmt: skip
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    for split, labels in (("train", [0, 1] * 4), ("test", [-1] * 8)):
+        Dataset.from_dict({"sentence1": ["a b"] * 8, "sentence2": ["c d"] * 8, "label": labels},
+                          features=features).to_parquet(parquet / f"{split}.parquet")  # fmt: skip
+    code, _, err = dry_run([*on(tables, parquet), *PAIR], capsys)
+    assert code == 2 and err.startswith(
+        f'error: Split "test" of {parquet} has no labels (every one is -1): --train_val_split'
+    ), err
+    scale = tmp_path / "scale"
+    scale.mkdir()
+    (scale / "train.csv").write_text("sentence,label\nbad,-1\nfine,0\ngood,1\n")
+    (scale / "test.csv").write_text("sentence,label\nawful,-1\n")
+    code, _, err = dry_run([*on(tables, scale), "--text_column_name", "sentence"], capsys)
+    assert code == 0, err
+
+
+def test_one_half_of_a_sentence_pair_is_said_before_launch(tables, capsys):
+    """The issue's GLUE line with one text column, and the same shape in local files: a
+    notice of the launcher (the training processes say it again once they load the
+    split); the pair itself, none."""
+    warning = (
+        "warning: --text_column_name sentence1 trains on one text of each example, but the "
+        "dataset also has sentence2, the other half of the pair: --text_column_name "
+        "sentence1,sentence2 trains on both"
+    )
+    glue = [*TEXT, "--model_name_or_path", tables / "bert", "--dataset_name", "nyu-mll/glue",
+            "--dataset_config_name", "mrpc", "--eval_split_name", "validation"]  # fmt: skip
+    for data in (glue, [*on(tables), "--eval_split_name", "validation"]):
+        code, _, err = dry_run([*data, "--text_column_name", "sentence1"], capsys)
+        assert code == 0 and warning in err.splitlines(), err
+        code, _, err = dry_run([*data, *PAIR], capsys)
+        assert code == 0 and "warning" not in err, err
+
+
+def test_a_glue_config_s_columns_are_checked_before_launch(tables, capsys):
+    """GLUE's columns are known (run_glue.py's task_to_keys): a text column a config lacks is
+    one line before launch that says how to give its pair, not a failure in every training
+    process."""
+    glue = [*TEXT, "--model_name_or_path", tables / "bert", "--dataset_name", "nyu-mll/glue",
+            "--eval_split_name", "validation", "--dataset_config_name"]  # fmt: skip
+    code, _, err = dry_run([*glue, "qnli"], capsys)
+    assert code == 2 and err == (
+        'error: Column "text" (--text_column_name) not found in nyu-mll/glue qnli; its columns '
+        "are: idx, label, question, sentence. Its sentence pair: --text_column_name "
+        "question,sentence.\n"
+    ), err
+    code, _, err = dry_run([*glue, "sst2", "--text_column_name", "sentence"], capsys)
+    assert code == 0, err
 
 
 def test_text_column_names_joins_the_columns_into_one_text_as_run_classification_does(

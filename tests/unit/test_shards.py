@@ -115,6 +115,27 @@ def test_bad_input_is_one_error_line(tmp_path, layout, args, message, capsys):
     assert not (tmp_path / "out" / INDEX).exists()
 
 
+def test_a_metadata_file_that_is_not_utf8_is_named_before_any_split_is_read(
+    demo_assets, tmp_path, capsys
+):
+    """The launcher's check of every metadata table (issue 33), made by trainer.shards too:
+    otherwise `datasets` fails on the byte in whichever split it prepares first, naming no
+    file."""
+    source = few_clips(demo_assets, tmp_path / "speech", per_split=2)
+    metadata = source / "train" / "metadata.csv"  # the header read is test's
+    text = metadata.read_bytes()
+    start = text.index(b"\n") + 1
+    metadata.write_bytes(text[:start] + "caf\xe9".encode("latin-1") + text[start:])
+    code = make_shards_in_process(source, tmp_path / "out", "--task", "speech-recognition",
+                                  "--text_column_name", "transcription")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and error_lines(err) == [
+        f"error: {metadata} is not UTF-8: byte 0xe9 at offset {start + 3} (invalid "
+        "continuation byte); save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+    ], err
+    assert not (tmp_path / "out" / INDEX).exists()
+
+
 def streamed(location: Path, split: str) -> list[dict]:
     index = read_index(open_store(str(location)))
     return list(shard_split(str(location), index, split, streaming=True))

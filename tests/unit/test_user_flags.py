@@ -517,3 +517,62 @@ def test_train_val_split_in_the_speech_task(demo_assets):
     whole = len(load_dataset("audiofolder", data_dir=str(demo_assets.dataset_dir / "train"),
                              split="train"))  # fmt: skip
     assert evaluation_clips("1") == evaluation_clips("1") != evaluation_clips("2")
+
+
+# The lines of issue 33 (dataset and task), as users typed them: the dataset names the
+# folder of `bert_and_tables` ({root}). Each either plans a launch with the notice it
+# needs, or stops with one line that points the right way.
+ISSUE_LINES = [
+    # a dataset with a validation split, and no --eval_split_name (test by default)
+    ("--dataset_name {root}/mrpc --text_column_name sentence1,sentence2",
+     "error: " + 'Split "test" not found in {root}/mrpc: it has train, validation. '
+     "(--eval_split_name validation evaluates on its validation split; "),
+    # --test_file alone
+    ("--test_file {root}/sentiment/test.csv --text_column_name sentence",
+     "error: --test_file is given without --train_file: "),
+    # a pair dataset's column error says how to give the pair
+    ("--dataset_name {root}/mrpc --eval_split_name validation",
+     "error: " + 'Column "text" (--text_column_name) not found in {root}/mrpc; its columns '
+     "are: label, sentence1, sentence2. Its sentence pair: --text_column_name "
+     "sentence1,sentence2."),
+    # a GLUE pair task given one text column: GLUE's test split has no labels ...
+    ("--dataset_name nyu-mll/glue --dataset_config_name mrpc --text_column_name sentence1",
+     "error: " + 'Split "test" of nyu-mll/glue has no labels (GLUE hides them: every one is '
+     "-1): evaluate on --eval_split_name validation."),
+    # ... and with its validation split, one sentence of each pair is said before launch
+    ("--dataset_name nyu-mll/glue --dataset_config_name mrpc --text_column_name sentence1 "
+     "--eval_split_name validation",
+     "warning: --text_column_name sentence1 trains on one text of each example, but the "
+     "dataset also has sentence2, the other half of the pair: --text_column_name "
+     "sentence1,sentence2 trains on both"),
+    # a GLUE config's columns are known before launch
+    ("--dataset_name nyu-mll/glue --dataset_config_name qqp --eval_split_name validation",
+     "error: " + 'Column "text" (--text_column_name) not found in nyu-mll/glue qqp; its '
+     "columns are: idx, label, question1, question2. Its sentence pair: --text_column_name "
+     "question1,question2."),
+    # GLUE's test split saved as files: evaluated on by default, its labels all -1
+    ("--dataset_name {root}/glue-files --text_column_name sentence1,sentence2",
+     "error: " + 'Split "test" of {root}/glue-files has no labels (every one is -1): '
+     "evaluate on --eval_split_name validation."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "said"), ISSUE_LINES)
+def test_the_issues_dataset_lines_point_the_right_way(line, said, bert_and_tables, capsys):
+    root = bert_and_tables
+    glue_files = root / "glue-files"
+    if not glue_files.exists():
+        glue_files.mkdir()
+        for split in ("train", "validation"):
+            (glue_files / f"{split}.csv").write_text((root / "mrpc" / f"{split}.csv").read_text())
+        rows = (root / "mrpc" / "validation.csv").read_text().splitlines()
+        hidden = [row.rsplit(",", 1)[0] + ",-1" for row in rows[1:]]
+        (glue_files / "test.csv").write_text("\n".join([rows[0], *hidden]) + "\n")
+    args = ["--task", "text-classification", "--model_name_or_path", str(root / "bert"),
+            *shlex.split(line.format(root=root))]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    said = said.format(root=root)
+    if said.startswith("error: "):
+        assert code == 2 and err.startswith(said) and err.count("\n") == 1, err
+    else:
+        assert code == 0 and said in err.splitlines(), err

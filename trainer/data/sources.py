@@ -9,10 +9,12 @@ Parquet or WebDataset tars), read through trainer/data/streams.py. Split specs s
 
 from __future__ import annotations
 
+import ast
 import codecs
 import csv
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,14 @@ class LocalLayout:
     columns: frozenset[str]
     """The columns an example will have (read from headers, not from the data)."""
     load_kwargs: dict = field(default_factory=dict)
+    split_columns: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Split name -> its own columns, where splits may differ (one table per split: a test
+    file without labels, which `load_dataset` reads as it is); empty: each has `columns`."""
+
+    def columns_of(self, splits: Iterable[str]) -> frozenset[str]:
+        """The columns every one of `splits` has."""
+        own = [self.split_columns[name] for name in splits if name in self.split_columns]
+        return frozenset.intersection(*own) if own else self.columns
 
 
 FILES = "the data files (--train_file ...)"
@@ -167,6 +177,38 @@ def table_header(path: Path) -> list[str]:
     return next(csv.reader([first_line], delimiter=delimiter), [])
 
 
+def table_column(path: Path, column: str) -> list | None:
+    """The values of one column of a table file, as `datasets` reads them (an empty CSV cell
+    is None); None when they cannot be read here, which leaves the judgement to the
+    training processes' reader. Only that column is parsed (a Parquet file's is read alone)."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path, columns=[column]).column(0).to_pylist()
+        if path.suffix in (".csv", ".tsv"):
+            from pyarrow import csv as arrow_csv
+
+            table = arrow_csv.read_csv(
+                path,
+                parse_options=arrow_csv.ParseOptions(
+                    delimiter="\t" if path.suffix == ".tsv" else ",", newlines_in_values=True
+                ),
+                convert_options=arrow_csv.ConvertOptions(
+                    include_columns=[column], strings_can_be_null=True
+                ),
+            )
+            return table.column(0).to_pylist()
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [row.get(column) for row in rows]
+    except Exception:  # noqa: BLE001 - any failure: not known here
+        return None
+
+
 FOLDER_METADATA = ("metadata.csv", "metadata.jsonl")
 """The tables `datasets`' audiofolder and imagefolder builders join to the media by
 `file_name`, found at any depth of a split's folder."""
@@ -229,8 +271,6 @@ def load_split(
     for a local directory, the directory. Every local split's files are declared, not only the
     requested ones, so labels inferred from folder names agree across splits. Streams of
     several splits are concatenated, as `split="a+b"` concatenates map-style splits."""
-    from datasets import concatenate_datasets, load_dataset
-
     if files is not None:
         check_splits(files.splits, spec, FILES)
         return load_layout(FILES, files, spec, streaming), None
@@ -240,21 +280,7 @@ def load_split(
         split = shard_split(name, index, spec, streaming)
         return (undecoded(split) if streaming else split), None
     if not looks_like_path(name):
-        config = data_args.dataset_config_name
-        if streaming or data_args.streaming:
-            parts = [
-                undecoded(load_or_explain(name, lambda split=split: load_dataset(
-                    name, config, split=split, cache_dir=cache_dir, streaming=True)))
-                for split in split_names(spec)
-            ]  # fmt: skip
-            stream = concatenate_datasets(parts)
-            if streaming:
-                return stream, None
-            return split_from_stream(stream, name, config, spec, cache_dir), None
-        hub = load_or_explain(
-            name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir)
-        )
-        return hub, None
+        return load_hub_split(data_args, cache_dir, spec, streaming), None
     if streaming and name.startswith("gs://"):
         raise UserError(
             f"--streaming reads gs:// data from shard sets, and {name} holds no index.json: "
@@ -266,6 +292,30 @@ def load_split(
     layout = detect_layout(directory)
     check_splits(layout.splits, spec, directory)
     return load_layout(name, layout, spec, streaming), directory
+
+
+def load_hub_split(
+    data_args, cache_dir: str | None, spec: str, streaming: bool
+) -> Dataset | IterableDataset:
+    """`load_split` of a hub dataset (see there). Its splits are known only here: a missing
+    evaluation split is named with the one it has, as the launcher names a local dataset's."""
+    from datasets import concatenate_datasets, load_dataset
+
+    name, config = data_args.dataset_name, data_args.dataset_config_name
+    hint = evaluation_hint if spec == data_args.eval_split_name else None
+    if streaming or data_args.streaming:
+        parts = [
+            undecoded(load_or_explain(name, lambda split=split: load_dataset(
+                name, config, split=split, cache_dir=cache_dir, streaming=True), hint))
+            for split in split_names(spec)
+        ]  # fmt: skip
+        stream = concatenate_datasets(parts)
+        if streaming:
+            return stream
+        return split_from_stream(stream, name, config, spec, cache_dir)
+    return load_or_explain(
+        name, lambda: load_dataset(name, config, split=spec, cache_dir=cache_dir), hint
+    )
 
 
 def undecoded(stream: IterableDataset) -> IterableDataset:
@@ -327,12 +377,40 @@ def _examples_of(stream: IterableDataset) -> Iterable[dict]:
     yield from stream
 
 
-def load_or_explain(name: str, load: Callable[[], Dataset]) -> Dataset:
-    """Run a `load_dataset` call; a dataset that is missing or unreadable becomes one line."""
+UNKNOWN_SPLIT = re.compile(
+    r'Unknown split "(?P<split>[^"]*)"\. Should be one of (?P<splits>\[.*\])'
+    r"|Bad split: (?P<streamed>\S+)\. Available splits: (?P<available>\[.*\])"
+)
+"""`datasets`' ValueError for a split the dataset does not have, with the ones it has (a
+prepared dataset's wording; a stream's)."""
+
+
+def load_or_explain(
+    name: str, load: Callable[[], Dataset], hint: Callable[[list[str]], str] | None = None
+) -> Dataset:
+    """Run a `load_dataset` call; a dataset that is missing or unreadable becomes one line,
+    and a split it lacks the line a local dataset's gets (`check_splits`), ended by
+    `hint(splits it has)`."""
     from datasets.exceptions import DatasetNotFoundError
 
     try:
         return load()
     except (DatasetNotFoundError, FileNotFoundError, ConnectionError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        missing, splits = unknown_split(first_line)
+        if missing and splits:
+            check_splits(splits, missing, name, hint(splits) if hint else "")
         raise UserError(f"Could not load dataset {name}: {first_line}") from None
+
+
+def unknown_split(message: str) -> tuple[str | None, list[str] | None]:
+    """The split `datasets`' unknown-split message names, and the splits it lists; (None,
+    None) for another message."""
+    unknown = UNKNOWN_SPLIT.match(message)
+    if unknown is None:
+        return None, None
+    try:
+        splits = ast.literal_eval(unknown["splits"] or unknown["available"])
+    except (ValueError, SyntaxError):  # a listing this reader does not know
+        return None, None
+    return unknown["split"] or unknown["streamed"], [str(split) for split in splits]

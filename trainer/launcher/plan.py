@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,9 +64,11 @@ def build_launch_plan(
     python: str = sys.executable,
     secrets: Mapping[str, str] | None = None,
     model: dict | None = None,
+    notices: Sequence[str] = (),
 ) -> LaunchPlan:
     """The `accelerate launch` command and environment for this node (pure). `secrets`: the
-    `--secret` variables' values (trainer/node/secret_manager.py); `model`: the dry run's plan."""
+    `--secret` variables' values (trainer/node/secret_manager.py); `model`: the dry run's plan;
+    `notices`: the checks' lines, after the resolution's."""
     handed_over, secret_env = config.without_secrets()
     secret_env |= secrets or {}
     procs = config.topology.nproc_per_node
@@ -81,7 +83,7 @@ def build_launch_plan(
     }
     unset = [name for name in VERTEX_NODE_LEVEL_VARIABLES if name in current_env]
     argv = accelerate_argv(config, python)
-    return LaunchPlan(config, argv, env, unset, list(config.notices), secret_env, model)
+    return LaunchPlan(config, argv, env, unset, [*config.notices, *notices], secret_env, model)
 
 
 def accelerate_argv(config: RunConfig, python: str) -> list[str]:

@@ -33,7 +33,8 @@ def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
     config = resolve_run(argv, env, hardware)
     secrets = prepare_node(config, env)
     try:
-        model = check_run(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
+        checked = check_run(config, {**env, **secrets})  # a gated model's with the secret HF_TOKEN
     except RunAlreadyEnded as ended:  # its model delivered: registered now if it was not
         raise registered_on_restart(ended, config, env) from None
-    return build_launch_plan(config, env, cache_dir(env), secrets=secrets, model=model)
+    return build_launch_plan(config, env, cache_dir(env), secrets=secrets, model=checked.model,
+                             notices=checked.notices)  # fmt: skip

@@ -14,6 +14,7 @@ node's own hardware (driver, GPUs visible, /dev/shm) is trainer/node's.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from trainer.preflight.hub_checks import check_hub_ids, check_hub_writes, hub_ids
 from trainer.preflight.model_plan import plan_model
@@ -26,9 +27,18 @@ from trainer.storage.run_records import RunIdentity, check_ownership, claim
 from trainer.tasks import build_task
 
 
-def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -> dict:
-    """UserError (one line) for the first check that fails; else the model's plan (parameters,
-    memory per GPU). `on_node` false (`trainer.jobspec`, before the job exists) leaves to the
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found, for the way in to show: the model's plan (parameters, memory
+    per GPU) and notice lines about the data (one half of a sentence pair, say)."""
+
+    model: dict
+    notices: tuple[str, ...] = ()
+
+
+def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -> Preflight:
+    """UserError (one line) for the first check that fails; else what the checks found
+    (`Preflight`). `on_node` false (`trainer.jobspec`, before the job exists) leaves to the
     node what only it can see; a dry run reads and writes no output location. The output
     locations come first: a restart of a job whose run already ended stops there
     (`RunAlreadyEnded`) before fetching any dataset, and a directory another job owns is
@@ -42,8 +52,7 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
     if registration is not None and outputs and config.topology.node_rank == 0:
         check_register_permission(registration.place)  # with the job's own credentials
     sources = task.sources()  # several when streams are interleaved
-    for source in sources if on_node else ():
-        source.check_inputs()
+    notices = [line for source in (sources if on_node else ()) for line in source.check_inputs()]
     task.check_model()
     if not config.launcher.skip_hub_check:  # before the plan reads the model's config
         datasets = [source.data_args.dataset_name for source in sources]
@@ -56,7 +65,7 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
         check_hub_writes(args.push_to_hub, args.hub_token, env)
     if outputs and config.topology.node_rank == 0:
         claim(config.locations.checkpoints, identity, owner)
-    return model
+    return Preflight(model, tuple(dict.fromkeys(notices)))  # interleaved sources may repeat one
 
 
 def hub_ids_of(config: RunConfig, datasets: list[str | None]) -> list[tuple[str, str]]:

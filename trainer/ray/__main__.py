@@ -78,18 +78,19 @@ def prepare(argv: list[str], launched_at: float):
     config = resolve_run(training_argv, os.environ, hardware)
     refuse_secret_values(config)
     secrets = prepare_node(config, os.environ)
-    model = check_run(config, {**os.environ, **secrets})
+    checked = check_run(config, {**os.environ, **secrets})
     if SUBMITTED_JOB_VARIABLE in os.environ:
         leave_the_jobs_copy_of_the_project(config)
     handed_over, _ = config.without_secrets()  # Ray stores the loop's arguments
     worker_env = process_env(config, os.environ, cache_dir(os.environ), secrets)
     worker_env |= accelerate_launch_env(config)
     dry_run = config.launcher.dry_run
-    for notice in config.notices:
+    for notice in [*config.notices, *checked.notices]:
         print(notice, file=sys.stderr if dry_run else sys.stdout, flush=True)
     if dry_run:
-        description = {"workers": workers.__dict__, "hardware": hardware.__dict__, "model": model,
-                       "config": config.describe(), "worker_env": worker_env}  # fmt: skip
+        description = {"workers": workers.__dict__, "hardware": hardware.__dict__,
+                       "model": checked.model, "config": config.describe(),
+                       "worker_env": worker_env}  # fmt: skip
         print(json.dumps(description, indent=2, default=str))
         return None, config
     print(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from transformers import TrainingArguments
 
 from trainer.common.errors import UserError
-from trainer.data.checks import check_columns, check_splits, evaluation_hint
+from trainer.data.checks import check_columns, check_splits, evaluation_hint, split_names
 from trainer.data.sources import (
     FILES,
     check_metadata_files,
@@ -129,22 +129,23 @@ class Task(ABC):
 
         return Trainer
 
-    def check_inputs(self) -> None:
+    def check_inputs(self) -> list[str]:
         """Cheap checks of the data's splits and columns, run before any launch on a node
         (trainer/preflight/run_checks.py): a shard set's from its index, a local directory's
         or named files' from their layout (and its metadata tables' encoding); a hub dataset
-        is checked when it is loaded."""
+        is checked when it is loaded. Returns notice lines about what the columns show (a
+        text task: half of a sentence pair), for the launcher to print."""
         data, name = self.data_args, self.data_args.dataset_name
         index = shard_index_of(name)
         if index is not None:
             check_shard_set(index, name, data.train_split_name, data.eval_split_name,
                             self.column_flags(), self.column_hint)  # fmt: skip
             self.check_test_split(index.splits, name)
-            return
+            return self.column_notices(index.columns)
         layout, directory = self.file_layout(), FILES
         if layout is None:
             if name is None or not looks_like_path(name):
-                return
+                return []
             directory = local_directory(name)
             layout = self.detect_local_layout(directory)
             check_metadata_files(layout)
@@ -153,7 +154,30 @@ class Task(ABC):
             hint = evaluation_hint(layout.splits)
             check_splits(layout.splits, data.eval_split_name, directory, hint)
         self.check_test_split(layout.splits, directory)
-        check_columns(layout.columns, self.column_flags(), str(directory), self.column_hint)
+        # the splits read are checked, not the others (a test file without labels is read
+        # only by --do_predict); the training split first, whose columns the line lists
+        train = layout.columns_of(split_names(data.train_split_name))
+        check_columns(train, self.column_flags(), str(directory), self.column_hint)
+        self.check_evaluation_labels(layout, directory)
+        read = layout.columns_of(self.splits_read())
+        check_columns(read, self.column_flags(), str(directory), self.column_hint)
+        return self.column_notices(train)
+
+    def splits_read(self) -> list[str]:
+        """The splits a run reads: training, evaluation and, with --do_predict, test."""
+        data = self.data_args
+        test = data.test_split_name if self.training.get("do_predict") else ""
+        return [name for spec in (data.train_split_name, data.eval_split_name, test)
+                for name in split_names(spec)]  # fmt: skip
+
+    def check_evaluation_labels(self, layout: LocalLayout, where: object) -> None:
+        """Refuse an evaluation split of a local layout that has no labels (a task with
+        labels read from tables); nothing by default."""
+
+    def column_notices(self, columns: Iterable[str]) -> list[str]:
+        """`column_warning`'s line for a dataset with `columns`, if any, as a list."""
+        warning = self.column_warning(sorted(columns))
+        return [warning] if warning else []
 
     def check_test_split(self, splits: Iterable[str], where: object) -> None:
         """With --do_predict, the split it predicts must be among `splits`."""
@@ -163,8 +187,9 @@ class Task(ABC):
 
     def column_warning(self, columns: list[str]) -> str | None:
         """A warning line about the columns the flags leave unread in a training split with
-        `columns` (a text task: half of a sentence pair), printed once by the first process
-        when the split is loaded; None by default."""
+        `columns` (a text task: half of a sentence pair): a notice of the launcher where it
+        knows the columns, and printed once by the first training process when the split is
+        loaded (a hub dataset's are known only then); None by default."""
         return None
 
     def column_hint(self, flag: str, columns: list[str]) -> str:

@@ -146,8 +146,7 @@ class LabelSet:
                 f"built for {', '.join(self.names)} (from {self.source})."
             )
         values = dataset.unique(LABEL)
-        missing = -1 if isinstance(feature, ClassLabel) else None  # datasets' "no label"
-        if any(value == missing or _is_missing(value) for value in values):
+        if any(self.no_label(value, feature) for value in values):
             extent = "no labels" if len(values) == 1 else "examples without a label"
             raise UserError(
                 f"{where} has {extent} (a benchmark's test split hides them): train and "
@@ -172,6 +171,19 @@ class LabelSet:
                 flush=True,
             )
 
+    def no_label(self, value: Any, feature: Any) -> bool:
+        """An empty label (None, NaN), or datasets' "no label", -1: in a ClassLabel always, in
+        integers unless the training split has -1 as a class (a -1/0/1 scale)."""
+        from datasets import ClassLabel
+
+        hidden = isinstance(feature, ClassLabel) or -1 not in self.ids
+        return _is_missing(value) or (hidden and value == -1 and not isinstance(value, bool))
+
+    def unlabelled(self, dataset: Dataset) -> bool:
+        """Every label of `dataset` is missing (`no_label`): a benchmark's hidden test split."""
+        feature = dataset.features[LABEL]
+        return all(self.no_label(value, feature) for value in dataset.unique(LABEL))
+
     def class_weights(self, spec: str, train: Dataset) -> torch.Tensor:
         """`balanced` gives n / (classes * count), as scikit-learn does; else as given."""
         weights = parse_class_weights(spec)
@@ -190,15 +202,6 @@ class LabelSet:
 def _listed(labels: list[tuple[int, str]]) -> str:
     shown = ", ".join(f"{i} {name}" for i, name in labels[:LABELS_SHOWN])
     return shown + (f", ... ({len(labels)} in all)" if len(labels) > LABELS_SHOWN else "")
-
-
-def unlabelled(dataset: Dataset) -> bool:
-    """Every label of `dataset` is missing: -1 in a ClassLabel (datasets' "no label"), or
-    empty (None, NaN)."""
-    from datasets import ClassLabel
-
-    missing = -1 if isinstance(dataset.features[LABEL], ClassLabel) else None
-    return all(value == missing or _is_missing(value) for value in dataset.unique(LABEL))
 
 
 def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
@@ -347,13 +350,13 @@ class ClassificationTask(Task):
             values.update(labels)
         return sorted(values)
 
-    def check_inputs(self) -> None:
+    def check_inputs(self) -> list[str]:
         if self.data_args.streaming and self.options.class_weights == "balanced":
             raise UserError(
                 "--class_weights balanced counts the training split, which a stream cannot "
                 "do before training: give one weight per label (e.g. 1,2.5,1)."
             )
-        super().check_inputs()
+        return super().check_inputs()
 
     @classmethod
     def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
@@ -389,7 +392,7 @@ class ClassificationTask(Task):
         first = self.sources()[0]  # interleaved streams: the first dataset's, as evaluation
         source = first.load_source(spec)
         test = with_example_ids(first._selected(source, spec), source, first.input_source())
-        if unlabelled(test):
+        if self.labels.unlabelled(test):
             return test.remove_columns(LABEL)
         return self.prepare_split(test, spec)
 

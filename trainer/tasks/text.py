@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
-from trainer.data.checks import split_names
-from trainer.data.sources import LocalLayout, table_header
+from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
+from trainer.data.sources import LocalLayout, table_column, table_header
 from trainer.data.streams import is_stream
 from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
@@ -49,6 +49,16 @@ SENTENCE_PAIRS = (
 GLUE = ("nyu-mll/glue", "glue")
 GLUE_UNLABELLED_SPLITS = ("test", "test_matched", "test_mismatched")
 """GLUE's test splits: their labels are hidden (every one is -1)."""
+GLUE_TEXT_COLUMNS = {
+    "cola": ("sentence",), "sst2": ("sentence",), "mrpc": ("sentence1", "sentence2"),
+    "qqp": ("question1", "question2"), "stsb": ("sentence1", "sentence2"),
+    "mnli": ("premise", "hypothesis"), "mnli_matched": ("premise", "hypothesis"),
+    "mnli_mismatched": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
+    "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"),
+    "ax": ("premise", "hypothesis"),
+}  # fmt: skip
+"""GLUE's configs -> their text columns (run_glue.py's task_to_keys); each also has `label`
+and `idx`. Known without loading the dataset, so its columns are checked before launch."""
 FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
 
 
@@ -90,22 +100,52 @@ class TextClassificationTask(ClassificationTask):
     def settled_options(cls, options: TextArguments) -> TextArguments:
         return options.settled()
 
-    def check_inputs(self) -> None:
-        super().check_inputs()
-        self.check_glue_evaluation()
+    def check_inputs(self) -> list[str]:
+        return super().check_inputs() + self.check_glue()
 
-    def check_glue_evaluation(self) -> None:
+    def check_glue(self) -> list[str]:
         """GLUE's test splits have no labels: evaluating on one (`--eval_split_name` defaults
-        to test) would fail in every training process, or score nothing."""
+        to test) would fail in every training process, or score nothing. A config's columns
+        are known (`GLUE_TEXT_COLUMNS`): a column it lacks is refused here rather than in
+        every training process, and one half of its pair is a notice."""
         name, config = self.data_args.dataset_name, self.data_args.dataset_config_name
+        if name not in GLUE:
+            return []
         hidden = [s for s in split_names(self.data_args.eval_split_name)
                   if s in GLUE_UNLABELLED_SPLITS]  # fmt: skip
-        if name in GLUE and hidden:
+        if hidden:
             held_out = "validation_matched" if config == "mnli" else "validation"
             raise UserError(
                 f'Split "{hidden[0]}" of {name} has no labels (GLUE hides them: every one is '
                 f"-1): evaluate on --eval_split_name {held_out}."
             )
+        if config not in GLUE_TEXT_COLUMNS:
+            return []  # the Hub says what it lacks when it is loaded
+        columns = {*GLUE_TEXT_COLUMNS[config], "label", "idx"}
+        check_columns(columns, self.column_flags(), f"{name} {config}", self.column_hint)
+        return self.column_notices(columns)
+
+    def check_evaluation_labels(self, layout: LocalLayout, where: object) -> None:
+        """An evaluation split of local tables whose labels are all missing (a benchmark's
+        test split saved to a file: -1, empty cells, no label column) is refused before
+        launch, naming a split that has labels: the training processes would refuse it
+        only after the nodes started, or a -1 read as a class would score nothing."""
+        spec = self.data_args.eval_split_name
+        tables = Labels(layout, self.options.label_column_name, self.data_args.train_split_name)
+        hidden = next(((s, why) for s in split_names(spec) if (why := tables.missing(s))), None)
+        if hidden is None:
+            return
+        split, why = hidden
+        read = {*split_names(spec), *split_names(self.data_args.train_split_name)}
+        others = [s for s in (*EVALUATION_SPLITS, *sorted(layout.splits)) if s not in read]
+        labelled = next((s for s in others if s in layout.splits and tables.present(s)), None)
+        instead = (
+            f"evaluate on --eval_split_name {labelled}"
+            if labelled
+            else "--train_val_split 0.15 evaluates on a part of the training split; "
+            "--eval_strategy no trains without"
+        )
+        raise UserError(f'Split "{split}" of {where} has no labels ({why}): {instead}.')
 
     def column_hint(self, flag: str, columns: list[str]) -> str:
         """A text column not found where the dataset has a known sentence pair: how to
@@ -215,13 +255,61 @@ def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
     if len(suffixes) > 1:
         raise UserError(f"{where}: {' and '.join(suffixes)} files mixed; use one format.")
     builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
-    headers = [frozenset(table_header(path)) for path in files.values()]
+    headers = {split: frozenset(table_header(path)) for split, path in files.items()}
     return LocalLayout(
         builder=builder,
         splits={split: [path] for split, path in files.items()},
-        columns=frozenset.intersection(*headers),
+        columns=frozenset.intersection(*headers.values()),
         load_kwargs=load_kwargs,
+        split_columns=headers,
     )
+
+
+class Labels:
+    """The label column of a layout's tables, read split by split when asked (only the
+    evaluation split, and the others only when it has no labels)."""
+
+    def __init__(self, layout: LocalLayout, column: str, train_spec: str) -> None:
+        self.layout, self.column, self.train_spec = layout, column, train_spec
+        self.read: dict[str, list | None] = {}
+
+    def values(self, split: str) -> list | None:
+        """The split's labels; None when its tables cannot be read here."""
+        if split not in self.read:
+            columns = [table_column(path, self.column) for path in self.layout.splits[split]]
+            unread = any(column is None for column in columns)
+            self.read[split] = None if unread else [v for column in columns for v in column]
+        return self.read[split]
+
+    def missing(self, split: str) -> str | None:
+        """Why the split has no labels (for the error line), or None when it has them, has
+        no examples, or cannot be read here (the training processes judge those)."""
+        if self.column not in self.layout.columns_of([split]):
+            return f'no "{self.column}" column'
+        values = self.values(split)
+        if not values or not all(unset(value) or value == -1 for value in values):
+            return None
+        if all(unset(value) for value in values):
+            return "every one is empty"
+        if self.minus_one_is_a_class():
+            return None
+        return "every one is -1" + (" or empty" if any(unset(v) for v in values) else "")
+
+    def present(self, split: str) -> bool:
+        """The split has labels: read here, with examples, not all missing."""
+        return bool(self.values(split)) and self.missing(split) is None
+
+    def minus_one_is_a_class(self) -> bool:
+        """-1 is datasets' "no label", unless the training split has it (a -1/0/1 scale)."""
+        train = [self.values(split) for split in split_names(self.train_spec)]
+        return any(values is None or -1 in values for values in train)
+
+
+def unset(value: object) -> bool:
+    """An empty label: None, NaN or blank text."""
+    if isinstance(value, float):
+        return math.isnan(value)
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 TASK = TextClassificationTask
