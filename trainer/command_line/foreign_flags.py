@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.tasks.text import GLUE_TEXT_COLUMNS
 from trainer.tasks.whisper_sizes import WHISPER_SIZES
 
 SEQ2SEQ = "run_speech_recognition_seq2seq.py"
@@ -158,13 +159,12 @@ def _steps(value: str) -> str | None:
 
 
 GLUE_COLUMNS = {
-    "cola": "sentence", "sst2": "sentence", "mrpc": "sentence1,sentence2",
-    "qqp": "question1,question2", "qnli": "question,sentence", "rte": "sentence1,sentence2",
-    "wnli": "sentence1,sentence2", "mnli": "premise,hypothesis",
-}  # fmt: skip
-"""GLUE task -> its text column(s) (two: a sentence pair). stsb is a regression task, which
-this trainer does not train; the test splits have no labels, so evaluation uses validation
-(validation_matched for mnli)."""
+    task: ",".join(GLUE_TEXT_COLUMNS[task])
+    for task in ("cola", "sst2", "mrpc", "qqp", "qnli", "rte", "wnli", "mnli")
+}
+"""run_glue.py's --task_name -> its text column(s) (two: a sentence pair). stsb is a regression
+task, which this trainer does not train; the test splits have no labels, so evaluation uses
+validation (validation_matched for mnli)."""
 
 
 def _glue(task: str) -> tuple[str, ...]:
