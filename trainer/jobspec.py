@@ -39,6 +39,7 @@ from trainer.config.resolve import greater_is_better, resolve_run
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
 from trainer.packaging import stage_package
 from trainer.preflight.run_checks import check_run
+from trainer.preflight.stop_grace import stop_grace_warning
 from trainer.preflight.vertex_machines import machine_hardware, resolve_accelerator
 from trainer.settings.run_config import RunConfig
 from trainer.storage.failure_kinds import brief
@@ -353,11 +354,12 @@ def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None
 
 def check_the_run(
     options: JobSpecArguments, training_flags: list[str], env: Mapping[str, str]
-) -> RunConfig:
+) -> tuple[RunConfig, dict]:
     """The run every node will make, resolved as the chief's launcher will, on the spec's
     machines (GPU type, count and memory; all nodes' world size), and checked by the same
     preflight (trainer/preflight/run_checks.py) but for what only a node can see: UserError
-    for the first problem. A /gcs/ recipe or DeepSpeed JSON is read through Cloud Storage."""
+    for the first problem. A /gcs/ recipe or DeepSpeed JSON is read through Cloud Storage.
+    Returns the run and the model's plan (parameters, memory and micro-batch time per GPU)."""
     if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
         raise UserError(
             f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
@@ -383,8 +385,20 @@ def check_the_run(
             raise UserError("--dry-run in a job spec would make every node exit without training.")
         skip_hub_check = options.skip_hub_check or config.launcher.skip_hub_check
         config = replace(config, launcher=replace(config.launcher, skip_hub_check=skip_hub_check))
-        check_run(config, chief_env, on_node=False)
-    return config
+        plan = check_run(config, chief_env, on_node=False).model
+    return config, plan
+
+
+def warn_of_spot_losses(options: JobSpecArguments, run: RunConfig, plan: dict) -> None:
+    """With --spot, one `warning:` line (on stderr, beside the files written or compared with
+    --check) when the plan's estimate of a micro-batch on the spec's GPU exceeds
+    --stop_grace_seconds: a preemption would then lose the work since the newest complete
+    checkpoint (trainer/preflight/stop_grace.py). Without --spot a SIGTERM is rare (a
+    stopped job, a VM's maintenance), and the training processes warn on any job once they
+    have timed their micro-batches."""
+    warning = stop_grace_warning(run, plan) if options.spot else None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
 
 def read_here(path: str, scratch: Path) -> str:
@@ -574,11 +588,13 @@ def render(
     """File name -> content, for this command line (pure apart from the run's checks and,
     with --python_package, the sdist built last and uploaded unless `upload` is false).
     The run is checked as the chief's launcher will (`check_the_run`): a job a node would
-    refuse, or whose model or dataset the Hub no longer serves, fails before any GPU."""
+    refuse, or whose model or dataset the Hub no longer serves, fails before any GPU; a
+    --spot job whose micro-batch would outlast the stop grace gets a `warning:` line."""
     options, training_flags = parse_arguments(argv)
     check_options(options)
     refuse_secrets(options, training_flags)
-    run = check_the_run(options, training_flags, os.environ if env is None else env)
+    run, plan = check_the_run(options, training_flags, os.environ if env is None else env)
+    warn_of_spot_losses(options, run, plan)
     package_uri = stage_package(options.base_output_dir, upload) if options.python_package else None
     command = _command(argv)
     submit = {

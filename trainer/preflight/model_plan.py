@@ -8,6 +8,7 @@ rendezvous and the model loading."""
 from __future__ import annotations
 
 from trainer.common.errors import UserError
+from trainer.preflight.stop_grace import MICRO_BATCH_TIME, micro_batch_time
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import Hardware, RunConfig
 from trainer.tasks.base import Task
@@ -45,7 +46,8 @@ def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int |
 
 def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> dict:
     """What the dry run shows of the model: parameters and, when the task estimates activations, a
-    step's memory per GPU. UserError for bad LoRA settings, 8-bit where it cannot run, or a
+    step's memory per GPU; on GPUs, a micro-batch's estimated time (trainer/preflight/
+    stop_grace.py). UserError for bad LoRA settings, 8-bit where it cannot run, or a
     step that does not fit. `config_readable` false: a model whose config cannot be read here
     (a job spec's /gcs/ path) is not estimated; the node checks its LoRA settings."""
     check_eight_bit(
@@ -64,18 +66,27 @@ def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> d
     trainable, total = parameter_counts(model)
     plan: dict = {"trainable_parameters": trainable, "total_parameters": total}
     footprint = footprint_of(config, task, model, config.topology.world_size)
+    checkpointing = config.training.gradient_checkpointing
     if footprint is not None:
-        plan["memory_per_gpu"] = check_fits(config, footprint)
+        checkpointing = planned_checkpointing(config, footprint)
+        plan["memory_per_gpu"] = check_fits(config, footprint, checkpointing)
+    plan[MICRO_BATCH_TIME] = micro_batch_time(config, task, model, checkpointing)
     return plan
 
 
-def check_fits(config: RunConfig, footprint) -> dict:
+def planned_checkpointing(config: RunConfig, footprint) -> bool:
+    """Gradient checkpointing as the training processes will decide it: the user's choice, or
+    on a GPU left open, on when a step would not fit without it."""
+    gpu_bytes = config.hardware.gpu_memory_bytes
+    if config.gradient_checkpointing_left_open and gpu_bytes:
+        return gradient_checkpointing_needed(footprint, gpu_bytes)
+    return config.training.gradient_checkpointing
+
+
+def check_fits(config: RunConfig, footprint, checkpointing: bool) -> dict:
     """The step's memory per GPU, as the dry run shows it; UserError when it cannot fit."""
-    checkpointing = config.training.gradient_checkpointing
     hardware = config.hardware
     gpu_bytes = hardware.gpu_memory_bytes
-    if config.gradient_checkpointing_left_open and gpu_bytes:
-        checkpointing = gradient_checkpointing_needed(footprint, gpu_bytes)
     needed = footprint.step_bytes(checkpointing)
     if gpu_bytes and needed > usable_gpu_bytes(gpu_bytes):
         raise UserError(

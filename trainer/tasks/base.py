@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
+    from trainer.common.step_time import ForwardFlops
     from trainer.data.sources import LocalLayout
     from trainer.settings.data_flags import DataArguments
     from trainer.settings.model_flags import ModelArguments
@@ -317,6 +318,11 @@ class Task(ABC):
         """Activation values a sample keeps for backward, without and with gradient checkpointing;
         (0, 0): no estimate, so training never turns checkpointing on itself."""
         return 0, 0
+
+    def forward_flops_per_sample(self, model: PreTrainedModel) -> ForwardFlops | None:
+        """One sample's forward FLOPs, over the positions the task feeds each weight, for the
+        plan's micro-batch time (trainer/common/step_time.py); None: no estimate."""
+        return None
 
     @abstractmethod
     def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from trainer.common.errors import UserError
+from trainer.common.step_time import ForwardFlops, encoder_forward_flops
 from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
     FILES,
@@ -323,6 +324,9 @@ class ClassificationTask(Task):
         layer = 17 * positions * width
         full = config.num_hidden_layers * layer
         return full, config.num_hidden_layers * positions * width + layer
+
+    def forward_flops_per_sample(self, model: PreTrainedModel) -> ForwardFlops:
+        return encoder_forward_flops(model, self.sequence_length(model.config))
 
     def model_to_merge_into(self) -> PreTrainedModel:
         return self.load_model_and_processor(self.labels, quantized=False)[0]

@@ -28,6 +28,7 @@ import numpy as np
 from transformers import Seq2SeqTrainingArguments
 
 from trainer.common.errors import UserError
+from trainer.common.step_time import ForwardFlops, whisper_forward_flops
 from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
@@ -278,7 +279,7 @@ class SpeechRecognitionTask(Task):
         layer being recomputed."""
         config = model.config
         frames, width = config.max_source_positions, config.d_model
-        tokens = min(config.max_target_positions, self.training.get("generation_max_length") or 225)
+        tokens = self.label_tokens(config)
         encoder_layer = 17 * frames * width
         decoder_layer = 21 * tokens * width + 2 * frames * width
         logits = 2 * tokens * config.vocab_size
@@ -288,6 +289,16 @@ class SpeechRecognitionTask(Task):
         layer_inputs = (config.encoder_layers * frames + config.decoder_layers * tokens) * width
         checkpointed = layer_inputs + max(encoder_layer, decoder_layer) + logits
         return full, checkpointed
+
+    def label_tokens(self, config) -> int:
+        """The label positions a training batch has at most: labels longer than
+        `generation_max_length` (225 unless given, as `required_training_arguments` sets it)
+        could not be generated, and the model has `max_target_positions`. Batches are padded
+        to their longest label only, so the estimates that use this are upper bounds."""
+        return min(config.max_target_positions, self.training.get("generation_max_length") or 225)
+
+    def forward_flops_per_sample(self, model) -> ForwardFlops:
+        return whisper_forward_flops(model, self.label_tokens(model.config))
 
     def compute_metrics(self, processor) -> Callable:
         tokenizer = processor.tokenizer

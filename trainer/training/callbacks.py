@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from trainer.common.step_time import stop_advice
 from trainer.storage.checkpoints import CheckpointUploader
 from trainer.storage.store import Store
 from trainer.training.failures import RunFailed
@@ -217,8 +218,7 @@ def long_step_warning(took: float, grace: float) -> str:
         f"warning: a stop can be agreed only every {took:.0f} s here (a training step, or a "
         f"micro-batch under gradient accumulation), longer than --stop_grace_seconds "
         f"{grace:g}: a preemption would lose the work since the newest complete checkpoint. "
-        "Save more often (--save_steps, --save_interval_minutes), or use more gradient "
-        "accumulation steps of fewer examples"
+        + stop_advice()
     )
 
 
