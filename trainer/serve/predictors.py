@@ -271,7 +271,7 @@ PIPELINE_TASKS = {
 
 def task_of_model_dir(model_dir: Path) -> str:
     """The task a delivered model is for, from its config.json (as training infers it)."""
-    from trainer.config.task_inference import task_of_model
+    from trainer.tasks.model_tasks import task_of_model
 
     try:
         config = json.loads((model_dir / "config.json").read_text())
@@ -283,16 +283,22 @@ def task_of_model_dir(model_dir: Path) -> str:
     return task
 
 
-def load_predictor(model_dir: Path) -> Predictor:
-    """The model's predictor, on the GPU in bf16 (fp16 where bf16 is missing) if there is one."""
+def device_and_dtype() -> tuple[str, Any]:
+    """Where a model serves: the GPU in bf16 (fp16 where bf16 is missing) if there is one,
+    else the CPU in fp32."""
     import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return "cpu", torch.float32
+
+
+def load_predictor(model_dir: Path) -> Predictor:
+    """The model's predictor, where `device_and_dtype` says."""
     from transformers import pipeline
 
     task = task_of_model_dir(model_dir)
-    device, dtype = "cpu", torch.float32
-    if torch.cuda.is_available():
-        device = "cuda"
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    device, dtype = device_and_dtype()
     # As the pipeline's batched calls set it: instances are tokenized on the pre-processing
     # threads already, so the tokenizer's own thread pool would only compete with them.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
