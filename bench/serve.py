@@ -49,7 +49,7 @@ a task with a request count is measured by count. p50/p99 are nearest-rank perce
     python bench/serve.py [--tasks demo speech image text] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
                           [--max_batch_size N ...] [--max_wait_ms MS ...] [--cores N]
-                          [--report FILE] [--server_log FILE]
+                          [--report FILE] [--server_log FILE] [--skip_baseline]
 
 The targets (checked in the second table): at 16 clients at least 1.5x the one-at-a-time
 requests/s for image and text and above it for speech; p99 at 4 clients under twice the
@@ -425,9 +425,10 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
     payload_file = root / f"{task}.json"
     payload_file.write_text(json.dumps(payload))
     budget = budget_of(task, args)
-    baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
-    add_row(rows, {"task": task, "path": BASELINE, "clients": 1, "mean_batch": 1.0} | baseline,
-            args)  # fmt: skip
+    if not args.skip_baseline:
+        baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
+        add_row(rows, {"task": task, "path": BASELINE, "clients": 1, "mean_batch": 1.0}
+                | baseline, args)  # fmt: skip
     settings = list(itertools.product(args.max_batch_size, args.max_wait_ms))
     bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
     for max_batch_size, max_wait_ms in settings:
@@ -564,6 +565,8 @@ def main() -> None:
                         help="the server's; several: one server per value (a sweep)")  # fmt: skip
     parser.add_argument("--max_wait_ms", nargs="+", type=float, default=[DEFAULT_MAX_WAIT_MS],
                         help="the server's; several: one server per value (a sweep)")  # fmt: skip
+    parser.add_argument("--skip_baseline", action="store_true",
+                        help="the server alone (a sweep after a run that measured it)")  # fmt: skip
     parser.add_argument("--report", help="a file rewritten with the tables after every row")
     parser.add_argument("--server_log", type=argparse.FileType("a"),
                         help="a file every server's output is appended to as it comes")  # fmt: skip
