@@ -23,13 +23,22 @@ Per task, one after the other:
   `transformers.pipeline(task, model=dir)` on one input per call, sequentially, as the
   Hugging Face inference container does: base64-decoding and decoding the media (the
   pipeline's own ffmpeg read of the WAV bytes; Pillow for the PNG) are in each call's time.
-  One untimed warm-up call first.
+  It runs where the server runs its model (trainer/serve/predictors.py `device_and_dtype`:
+  a GPU in bf16 if there is one, else the CPU in fp32), so both sides compare on the same
+  device in the same dtype. One untimed warm-up call first.
 - **server**: `python -m trainer.serve DIR` in a fresh process (`OMP_NUM_THREADS=--cores`,
-  `--max_batch_size`, `--max_wait_ms`), started once per task and driven, once it answers
-  health 200, at each `--clients` count: that many threads, each with its own httpx client,
-  posting one-instance requests back to back. Latency is each request's round trip as the
-  client sees it; mean batch is the mean `batch_size` of the server's "prediction batch" log
-  lines during that level.
+  `--max_batch_size`, `--max_wait_ms`), started once per task and setting and driven, once
+  it answers health 200, at each `--clients` count: that many threads, each with its own
+  httpx client, posting one-instance requests back to back. Latency is each request's round
+  trip as the client sees it; mean batch is the mean `batch_size` of the server's
+  "prediction batch" log lines during that level.
+
+Several `--max_batch_size` or `--max_wait_ms` values sweep the settings: one server per
+combination, each driven at every `--clients` count, its rows labelled with its setting.
+
+`--report FILE` rewrites FILE after every row (the machine, the versions, the load, then the
+two tables), and `--server_log FILE` gets every server's output as it comes, so a run that
+is stopped keeps what it measured.
 
 A level (and the one-at-a-time run) sends requests for `--duration` seconds (each client
 starts no request after it), or `--requests` requests in all (spread over the clients, at
@@ -39,7 +48,8 @@ a task with a request count is measured by count. p50/p99 are nearest-rank perce
 
     python bench/serve.py [--tasks demo speech image text] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
-                          [--max_batch_size 8] [--max_wait_ms 10] [--cores N]
+                          [--max_batch_size N ...] [--max_wait_ms MS ...] [--cores N]
+                          [--report FILE] [--server_log FILE] [--skip_baseline]
 
 The targets (checked in the second table): at 16 clients at least 1.5x the one-at-a-time
 requests/s for image and text and above it for speech; p99 at 4 clients under twice the
@@ -50,10 +60,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import io
+import itertools
 import json
 import math
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -64,11 +77,14 @@ import wave
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+
+from trainer.serve.__main__ import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_WAIT_MS  # noqa: E402
 
 SAMPLING_RATE = 16_000
 CLIP_SECONDS = 3.0
@@ -85,6 +101,7 @@ SENTENCES = (
 )
 TASK_MODELS = {"demo": "demo tiny Whisper", "speech": "whisper-small", "image": "ViT-base",
                "text": "BERT-base"}  # fmt: skip
+BASELINE = "pipeline(), one at a time"
 TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5}
 """At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
 and whisper-small) or reach (image, text) this."""
@@ -245,9 +262,11 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
     from PIL import Image
     from transformers import pipeline
 
-    from trainer.serve.predictors import PIPELINE_TASKS, task_of_model_dir
+    from trainer.serve.predictors import PIPELINE_TASKS, device_and_dtype, task_of_model_dir
 
-    pipe = pipeline(PIPELINE_TASKS[task_of_model_dir(Path(model_dir))], model=model_dir)
+    device, dtype = device_and_dtype()  # where the server runs the model, in its dtype
+    pipe = pipeline(PIPELINE_TASKS[task_of_model_dir(Path(model_dir))], model=model_dir,
+                    device=device, dtype=dtype)  # fmt: skip
 
     def call(instance: dict):
         if "audio" in instance:
@@ -265,7 +284,8 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
         sent = time.perf_counter()
         call(payload[len(latencies) % len(payload)])
         latencies.append(time.perf_counter() - sent)
-    return summary(latencies, time.perf_counter() - start)
+    where = f"{pipe.device} in {pipe.model.dtype}"
+    return summary(latencies, time.perf_counter() - start) | {"where": where}
 
 
 def baseline_in_fresh_process(
@@ -281,14 +301,19 @@ def baseline_in_fresh_process(
 
 
 class Server:
-    """`python -m trainer.serve` in a process of its own; its stdout lines kept."""
+    """`python -m trainer.serve` in a process of its own; its stdout lines kept (and copied
+    to `log` as they come)."""
 
-    def __init__(self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float):
+    def __init__(
+        self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float,
+        log: TextIO | None = None,
+    ):  # fmt: skip
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
+        self.log = log
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
              "--port", str(self.port), "--max_batch_size", str(max_batch_size),
@@ -302,6 +327,16 @@ class Server:
     def _read(self) -> None:
         for line in self.process.stdout:
             self.lines.append(line)
+            if self.log is not None:
+                self.log.write(line)
+                self.log.flush()
+
+    def where(self) -> str:
+        """Its "model ready: TASK on DEVICE in DTYPE" line's device and dtype."""
+        for line in self.lines:
+            if line.startswith("model ready: "):
+                return line.split(" on ", 1)[1].strip()
+        return "?"
 
     def wait_ready(self, timeout: float = 900.0) -> None:
         import httpx
@@ -390,20 +425,34 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
     payload_file = root / f"{task}.json"
     payload_file.write_text(json.dumps(payload))
     budget = budget_of(task, args)
-    baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
-    rows.append({"task": task, "path": "pipeline(), one at a time", "clients": 1,
-                 "mean_batch": 1.0} | baseline)  # fmt: skip
-    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    server = Server(model_dir, args.cores, args.max_batch_size, args.max_wait_ms)
-    try:
-        server.wait_ready()
-        bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
-        for clients in args.clients:
-            row = drive(server, bodies, clients, budget)
-            rows.append({"task": task, "path": "server", "clients": clients} | row)
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    finally:
-        server.stop()
+    if not args.skip_baseline:
+        baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
+        add_row(rows, {"task": task, "path": BASELINE, "clients": 1, "mean_batch": 1.0}
+                | baseline, args)  # fmt: skip
+    settings = list(itertools.product(args.max_batch_size, args.max_wait_ms))
+    bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
+    for max_batch_size, max_wait_ms in settings:
+        path = "server" if len(settings) == 1 else (
+            f"server, batch {max_batch_size}, wait {max_wait_ms:g} ms")  # fmt: skip
+        if args.server_log is not None:
+            args.server_log.write(f"=== {task}: {path}\n")
+        server = Server(model_dir, args.cores, max_batch_size, max_wait_ms, args.server_log)
+        try:
+            server.wait_ready()
+            for clients in args.clients:
+                row = drive(server, bodies, clients, budget)
+                add_row(rows, {"task": task, "path": path, "clients": clients} | row
+                        | {"where": server.where()}, args)  # fmt: skip
+        finally:
+            server.stop()
+
+
+def add_row(rows: list[dict], row: dict, args: argparse.Namespace) -> None:
+    """The row kept, printed on stderr, and the report rewritten with it."""
+    rows.append(row)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    if args.report:
+        Path(args.report).write_text(report(rows, args))
 
 
 def budget_of(task: str, args: argparse.Namespace) -> dict:
@@ -429,8 +478,36 @@ def parsed_values(values: list[str] | None, task: str, kind: type):
 # --- report -------------------------------------------------------------------------------
 
 
+@functools.cache
+def machine() -> str:
+    """What runs it: the GPU or the processor, the versions (asked once)."""
+    import torch
+    import transformers
+
+    if torch.cuda.is_available():
+        device = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+    else:
+        device = f"{platform.machine()} CPU, {os.cpu_count()} cores"
+    return (f"{device}; Python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")  # fmt: skip
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> str:
+    """The report so far: the command, the machine, where each side ran, the two tables."""
+    command = " ".join(["bench/serve.py", *sys.argv[1:]])
+    where = sorted({f"{TASK_MODELS[r['task']]}: {r['path'].split(',')[0]} on {r['where']}"
+                    for r in rows if "where" in r})  # fmt: skip
+    now = f"{time.strftime('%Y-%m-%d %H:%M:%S')}, load average {load_average()}"
+    lines = [f"`{command}`", "", f"{machine()}; {now}", "", *(f"- {w}" for w in where)]
+    return "\n".join([*lines, "", table(rows), "", targets(rows), ""])
+
+
 def table(rows: list[dict]) -> str:
-    baseline = {row["task"]: row for row in rows if row["path"] != "server"}
+    baseline = {row["task"]: row for row in rows if row["path"] == BASELINE}
     lines = [
         "| model | path | clients | requests | requests/s | vs one at a time | p50 (ms) "
         "| p99 (ms) | mean batch |",
@@ -448,24 +525,28 @@ def table(rows: list[dict]) -> str:
 
 
 def targets(rows: list[dict]) -> str:
-    """The issue's targets, per task where the run measured what they need."""
+    """The issue's targets, per task (and server setting, in a sweep) where the run
+    measured what they need, whatever the device."""
     lines = ["| model | target | measured | met |", "|---|---|---|---|"]
     for task in dict.fromkeys(row["task"] for row in rows):
         own = {(row["path"], row["clients"]): row for row in rows if row["task"] == task}
-        base, single = own.get(("pipeline(), one at a time", 1)), own.get(("server", 1))
-        if task in TARGET_SPEEDUP and base and ("server", 16) in own:
-            ratio = own[("server", 16)]["per_second"] / base["per_second"]
-            wanted = TARGET_SPEEDUP[task]
-            met = ratio > wanted if wanted == 1.0 else ratio >= wanted
-            sign = ">" if wanted == 1.0 else ">="
-            lines.append(f"| {TASK_MODELS[task]} | requests/s at 16 clients {sign} "
-                         f"{wanted:.1f}x one at a time | {ratio:.2f}x | "
-                         f"{'yes' if met else 'no'} |")  # fmt: skip
-        if single and ("server", 4) in own:
-            ratio = own[("server", 4)]["p99_ms"] / single["p50_ms"]
-            met = "yes" if ratio < P99_LIMIT else "no"
-            lines.append(f"| {TASK_MODELS[task]} | p99 at 4 clients < {P99_LIMIT:.0f}x p50 at "
-                         f"1 client | {ratio:.2f}x | {met} |")  # fmt: skip
+        base = own.get((BASELINE, 1))
+        paths = list(dict.fromkeys(path for path, _ in own if path != BASELINE))
+        for path in paths:
+            name = TASK_MODELS[task] + ("" if len(paths) == 1 else f" ({path})")
+            single = own.get((path, 1))
+            if task in TARGET_SPEEDUP and base and (path, 16) in own:
+                ratio = own[(path, 16)]["per_second"] / base["per_second"]
+                wanted = TARGET_SPEEDUP[task]
+                met = ratio > wanted if wanted == 1.0 else ratio >= wanted
+                sign = ">" if wanted == 1.0 else ">="
+                lines.append(f"| {name} | requests/s at 16 clients {sign} {wanted:.1f}x one "
+                             f"at a time | {ratio:.2f}x | {'yes' if met else 'no'} |")  # fmt: skip
+            if single and (path, 4) in own:
+                ratio = own[(path, 4)]["p99_ms"] / single["p50_ms"]
+                met = "yes" if ratio < P99_LIMIT else "no"
+                lines.append(f"| {name} | p99 at 4 clients < {P99_LIMIT:.0f}x p50 at 1 client "
+                             f"| {ratio:.2f}x | {met} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -479,8 +560,16 @@ def main() -> None:
     parser.add_argument("--requests", nargs="+",
                         help="requests per level: N, or TASK=N for one task (wins over "
                              "--duration)")  # fmt: skip
-    parser.add_argument("--max_batch_size", type=int, default=8)
-    parser.add_argument("--max_wait_ms", type=float, default=10.0)
+    parser.add_argument("--max_batch_size", nargs="+", type=int,
+                        default=[DEFAULT_MAX_BATCH_SIZE],
+                        help="the server's; several: one server per value (a sweep)")  # fmt: skip
+    parser.add_argument("--max_wait_ms", nargs="+", type=float, default=[DEFAULT_MAX_WAIT_MS],
+                        help="the server's; several: one server per value (a sweep)")  # fmt: skip
+    parser.add_argument("--skip_baseline", action="store_true",
+                        help="the server alone (a sweep after a run that measured it)")  # fmt: skip
+    parser.add_argument("--report", help="a file rewritten with the tables after every row")
+    parser.add_argument("--server_log", type=argparse.FileType("a"),
+                        help="a file every server's output is appended to as it comes")  # fmt: skip
     parser.add_argument("--cores", type=int, default=os.cpu_count(),
                         help="OMP_NUM_THREADS of the server and of pipeline()")  # fmt: skip
     parser.add_argument("--baseline", nargs=4, help=argparse.SUPPRESS)
@@ -499,9 +588,7 @@ def main() -> None:
             except Exception as error:  # the rows measured so far are still worth a table
                 print(f"{task}: not measured to the end: {error}", file=sys.stderr, flush=True)
     print(f"measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    print(table(rows))
-    print()
-    print(targets(rows))
+    print(report(rows, args))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import threading
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -310,6 +311,80 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
     assert unknown.status_code == 400
     assert unknown.json() == {"error": "unknown language 'klingon' for Whisper"}
     assert english.status_code == 200 and len(english.json()["predictions"]) == 1
+
+
+def test_long_audio_is_chunked_and_timestamped_in_a_batch_as_a_plain_pipeline_does(
+    demo_assets, tmp_path
+):
+    """A 70 s clip (three 30 s chunks, prepared on the pre-processing side) batched with a
+    short one: the transcripts and segments `pipeline(chunk_length_s=30,
+    return_timestamps=True)` gives for the same two clips, batched as the server batches."""
+    from transformers import pipeline
+
+    short = next((demo_assets.dataset_dir / "test").glob("*.wav"))
+    with wave.open(str(short)) as clip:
+        params, frames = clip.getparams(), clip.readframes(clip.getnframes())
+    long = tmp_path / "long.wav"
+    with wave.open(str(long), "wb") as clip:
+        clip.setparams(params)
+        size = 70 * params.framerate * params.sampwidth * params.nchannels
+        clip.writeframes((frames * (size // len(frames) + 1))[:size])
+    predictor = load_predictor(demo_assets.model_dir)
+    clips = [long.read_bytes(), short.read_bytes()]
+    prepared = [predictor.prepare({"b64": base64.b64encode(c).decode()}) for c in clips]
+    assert [len(p.model_inputs) for p in prepared] == [3, 1]
+    got = predictor.predict(prepared, {"return_timestamps": True})
+    plain = pipeline("automatic-speech-recognition", model=str(demo_assets.model_dir))
+    expected = plain(clips, batch_size=2, chunk_length_s=30, return_timestamps=True,
+                     ignore_warning=True)  # fmt: skip
+    assert [p["text"] for p in got] == [e["text"].strip() for e in expected]
+    assert [[(s["start"], s["end"], s["text"]) for s in p["segments"]] for p in got] == [
+        [(*c["timestamp"], c["text"].strip()) for c in e["chunks"]] for e in expected
+    ]
+
+
+def test_the_features_are_extracted_on_the_preprocessing_threads_not_the_models(
+    text_predictor, image_predictor, demo_assets
+):
+    """Each task's real tiny model served, its threads watched as a request of two
+    instances is answered: the tokenizer, the image processor, Whisper's feature extractor
+    (their `__call__`, seen by a profile hook on the server's threads) run only on the
+    pre-processing threads; the model's forward pass (a torch forward hook) only on the
+    model's thread."""
+    speech_predictor = load_predictor(demo_assets.model_dir)
+    clip = next((demo_assets.dataset_dir / "test").glob("*.wav")).read_bytes()
+    cases = [
+        (text_predictor, text_predictor.pipe.tokenizer, {"text": "a great film"}),
+        (image_predictor, image_predictor.pipe.image_processor,
+         {"image": {"b64": base64.b64encode(png(COLOURS["red"])).decode()}}),
+        (speech_predictor, speech_predictor.pipe.feature_extractor,
+         {"audio": {"b64": base64.b64encode(clip).decode()}}),
+    ]  # fmt: skip
+    for predictor, extractor, instance in cases:
+        extracting = type(extractor).__call__.__code__
+        threads: dict[str, set[str]] = {"extractor": set(), "forward": set()}
+
+        def watch(frame, event, _arg, extracting=extracting, threads=threads):
+            if event == "call" and frame.f_code is extracting:
+                threads["extractor"].add(threading.current_thread().name)
+
+        def forward(*_args, threads=threads):
+            threads["forward"].add(threading.current_thread().name)
+
+        hook = predictor.pipe.model.register_forward_hook(forward)
+        threading.setprofile(watch)  # every thread started from here on: the server's
+        try:
+            with serve(predictor) as url:
+                wait_ready(url)
+                answer = httpx.post(url + "/predict", json={"instances": [instance] * 2},
+                                    timeout=60)  # fmt: skip
+        finally:
+            threading.setprofile(None)
+            hook.remove()
+        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 2
+        extracting_on = {name.split("_")[0] for name in threads["extractor"]}
+        forwarding_on = {name.split("_")[0] for name in threads["forward"]}
+        assert (extracting_on, forwarding_on) == ({"prepare"}, {"model"}), (predictor.task, threads)
 
 
 def test_the_model_is_checked_before_the_port_opens(tmp_path, text_classifier):

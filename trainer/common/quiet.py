@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -119,11 +120,13 @@ def _filter_library_logs() -> None:
 
 
 def _disable_loaded_progress_bars() -> None:
-    """The variables are read at import; libraries imported already are told directly."""
-    import datasets
+    """The variables are read at import; libraries imported already are told directly.
+    `datasets` is told only if imported (it reads the variable when it is): the serving
+    image's server has no use for it and does not import it."""
     import huggingface_hub.utils
     from transformers.utils import logging as hf_logging
 
-    datasets.disable_progress_bars()
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
     huggingface_hub.utils.disable_progress_bars()
     hf_logging.disable_progress_bar()

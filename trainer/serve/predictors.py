@@ -1,17 +1,26 @@
-"""One predictor per task, built from the model's own files: what an instance must hold
-(`prepare`, run in the pre-processing threads: decoding, resampling, validation) and one
-forward pass over a batch of prepared instances (`predict`, run on the model's thread).
+"""One predictor per task, built from the model's own files: everything an instance needs
+before the model (`prepare`, run in the pre-processing threads: decoding, resampling,
+validation, then the task pipeline's own `preprocess`, the feature extraction, tokenization
+and cutting of long audio into 30 s chunks) and one forward pass over a batch of prepared
+instances (`predict`, run on the model's thread: collating, the forward pass, the
+pipeline's own post-processing).
 
-The forward pass is the transformers pipeline of the task, called once per batch with the
-whole batch (`batch_size=len(batch)`): its chunking of long audio (`chunk_length_s=30`),
-timestamps and label names are the library's, not re-written here.
+The pieces are the transformers pipeline's, put together as `pipe(inputs, batch_size=n)`
+puts them (`Pipeline.get_iterator`), only with pre-processing moved off the model's thread:
+its `preprocess`, its collation (`pad_collate_fn`), its `forward`, its packing of a long
+clip's chunks back into one output (`PipelinePackIterator`) and its `postprocess`. Chunking
+(`chunk_length_s=30`), timestamps, language and task, label names, top_k and text pairs are
+the library's, not re-written here, and the predictions are those of a plain `pipeline()`.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +30,28 @@ CHUNK_SECONDS = 30
 """Whisper's window: longer audio is cut into chunks of it, as `pipeline(chunk_length_s=30)`."""
 
 
+@dataclass
+class Prepared:
+    """An instance ready for the model's thread."""
+
+    model_inputs: list[dict]
+    """What the pipeline's `preprocess` made of it: one item of tensors, or for audio one per
+    30 s chunk (the last one marked `is_last`)."""
+    truncated: bool = False
+    """A text longer than the model takes (its start is scored)."""
+
+
 class Predictor(ABC):
     task: str
     media_key: str
     """The instance field that holds the task's media (`audio`, `image`, `text`)."""
     parameter_types: dict[str, type] = {}
+    call_kwargs: dict[str, Any] = {}
+    """The keyword arguments of every pipeline call; the request's parameters add to them."""
 
     def __init__(self, pipe) -> None:
         self.pipe = pipe
+        self.preprocess_params = self.pipeline_parameters()[0]
 
     def checked_parameters(self, parameters: object) -> dict[str, Any]:
         """The request's `parameters`, or InstanceError naming what this task does not take."""
@@ -54,17 +77,67 @@ class Predictor(ABC):
             raise InstanceError(f"an instance needs {self.media_key!r} (or is {{'b64': ...}})")
         return media_bytes(instance)
 
-    @abstractmethod
-    def prepare(self, instance: object) -> Any: ...
+    def prepare(self, instance: object) -> Prepared:
+        """The instance decoded and pre-processed, off the model's thread."""
+        return self.prepared(self.decoded(instance))
 
     @abstractmethod
-    def predict(self, batch: list[Any], parameters: dict[str, Any]) -> list[dict]: ...
+    def decoded(self, instance: object) -> Any:
+        """What the task's pipeline takes as one input (a waveform, an image, a text), or
+        InstanceError saying why the instance is not one."""
+
+    def prepared(self, pipeline_input: Any) -> Prepared:
+        return Prepared(self.features(pipeline_input))
+
+    def features(self, pipeline_input: Any) -> list[dict]:
+        """The pipeline's own `preprocess` of one input, with the arguments `pipe()` gives
+        it: one item, or for a chunking pipeline (speech) every chunk it yields."""
+        from transformers.pipelines.base import ChunkPipeline
+
+        processed = self.pipe.preprocess(pipeline_input, **self.preprocess_params)
+        return list(processed) if isinstance(self.pipe, ChunkPipeline) else [processed]
+
+    def pipeline_parameters(self, **kwargs: Any) -> tuple[dict, dict, dict]:
+        """What `pipe(inputs, **call_kwargs, **kwargs)` hands its pre-processing, forward
+        pass and post-processing: the pipeline's own routing of its arguments
+        (`_sanitize_parameters`) over the ones it was built with, as `Pipeline.__call__`
+        merges them. Pre-processing takes none of a request's parameters (for these three
+        pipelines it takes the chunk length, the truncation, a download timeout), so an
+        instance is prepared before its batch is known."""
+        pipe = self.pipe
+        pre, forward, post = pipe._sanitize_parameters(**self.call_kwargs, **kwargs)
+        return ({**pipe._preprocess_params, **pre}, {**pipe._forward_params, **forward},
+                {**pipe._postprocess_params, **post})  # fmt: skip
+
+    def pipeline_outputs(self, batch: list[Prepared], **kwargs: Any) -> list:
+        """The pipeline's outputs for the batch, one per instance, as `pipe(inputs,
+        batch_size=len(batch), **kwargs)` computes them after its pre-processing
+        (`Pipeline.get_iterator`, `ChunkPipeline.get_iterator`): the items collated
+        `len(batch)` at a time (a long clip's chunks count one each), one `forward` per
+        group, a clip's chunks packed back together, `postprocess` per instance."""
+        from transformers.pipelines.base import ChunkPipeline, no_collate_fn, pad_collate_fn
+        from transformers.pipelines.pt_utils import PipelineIterator, PipelinePackIterator
+
+        pipe, size = self.pipe, len(batch)
+        _, forward_params, postprocess_params = self.pipeline_parameters(**kwargs)
+        items = [item for prepared in batch for item in prepared.model_inputs]
+        extractor = pipe.feature_extractor if pipe.feature_extractor is not None else (
+            pipe.image_processor)  # fmt: skip
+        collate = no_collate_fn if size == 1 else pad_collate_fn(pipe.tokenizer, extractor)
+        groups = [collate(items[start : start + size]) for start in range(0, len(items), size)]
+        packing = PipelinePackIterator if isinstance(pipe, ChunkPipeline) else PipelineIterator
+        forwarded = packing(groups, pipe.forward, forward_params, loader_batch_size=size)
+        return list(PipelineIterator(forwarded, pipe.postprocess, postprocess_params))
+
+    @abstractmethod
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]: ...
 
 
 class SpeechPredictor(Predictor):
     task = "speech-recognition"
     media_key = "audio"
     parameter_types = {"language": str, "task": str, "return_timestamps": bool}
+    call_kwargs = {"chunk_length_s": CHUNK_SECONDS, "ignore_warning": True}
 
     def checked_parameters(self, parameters: object) -> dict[str, Any]:
         """Refused here, with 400, what generate() would refuse inside a batch (a 500 for
@@ -83,7 +156,7 @@ class SpeechPredictor(Predictor):
             raise InstanceError("this English-only model takes no 'language' or 'task'")
         return checked
 
-    def prepare(self, instance: object) -> dict:
+    def decoded(self, instance: object) -> dict:
         from transformers.pipelines.audio_utils import ffmpeg_read
 
         rate = self.pipe.feature_extractor.sampling_rate
@@ -95,13 +168,12 @@ class SpeechPredictor(Predictor):
             raise InstanceError("the audio holds no samples")
         return {"raw": waveform, "sampling_rate": rate}
 
-    def predict(self, batch: list[dict], parameters: dict[str, Any]) -> list[dict]:
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
         generate = {k: parameters[k] for k in ("language", "task") if k in parameters}
         timestamps = parameters.get("return_timestamps", False)
-        outputs = self.pipe(
-            batch, batch_size=len(batch), chunk_length_s=CHUNK_SECONDS,
-            return_timestamps=timestamps or None, generate_kwargs=generate, ignore_warning=True,
-        )  # fmt: skip
+        outputs = self.pipeline_outputs(
+            batch, return_timestamps=timestamps or None, generate_kwargs=generate
+        )
         predictions = []
         for output in outputs:
             prediction = {"text": output["text"].strip()}
@@ -123,7 +195,7 @@ class ImagePredictor(Predictor):
     media_key = "image"
     parameter_types = {"top_k": int}
 
-    def prepare(self, instance: object):
+    def decoded(self, instance: object):
         from PIL import Image, UnidentifiedImageError
 
         try:
@@ -132,9 +204,8 @@ class ImagePredictor(Predictor):
         except (UnidentifiedImageError, OSError):
             raise InstanceError("not an image that Pillow can decode") from None
 
-    def predict(self, batch: list, parameters: dict[str, Any]) -> list[dict]:
-        top_k = parameters.get("top_k", 5)
-        outputs = self.pipe(batch, batch_size=len(batch), top_k=top_k)
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+        outputs = self.pipeline_outputs(batch, top_k=parameters.get("top_k", 5))
         return [
             {"labels": [o["label"] for o in output], "scores": [o["score"] for o in output]}
             for output in outputs
@@ -144,8 +215,16 @@ class ImagePredictor(Predictor):
 class TextPredictor(Predictor):
     task = "text-classification"
     media_key = "text"
+    call_kwargs = {"truncation": True}
 
-    def prepare(self, instance: object) -> dict:
+    def __init__(self, pipe) -> None:
+        super().__init__(pipe)
+        self.tokenizer_lock = threading.Lock()
+        """One tokenizer call at a time: a fast tokenizer switches its truncation setting
+        in place (on for the model's input, off to measure the whole text), and a switch
+        during another thread's call fails it ("Already borrowed")."""
+
+    def decoded(self, instance: object) -> str | dict:
         if isinstance(instance, str):
             instance = {"text": instance}
         elif isinstance(instance, dict) and set(instance) == {"b64"}:
@@ -158,24 +237,25 @@ class TextPredictor(Predictor):
         extra = set(instance) - {"text", "text_pair"}
         if extra or not isinstance(instance.get("text_pair", ""), str):
             raise InstanceError('an instance holds "text" and, for a pair, "text_pair" strings')
-        pair = instance.get("text_pair")
-        tokens = self.pipe.tokenizer(instance["text"], pair, verbose=False)["input_ids"]
-        limit = self.pipe.tokenizer.model_max_length
-        return {"text": instance["text"], "text_pair": pair, "truncated": len(tokens) > limit}
+        if instance.get("text_pair") is None:
+            return instance["text"]
+        return {"text": instance["text"], "text_pair": instance["text_pair"]}
 
-    def predict(self, batch: list[dict], parameters: dict[str, Any]) -> list[dict]:
-        inputs = [
-            {"text": item["text"], "text_pair": item["text_pair"]}
-            if item["text_pair"] is not None
-            else item["text"]
-            for item in batch
-        ]
-        outputs = self.pipe(inputs, batch_size=len(batch), truncation=True, top_k=1)
+    def prepared(self, pipeline_input: str | dict) -> Prepared:
+        text, pair = (pipeline_input["text"], pipeline_input["text_pair"]) if isinstance(
+            pipeline_input, dict) else (pipeline_input, None)  # fmt: skip
+        with self.tokenizer_lock:
+            tokens = self.pipe.tokenizer(text, pair, verbose=False)["input_ids"]
+            features = self.features(pipeline_input)
+        return Prepared(features, truncated=len(tokens) > self.pipe.tokenizer.model_max_length)
+
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+        outputs = self.pipeline_outputs(batch, top_k=1)
         predictions = []
         for item, output in zip(batch, outputs, strict=True):
             best = output[0] if isinstance(output, list) else output
             prediction = {"label": best["label"], "score": best["score"]}
-            if item["truncated"]:
+            if item.truncated:
                 prediction["truncated"] = True  # longer than the model takes: its start scored
             predictions.append(prediction)
         return predictions
@@ -191,7 +271,7 @@ PIPELINE_TASKS = {
 
 def task_of_model_dir(model_dir: Path) -> str:
     """The task a delivered model is for, from its config.json (as training infers it)."""
-    from trainer.config.task_inference import task_of_model
+    from trainer.tasks.model_tasks import task_of_model
 
     try:
         config = json.loads((model_dir / "config.json").read_text())
@@ -203,16 +283,25 @@ def task_of_model_dir(model_dir: Path) -> str:
     return task
 
 
-def load_predictor(model_dir: Path) -> Predictor:
-    """The model's predictor, on the GPU in bf16 (fp16 where bf16 is missing) if there is one."""
+def device_and_dtype() -> tuple[str, Any]:
+    """Where a model serves: the GPU in bf16 (fp16 where bf16 is missing) if there is one,
+    else the CPU in fp32."""
     import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return "cpu", torch.float32
+
+
+def load_predictor(model_dir: Path) -> Predictor:
+    """The model's predictor, where `device_and_dtype` says."""
     from transformers import pipeline
 
     task = task_of_model_dir(model_dir)
-    device, dtype = "cpu", torch.float32
-    if torch.cuda.is_available():
-        device = "cuda"
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    device, dtype = device_and_dtype()
+    # As the pipeline's batched calls set it: instances are tokenized on the pre-processing
+    # threads already, so the tokenizer's own thread pool would only compete with them.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     pipe = pipeline(PIPELINE_TASKS[task], model=str(model_dir), device=device, dtype=dtype)
     return PREDICTORS[task](pipe)
 
@@ -229,5 +318,5 @@ def warm_up(predictor: Predictor) -> None:
     elif isinstance(predictor, ImagePredictor):
         item = Image.new("RGB", (32, 32))
     else:
-        item = {"text": "warm up", "text_pair": None, "truncated": False}
-    predictor.predict([item], {})
+        item = "warm up"
+    predictor.predict([predictor.prepared(item)], {})
