@@ -128,6 +128,26 @@ def _failing_prediction_step(self, *args, **kwargs):
 Seq2SeqTrainer.prediction_step = _failing_prediction_step
 """
 
+SLOW_CONVERSION = """
+# sitecustomize: a training process's conversion to DeepSpeed's universal checkpoint says so
+# and first waits a minute, so a test can signal during it.
+import os
+
+if os.environ.get("LOCAL_RANK") is not None:  # the training processes, not the launcher
+    import time
+
+    import trainer.training.world_size as world_size
+
+    _convert = world_size._convert
+
+    def _slow_convert(*args, **kwargs):
+        print("converting to a universal checkpoint", flush=True)
+        time.sleep(60)
+        return _convert(*args, **kwargs)
+
+    world_size._convert = _slow_convert
+"""
+
 ONE_RANKS_BATCH_UNREADABLE = """
 # sitecustomize: rank 1's evaluation loader fails to produce its second batch, as a clip
 # whose file cannot be read; rank 0's loader is whole.
@@ -558,12 +578,27 @@ def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(fi
     on the machine that saved it, another output location). DeepSpeed alone would fail on
     every restart; the run converts the checkpoint to DeepSpeed's universal form beside its
     own output (the Trainer's files hard-linked from the original), says so, trains on from
-    its step and saves checkpoints of its own count; the original is left as it was. (A
-    job restarted with more processes, each node converting its download from Cloud
-    Storage: tests/processes/test_world_size_runs.py.)"""
+    its step and saves checkpoints of its own count; the original is left as it was. A
+    SIGTERM during the conversion (the training processes hold no stop yet: it ends them)
+    is the node's one line, nothing new saved, exit 1, the original untouched, and the next
+    attempt on that machine converts again. (A job restarted with more processes, each node
+    converting its download from Cloud Storage: tests/processes/test_world_size_runs.py.)"""
     original = finished_job.tmp_path / "first" / "out" / f"checkpoint-{STEPS}"
     assert saved_world_size(original) == 2
     before = contents(original)
+
+    converting = job.start("second", "--resume", str(original), "--max_steps", "6",
+                           "--eval_strategy", "no", hook=SLOW_CONVERSION, nproc=1)  # fmt: skip
+    code, output = stop_once_logged(converting, "converting to a universal checkpoint",
+                                    "the conversion")  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert the_line(output, "error:").startswith(
+        "error: SIGTERM on node 0: the training processes were stopped before they saved "
+        "anything new"
+    ), output[-3000:]
+    assert "preempted:" not in output and "Traceback" not in output, output[-3000:]
+    assert contents(original) == before, "a stopped conversion changed the original"
+    assert job.complete() == []
 
     code, output = job.run("second", "--resume", str(original), "--max_steps", "6",
                            "--eval_strategy", "no", nproc=1)  # fmt: skip
