@@ -473,8 +473,8 @@ ACCUMULATING = ["--deepspeed", "zero2", "--nproc_per_node", "2",
                 "--max_steps", "3", "--save_steps", "1000", "--eval_strategy", "no",
                 "--logging_steps", "1", "--learning_rate", "1e-3", "--seed", "7",
                 "--output_dir", "out"]  # fmt: skip
-"""Steps of 16 micro-batches: with SLOW_STEPS (0.5 s each) a step takes 8 s or more, longer
-than the stop grace of the test (1 s) and torchrun's shutdown timeout (1 + 5 s)."""
+"""Steps of 16 micro-batches: slowed to 1 s each (the test's start hook), a step takes 16 s or
+more, longer than the stop grace of the test (3 s) and torchrun's shutdown timeout (3 + 5 s)."""
 
 
 def test_a_stop_during_a_step_longer_than_the_grace_keeps_the_last_completed_step(
