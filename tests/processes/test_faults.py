@@ -400,6 +400,7 @@ def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(
         assert line.endswith("(nothing was trained or deleted): free space there (or use a "
                              "larger disk)"), "the advice must be about the disk"  # fmt: skip
     assert code == 1
+    assert "Traceback" not in output, output[-3000:]  # it went to a file the line names
     assert not STEP_LINE.findall(output), "it trained"
     assert stored_work(job.checkpoints) == before, "something was written or deleted"
 
@@ -416,6 +417,7 @@ def test_a_full_disk_at_a_save_keeps_the_previous_checkpoint(job, tmp_path):
                     rf"[\d.]+ MB\) while writing checkpoint-(\d+) to out/checkpoint-\d+ "
                     rf"\(.*\); the newest complete checkpoint is {job.base}/checkpoints/"
                     r"checkpoint-2, where a restart resumes$", line), line  # fmt: skip
+    assert "Traceback" not in output, output[-3000:]  # it went to a file the line names
     assert job.complete() == ["checkpoint-2"]
     job.assert_resumes_from("restart", "checkpoint-2", nproc=1)
 
@@ -452,6 +454,7 @@ def test_a_refused_model_upload_says_the_model_is_incomplete(proxied_job):
         f"gone when the job ends; the newest complete checkpoint is {job.base}/checkpoints/"
         f"checkpoint-{STEPS}, where a restart resumes"
     ), line
+    assert "Traceback" not in output, output[-3000:]  # it went to a file the line names
     assert job.model.read_text(MANIFEST) is None
     assert f"checkpoint-{STEPS}" in job.complete()
 
