@@ -109,7 +109,8 @@ def test_the_demo_trains_with_two_ray_workers(cluster, tmp_path, spoken_assets):
 def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
     cluster, tmp_path, demo_assets
 ):
-    """Kill the rank-1 worker's process once checkpoint-10 is complete: Ray starts the
+    """Kill the rank-1 worker's process once checkpoint-5 is complete (15 steps still to go:
+    20 steps take about 15 s, and a later kill could land after training): Ray starts the
     workers again, they resume from the newest complete checkpoint, and the model ends
     with the weights of a run never interrupted."""
     from safetensors.torch import load_file
@@ -135,8 +136,8 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
         cwd=killed, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        wait_until(lambda: complete_from(store, 10) or driver.poll() is not None, 600,
-                   "a complete checkpoint of step 10 or later")  # fmt: skip
+        wait_until(lambda: complete_from(store, 5) or driver.poll() is not None, 600,
+                   "a complete checkpoint of step 5 or later")  # fmt: skip
         assert driver.poll() is None, (killed / "driver.log").read_text()[-4000:]
         pid = train_worker_pid(cluster, world_rank=1)
         os.kill(pid, 9)
@@ -147,7 +148,7 @@ def test_a_killed_worker_is_replaced_and_the_run_resumes_as_if_uninterrupted(
     output = (killed / "driver.log").read_text()
     assert driver.returncode == 0, output[-4000:]
     resumed = re.findall(r"resuming from out/checkpoint-(\d+)", output)
-    assert resumed and int(resumed[-1]) >= 10, output[-4000:]
+    assert resumed and int(resumed[-1]) >= 5, output[-4000:]
     after = [int(s) for s, _ in STEP_LINE.findall(output.split("resuming from")[-1])]
     if int(resumed[-1]) < 20:
         assert min(after) == int(resumed[-1]) + 1, "nothing trained twice past the checkpoint"
