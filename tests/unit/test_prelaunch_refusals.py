@@ -423,16 +423,10 @@ class ShellJobsApi(http.server.BaseHTTPRequestHandler):
         }
         self._answer({"submission_id": job_id, "job_id": job_id})
 
-    def _answer(self, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def _answer(self, payload: dict, status: int = 200) -> None:
+        JobsApi._answer(self, status, payload)  # the same JSON answer as the other job API
 
-    def log_message(self, *args):
-        pass
+    log_message = JobsApi.log_message
 
 
 @pytest.mark.parametrize("python", ["bare", "this"])
