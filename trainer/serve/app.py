@@ -131,10 +131,12 @@ def make_app(
         except InstanceError as error:
             return error_response(400, str(error))
         loop = asyncio.get_running_loop()
-        prepared = await asyncio.gather(
-            *(loop.run_in_executor(preprocessing, predictor.prepare, i) for i in instances),
-            return_exceptions=True,
-        )
+        batcher = holder["batcher"]
+        with batcher.preparing(parameters):
+            prepared = await asyncio.gather(
+                *(loop.run_in_executor(preprocessing, predictor.prepare, i) for i in instances),
+                return_exceptions=True,
+            )
         bad = [
             {"index": index, "error": str(result)}
             for index, result in enumerate(prepared)
@@ -149,7 +151,7 @@ def make_app(
                 {"error": f"{len(bad)} of {len(instances)} instances cannot be predicted",
                  "instances": bad}, status_code=400)  # fmt: skip
         try:
-            predictions = await holder["batcher"].predict(list(prepared), parameters)
+            predictions = await batcher.predict(list(prepared), parameters)
         except QueueFull as error:
             return error_response(503, str(error))
         except Exception as error:  # noqa: BLE001 - the batch's forward pass failed
