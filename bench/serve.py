@@ -7,7 +7,9 @@ Models, built in a temporary folder with random weights from their configs (no d
 - `speech`: whisper-small's dimensions (trainer/tasks/whisper_sizes.py), the multilingual
   tokenizer rebuilt offline as the demo's is, generation capped at `SPEECH_TOKENS` tokens
   (a random model never ends its transcript by itself; a real 3 s clip's transcript is
-  about that long). Both Whisper models decode with the speech pipeline's own default of
+  about that long) and timestamp tokens suppressed (a random model emits them, and
+  `generate()` then decodes the clip again from each: five segments, not one). Both Whisper
+  models decode with the speech pipeline's own default of
   5 beams (their generation configs, like the released ones, set no `num_beams`), on the
   server and one at a time alike;
 - `image`: ViT-base (`ViTConfig()`'s defaults: 224 px, 16 px patches, 12 layers of 768)
@@ -33,6 +35,12 @@ Per task, one after the other:
   trip as the client sees it; mean batch is the mean `batch_size` of the server's
   "prediction batch" log lines during that level.
 
+- **forward pass alone**: a fresh process (`OMP_NUM_THREADS=--cores`) loads the model as
+  the server does and times the server's own model-thread work (`predict`: collating, the
+  forward pass, post-processing) on already prepared instances at batch 1, 4 and
+  `--max_batch_size`: milliseconds per instance, and so the most batching can gain on this
+  device whatever the server around it does. The targets table shows it beside each target.
+
 Several `--max_batch_size` or `--max_wait_ms` values sweep the settings: one server per
 combination, each driven at every `--clients` count, its rows labelled with its setting.
 
@@ -51,7 +59,7 @@ a task with a request count is measured by count. p50/p99 are nearest-rank perce
                           [--max_batch_size N ...] [--max_wait_ms MS ...] [--cores N]
                           [--report FILE] [--server_log FILE] [--skip_baseline]
 
-The targets (checked in the second table): at 16 clients at least 1.5x the one-at-a-time
+The targets (checked in the last table): at 16 clients at least 1.5x the one-at-a-time
 requests/s for image and text and above it for speech; p99 at 4 clients under twice the
 server's p50 at 1 client.
 """
@@ -102,6 +110,12 @@ SENTENCES = (
 TASK_MODELS = {"demo": "demo tiny Whisper", "speech": "whisper-small", "image": "ViT-base",
                "text": "BERT-base"}  # fmt: skip
 BASELINE = "pipeline(), one at a time"
+FORWARD = "forward pass alone"
+FORWARD_BATCHES = (1, 4)
+"""Batch sizes the forward pass alone is timed at, besides the server's `--max_batch_size`:
+1 (a lone request) and 4 (four clients' requests sharing a batch)."""
+FORWARD_REPEATS = 5
+"""Timed calls per batch size (the fastest counts), fewer where one takes over a minute."""
 TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5}
 """At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
 and whisper-small) or reach (image, text) this."""
@@ -130,17 +144,26 @@ def build_whisper_small(model_dir: Path) -> None:
     from trainer.tasks.whisper_sizes import whisper_config
 
     tokenizer = build_whisper_tokenizer()
-    eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    ids = tokenizer.convert_tokens_to_ids
+    eot = ids(ENDOFTEXT)
+    # A random model emits timestamp tokens even after <|notimestamps|>, and `generate()`
+    # then reads each as a segment's end and decodes the clip again from there: five
+    # segments of SPEECH_TOKENS, not one, were measured. A trained model does not; the
+    # timestamps are suppressed so that each transcript is one segment, as a real one's.
+    timestamps = list(range(ids("<|0.00|>"), ids("<|30.00|>") + 1))
+    suppressed = suppress_tokens(tokenizer, True) + timestamps
     config = whisper_config(
         "small",
-        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        decoder_start_token_id=ids("<|startoftranscript|>"),
         pad_token_id=eot,
         bos_token_id=eot,
         eos_token_id=eot,
-        suppress_tokens=suppress_tokens(tokenizer, True),
+        suppress_tokens=suppressed,
         begin_suppress_tokens=begin_suppress_tokens(tokenizer),
     )
-    generation = whisper_generation_config(tokenizer, max_length=SPEECH_TOKENS)
+    generation = whisper_generation_config(
+        tokenizer, max_length=SPEECH_TOKENS, suppress_tokens=suppressed
+    )
     save_random_whisper(model_dir, config, generation, tokenizer, chunk_length=30)
 
 
@@ -288,15 +311,40 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
     return summary(latencies, time.perf_counter() - start) | {"where": where}
 
 
-def baseline_in_fresh_process(
-    task: str, model_dir: Path, payload_file: Path, budget: dict, cores: int
-) -> dict:
-    argv = [sys.executable, __file__, "--baseline", task, str(model_dir), str(payload_file),
-            json.dumps(budget)]  # fmt: skip
+def forward_alone(model_dir: str, payload: list[dict], batch_sizes: list[int]) -> dict:
+    """In this process (the `--forward` child): the server's own model-thread work
+    (trainer/serve/predictors.py `predict`: collating, the forward pass, post-processing) on
+    batches of already prepared instances, with no HTTP, no queue and no pre-processing in
+    the time. Its milliseconds per instance at batch 1 against batch N are the most that
+    batching N requests can gain on this device, whatever the server around it does."""
+    from trainer.common.quiet import silence_known_noise
+
+    silence_known_noise()
+    from trainer.serve.predictors import load_predictor, warm_up
+
+    predictor = load_predictor(Path(model_dir))
+    warm_up(predictor)
+    prepared = [predictor.prepare(instance) for instance in payload]
+    per_instance_ms = {}
+    for size in batch_sizes:
+        batch = [prepared[i % len(prepared)] for i in range(size)]
+        times: list[float] = []
+        while len(times) < FORWARD_REPEATS and sum(times) < 60:
+            started = time.perf_counter()
+            predictor.predict(batch, {})
+            times.append(time.perf_counter() - started)
+        per_instance_ms[size] = min(times) / size * 1000
+    return {"per_instance_ms": per_instance_ms}
+
+
+def in_fresh_process(mode: str, arguments: list[str], cores: int) -> dict:
+    """This script's `--baseline` or `--forward` child with `OMP_NUM_THREADS=cores`: its
+    last stdout line, a JSON object."""
+    argv = [sys.executable, __file__, f"--{mode}", *arguments]
     done = subprocess.run(argv, capture_output=True, text=True, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": str(cores)})  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"the one-at-a-time run of {task} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"the {mode} run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -426,9 +474,16 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
     payload_file.write_text(json.dumps(payload))
     budget = budget_of(task, args)
     if not args.skip_baseline:
-        baseline = baseline_in_fresh_process(task, model_dir, payload_file, budget, args.cores)
+        baseline = in_fresh_process(
+            "baseline", [task, str(model_dir), str(payload_file), json.dumps(budget)], args.cores
+        )
         add_row(rows, {"task": task, "path": BASELINE, "clients": 1, "mean_batch": 1.0}
                 | baseline, args)  # fmt: skip
+        sizes = sorted({*FORWARD_BATCHES, *args.max_batch_size})
+        forward = in_fresh_process(
+            "forward", [str(model_dir), str(payload_file), json.dumps(sizes)], args.cores
+        )
+        add_row(rows, {"task": task, "path": FORWARD} | forward, args)
     settings = list(itertools.product(args.max_batch_size, args.max_wait_ms))
     bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
     for max_batch_size, max_wait_ms in settings:
@@ -442,7 +497,8 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
             for clients in args.clients:
                 row = drive(server, bodies, clients, budget)
                 add_row(rows, {"task": task, "path": path, "clients": clients} | row
-                        | {"where": server.where()}, args)  # fmt: skip
+                        | {"where": server.where(), "max_batch_size": max_batch_size},
+                        args)  # fmt: skip
         finally:
             server.stop()
 
@@ -497,13 +553,14 @@ def load_average() -> str:
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> str:
-    """The report so far: the command, the machine, where each side ran, the two tables."""
+    """The report so far: the command, the machine, where each side ran, the three tables."""
     command = " ".join(["bench/serve.py", *sys.argv[1:]])
     where = sorted({f"{TASK_MODELS[r['task']]}: {r['path'].split(',')[0]} on {r['where']}"
                     for r in rows if "where" in r})  # fmt: skip
     now = f"{time.strftime('%Y-%m-%d %H:%M:%S')}, load average {load_average()}"
     lines = [f"`{command}`", "", f"{machine()}; {now}", "", *(f"- {w}" for w in where)]
-    return "\n".join([*lines, "", table(rows), "", targets(rows), ""])
+    tables = [table(rows), forward_table(rows), targets(rows)]
+    return "\n".join([*lines, "", "\n\n".join(t for t in tables if t), ""])
 
 
 def table(rows: list[dict]) -> str:
@@ -514,6 +571,8 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if row["path"] == FORWARD:
+            continue
         base = baseline.get(row["task"])
         ratio = f"{row['per_second'] / base['per_second']:.2f}x" if base else "-"
         lines.append(
@@ -524,14 +583,40 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def batching_gain(forward: dict, size: int) -> float | None:
+    """Batch 1's time per instance over batch `size`'s, in the forward pass alone."""
+    per_instance = forward["per_instance_ms"]
+    if str(size) not in per_instance:
+        return None
+    return per_instance["1"] / per_instance[str(size)]
+
+
+def forward_table(rows: list[dict]) -> str:
+    """The forward pass alone: milliseconds per instance, and batching's gain, per batch."""
+    forwards = [row for row in rows if row["path"] == FORWARD]
+    if not forwards:
+        return ""
+    lines = ["| model | batch | ms per instance | gain over batch 1 |", "|---|---|---|---|"]
+    for row in forwards:
+        for size, milliseconds in row["per_instance_ms"].items():
+            lines.append(f"| {TASK_MODELS[row['task']]} | {size} | {milliseconds:,.1f} | "
+                         f"{batching_gain(row, int(size)):.2f}x |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def targets(rows: list[dict]) -> str:
     """The issue's targets, per task (and server setting, in a sweep) where the run
-    measured what they need, whatever the device."""
-    lines = ["| model | target | measured | met |", "|---|---|---|---|"]
+    measured what they need, whatever the device; beside each, what the forward pass alone
+    allows. Throughput: a one-at-a-time request's time over an instance's in a full batch
+    (a server whose model thread did nothing else, everything before and after the forward
+    pass done on other cores meanwhile). p99 at 4 clients: a batch of 4's time over a lone
+    instance's (what four clients wait at least, against one)."""
+    lines = ["| model | target | measured | the forward pass alone allows | met |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for task in dict.fromkeys(row["task"] for row in rows):
-        own = {(row["path"], row["clients"]): row for row in rows if row["task"] == task}
-        base = own.get((BASELINE, 1))
-        paths = list(dict.fromkeys(path for path, _ in own if path != BASELINE))
+        own = {(row["path"], row.get("clients")): row for row in rows if row["task"] == task}
+        base, forward = own.get((BASELINE, 1)), own.get((FORWARD, None))
+        paths = list(dict.fromkeys(path for path, _ in own if path not in (BASELINE, FORWARD)))
         for path in paths:
             name = TASK_MODELS[task] + ("" if len(paths) == 1 else f" ({path})")
             single = own.get((path, 1))
@@ -540,13 +625,19 @@ def targets(rows: list[dict]) -> str:
                 wanted = TARGET_SPEEDUP[task]
                 met = ratio > wanted if wanted == 1.0 else ratio >= wanted
                 sign = ">" if wanted == 1.0 else ">="
+                size = str(own[(path, 16)]["max_batch_size"])
+                full = forward and forward["per_instance_ms"].get(size)
+                allows = f"{1000 / base['per_second'] / full:.2f}x" if full else "-"
                 lines.append(f"| {name} | requests/s at 16 clients {sign} {wanted:.1f}x one "
-                             f"at a time | {ratio:.2f}x | {'yes' if met else 'no'} |")  # fmt: skip
+                             f"at a time | {ratio:.2f}x | {allows} | "
+                             f"{'yes' if met else 'no'} |")  # fmt: skip
             if single and (path, 4) in own:
                 ratio = own[(path, 4)]["p99_ms"] / single["p50_ms"]
                 met = "yes" if ratio < P99_LIMIT else "no"
+                gain = forward and batching_gain(forward, 4)
+                allows = f"{4 / gain:.2f}x" if gain else "-"
                 lines.append(f"| {name} | p99 at 4 clients < {P99_LIMIT:.0f}x p50 at 1 client "
-                             f"| {ratio:.2f}x | {met} |")  # fmt: skip
+                             f"| {ratio:.2f}x | {allows} | {met} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -566,18 +657,25 @@ def main() -> None:
     parser.add_argument("--max_wait_ms", nargs="+", type=float, default=[DEFAULT_MAX_WAIT_MS],
                         help="the server's; several: one server per value (a sweep)")  # fmt: skip
     parser.add_argument("--skip_baseline", action="store_true",
-                        help="the server alone (a sweep after a run that measured it)")  # fmt: skip
+                        help="the server alone: no one-at-a-time run and no forward pass "
+                             "alone (a sweep after a run that measured them)")  # fmt: skip
     parser.add_argument("--report", help="a file rewritten with the tables after every row")
     parser.add_argument("--server_log", type=argparse.FileType("a"),
                         help="a file every server's output is appended to as it comes")  # fmt: skip
     parser.add_argument("--cores", type=int, default=os.cpu_count(),
                         help="OMP_NUM_THREADS of the server and of pipeline()")  # fmt: skip
     parser.add_argument("--baseline", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--forward", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline:
         task, model_dir, payload_file, budget = args.baseline
         payload = json.loads(Path(payload_file).read_text())
         print(json.dumps(one_at_a_time(task, model_dir, payload, json.loads(budget))))
+        return
+    if args.forward:
+        model_dir, payload_file, sizes = args.forward
+        payload = json.loads(Path(payload_file).read_text())
+        print(json.dumps(forward_alone(model_dir, payload, json.loads(sizes))))
         return
     started = time.perf_counter()
     rows = []
