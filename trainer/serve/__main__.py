@@ -39,8 +39,9 @@ def parser(env) -> argparse.ArgumentParser:
                    help="instances in one forward pass ($SERVE_MAX_BATCH_SIZE)")  # fmt: skip
     p.add_argument("--max_wait_ms", type=float,
                    default=float(env.get("SERVE_MAX_WAIT_MS", DEFAULT_MAX_WAIT_MS)),
-                   help="how long a batch waits for more instances after its first "
-                        "($SERVE_MAX_WAIT_MS)")  # fmt: skip
+                   help="how long a batch waits for more instances after its first is "
+                        "ready; past it, only for requests already being decoded, at most a "
+                        "quarter of a forward pass ($SERVE_MAX_WAIT_MS)")  # fmt: skip
     p.add_argument("--queue_size", type=int,
                    default=int(env.get("SERVE_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)),
                    help="instances that may wait; beyond, 503 ($SERVE_QUEUE_SIZE)")  # fmt: skip
