@@ -115,7 +115,7 @@ FORWARD_BATCHES = (1, 4)
 """Batch sizes the forward pass alone is timed at, besides the server's `--max_batch_size`:
 1 (a lone request) and 4 (four clients' requests sharing a batch)."""
 FORWARD_REPEATS = 5
-"""Timed calls per batch size (the fastest counts), fewer where one takes over a minute."""
+"""Timed calls per batch size (the fastest counts), fewer once they add up to a minute."""
 TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5}
 """At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
 and whisper-small) or reach (image, text) this."""
