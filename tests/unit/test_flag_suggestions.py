@@ -55,9 +55,11 @@ def unknown(name: str) -> str:
         ("--max_label_length 128", unknown("--max_label_length")),
         # alike, but another flag (today: --train_sampling_strategy)
         ("--audio_sampling_rate 16000", unknown("--audio_sampling_rate")),
-        # the nearest is ignored (today: --shuffle_train_dataset) or refused (--batch_size)
+        # the nearest is ignored (today: --shuffle_train_dataset)
         ("--shuffle_train_datasets", unknown("--shuffle_train_datasets")),
-        ("--batchsize 8", unknown("--batchsize")),
+        # the nearest is refused: what to do instead, as for the refused flag itself
+        ("--batchsize 8", unknown(f"--batchsize (like --batch_size, refused: "
+                                  f"{FOREIGN_FLAGS['--batch_size'].answer})")),
         # a foreign spelling, suggested as what it is read as
         ("--eval_batch_sise 8", unknown("--eval_batch_sise (did you mean "
                                         "--per_device_eval_batch_size?)")),
@@ -67,6 +69,12 @@ def unknown(name: str) -> str:
 def test_did_you_mean_names_only_what_this_task_accepts(typed, message, capsys):
     code, _, err = dry_run([*SPEECH, *shlex.split(typed)], capsys)
     assert (code, err) == (2, message)
+
+
+def test_a_near_miss_of_the_refused_key_flag_says_where_a_key_goes_never_the_key(capsys):
+    code, _, err = dry_run([*SPEECH, "--wandb_keys", "SECRETVALUE"], capsys)
+    assert code == 2 and "--wandb_keys (like --wandb_key, refused: " in err, err
+    assert "a key is never given on the command line" in err and "SECRETVALUE" not in err
 
 
 def test_did_you_mean_follows_the_inferred_task(bert_line, capsys):

@@ -209,16 +209,26 @@ words (`sampling_rate` and `train_sampling_strategy`, 0.72) does not."""
 def did_you_mean(name: str, task_class: type[Task], typed: str | None = None) -> str:
     """`--learning_rte (did you mean --learning_rate?)`: the nearest of all the flags known
     here, when this task accepts it (ours, or a foreign spelling the table reads as ours,
-    named as what it is read as: command_line/foreign_flags.py). Nothing when the nearest is
-    refused or ignored by the table or read by another task only (`--max_seq_length` on a
-    speech line): a suggestion that fails or does nothing points the wrong way. `typed`: the
-    foreign flag the user typed for `name`, named instead (it was not mistyped)."""
+    named as what it is read as: command_line/foreign_flags.py). When the nearest is one the
+    table refuses, what to do instead (`--wandb_keys (like --wandb_key, refused: ... a key is
+    never given on the command line ...)`): the user meant that flag, and its answer is
+    theirs. Nothing when the nearest is ignored by the table or read by another task only
+    (`--max_seq_length` on a speech line): a suggestion that does nothing points the wrong
+    way. `typed`: the foreign flag the user typed for `name`, named instead (it was not
+    mistyped)."""
     if typed is not None:
         return _as_typed(name, {name: typed})
     known = [flag[2:] for flag in known_flags()]
     close = difflib.get_close_matches(canonical(name)[2:], known, n=1, cutoff=SUGGESTION_CUTOFF)
-    suggestion = close and accepted_spellings(task_class).get(close[0])
-    return f"{name} (did you mean {suggestion}?)" if suggestion else name
+    if not close:
+        return name
+    suggestion = accepted_spellings(task_class).get(close[0])
+    if suggestion:
+        return f"{name} (did you mean {suggestion}?)"
+    foreign = FOREIGN_FLAGS.get(f"--{close[0]}")
+    if foreign is not None and foreign.kind == "refused":
+        return f"{name} (like --{close[0]}, refused: {foreign.answer})"
+    return name
 
 
 @functools.cache
