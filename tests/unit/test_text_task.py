@@ -225,3 +225,48 @@ def test_attention_is_sdpa_unless_a_flag_says_otherwise(text_assets):
     flag = ("--attn_implementation", "eager")
     eager, _ = text_task(*text_assets, *COLUMNS, *flag).build_model_and_processor()
     assert eager.config._attn_implementation == "eager"
+
+
+def test_examples_without_a_text_are_skipped_and_counted_not_left_to_fail_a_batch(
+    text_assets, tmp_path, capsys
+):
+    """An empty CSV cell reaches the collator as None, and the tokenizer fails the batch that
+    holds it, mid-training. The task skips such examples, with one line, up to
+    --max_bad_examples (here the default, 1%, and a given 2), for single texts and pairs."""
+    from trainer.data.bad_examples import skipped_per_epoch
+
+    NO_EVALUATION = ["--eval_strategy", "no"]  # noqa: N806 - a constant of this test
+    model_dir = text_assets[0]
+    rows = [f"text number {i} is {'good' if i % 2 else 'bad'},{'positive' if i % 2 else 'negative'}"
+            for i in range(200)]  # fmt: skip
+    rows[3] = ",negative"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "train.csv").write_text("sentence,sentiment\n" + "\n".join(rows) + "\n")
+    task = text_task(model_dir, tmp_path / "one", *COLUMNS, *NO_EVALUATION)
+    _, tokenizer = task.build_model_and_processor()
+    train, _ = task.load_datasets(tokenizer)
+    assert len(train) == 199 and None not in train["text"]
+    assert skipped_per_epoch() >= 1
+    assert (
+        "warning: skipped 1 of 200 examples in split train of "
+        f"{tmp_path / 'one'} without a text (first: example 3)"
+    ) in capsys.readouterr().out
+    task.data_collator(tokenizer)([train[i] for i in range(8)])  # no example fails its batch
+
+    pairs = ["first,second,label", "a cat,a dog,same", ",a cow,other", "a hen,,same",
+             "a fox,a fox,same"]  # fmt: skip
+    (tmp_path / "pairs").mkdir()
+    (tmp_path / "pairs" / "train.csv").write_text("\n".join(pairs) + "\n")
+    columns = ["--text_column_name", "first,second", "--label_column_name", "label",
+               *NO_EVALUATION]  # fmt: skip
+    task = text_task(model_dir, tmp_path / "pairs", *columns, "--max_bad_examples", "2")
+    _, tokenizer = task.build_model_and_processor()
+    train, _ = task.load_datasets(tokenizer)
+    assert train["text"] == ["a cat", "a fox"] and train["text_pair"] == ["a dog", "a fox"]
+
+    task = text_task(model_dir, tmp_path / "pairs", *columns, "--max_bad_examples", "1")
+    _, tokenizer = task.build_model_and_processor()
+    with pytest.raises(UserError, match=r"^2 of 4 examples in split train of .* have no text, "
+                                        r"more than --max_bad_examples 1 allows \(1\); "
+                                        r"first: example 1, example 2$"):  # fmt: skip
+        task.load_datasets(tokenizer)

@@ -70,16 +70,26 @@ def screen(
         return dataset, measured
     names = first_names(dataset, column, bad)
     limit = check_limit(len(bad), len(dataset), f"{noun} in {where}", spec, names)
+    skipped = f"{noun} in {where} that could not be decoded (first: {names})"
+    good = skip_counted(len(dataset), bad, skipped, spec, limit, where if training else None)
+    return dataset.select(good), [measured[index] for index in good]
+
+
+def skip_counted(
+    total: int, bad: list[int], skipped: str, spec: str, limit: int, training: str | None
+) -> list[int]:
+    """The indices of the `total` examples to keep without the `bad` ones (fewer than
+    `limit`, checked): one warning line naming what was `skipped`, and their count kept for
+    the progress lines when they belong to the `training` split (its description)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(
-            f"warning: skipped {len(bad)} of {len(dataset)} {noun} in {where} that could not "
-            f"be decoded (first: {names}); --max_bad_examples {spec} allows {limit}",
+            f"warning: skipped {len(bad)} of {total} {skipped}; --max_bad_examples {spec} "
+            f"allows {limit}",
             flush=True,
         )
-    if training:
-        _skipped[where] = len(bad)
-    good = sorted(set(range(len(measured))) - set(bad))
-    return dataset.select(good), [measured[index] for index in good]
+    if training is not None:
+        _skipped[training] = len(bad)
+    return sorted(set(range(total)) - set(bad))
 
 
 def first_names(dataset: Dataset, column: str, bad: list[int]) -> str:

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
+from trainer.data.bad_examples import NAMES_SHOWN, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
 from trainer.data.sources import LocalLayout, table_column, table_header
 from trainer.data.streams import is_stream
+from trainer.settings.data_flags import max_bad
 from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
 
@@ -199,6 +201,36 @@ class TextClassificationTask(ClassificationTask):
             )
         return model, tokenizer
 
+    def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
+        """Also skips, and counts, the examples with a missing text (an empty CSV cell, a
+        JSON null), up to `--max_bad_examples`, as undecodable clips and images are: the
+        collator's tokenizer would fail the batch that holds one, mid-training."""
+        dataset = super().prepare_split(dataset, spec)
+        missing = dataset.map(
+            _missing_texts,
+            batched=True,
+            input_columns=list(self.input_renames().values()),
+            remove_columns=dataset.column_names,
+            num_proc=self.data_args.preprocessing_num_workers,
+            desc="Checking that every example has its text",
+        )["missing"]
+        bad = [index for index, gone in enumerate(missing) if gone]
+        if not bad:
+            return dataset
+        where = f"split {spec} of {self.data_args.dataset_name}"
+        names = ", ".join(f"example {index}" for index in bad[:NAMES_SHOWN])
+        names += ", ..." if len(bad) > NAMES_SHOWN else ""
+        allowed = self.data_args.max_bad_examples
+        limit = max_bad(allowed, len(dataset))
+        if len(bad) > limit:
+            raise UserError(
+                f"{len(bad)} of {len(dataset)} examples in {where} have no text, more than "
+                f"--max_bad_examples {allowed} allows ({limit}); first: {names}"
+            )
+        training = where if spec == self.data_args.train_split_name else None
+        skipped = f"examples in {where} without a text (first: {names})"
+        return dataset.select(skip_counted(len(dataset), bad, skipped, allowed, limit, training))
+
     def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
         """The classification splits, with each example's token count where
         `--train_sampling_strategy` groups by length (`--group_by_length`): the Trainer's
@@ -247,6 +279,12 @@ class TextClassificationTask(ClassificationTask):
         # A pair: the tokenizer marks the two (BERT: [SEP] and token type ids), and
         # truncation takes tokens from the longer one, as run_glue.py's tokenisation does.
         return lambda pairs: tokenize([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def _missing_texts(*columns: list) -> dict[str, list[bool]]:
+    """Per example of a batch (its text columns' values): whether one of them is no text."""
+    rows = zip(*columns, strict=True)
+    return {"missing": [any(not isinstance(text, str) for text in row) for row in rows]}
 
 
 def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
