@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import NAMES_SHOWN, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
-from trainer.data.sources import LocalLayout, table_column, table_header
+from trainer.data.sources import FILES, LocalLayout, table_column, table_header
 from trainer.data.streams import is_stream
 from trainer.settings.data_flags import max_bad
 from trainer.settings.task_flags import TextArguments
@@ -217,7 +217,7 @@ class TextClassificationTask(ClassificationTask):
         bad = [index for index, gone in enumerate(missing) if gone]
         if not bad:
             return dataset
-        where = f"split {spec} of {self.data_args.dataset_name}"
+        where = f"split {spec} of {self.data_args.dataset_name or FILES}"
         names = ", ".join(f"example {index}" for index in bad[:NAMES_SHOWN])
         names += ", ..." if len(bad) > NAMES_SHOWN else ""
         allowed = self.data_args.max_bad_examples
