@@ -270,3 +270,12 @@ def test_examples_without_a_text_are_skipped_and_counted_not_left_to_fail_a_batc
                                         r"more than --max_bad_examples 1 allows \(1\); "
                                         r"first: example 1, example 2$"):  # fmt: skip
         task.load_datasets(tokenizer)
+
+    (tmp_path / "none").mkdir()  # every text missing: refused, whatever the limit allows
+    (tmp_path / "none" / "train.csv").write_text("first,second,label\n,x,same\ny,,other\n")
+    task = text_task(model_dir, tmp_path / "none", *columns[:4], "--max_bad_examples", "100%",
+                     *NO_EVALUATION)  # fmt: skip
+    _, tokenizer = task.build_model_and_processor()
+    with pytest.raises(UserError, match=r"^None of the 2 examples in split train of .* has a "
+                                        r"text \(example 0, example 1\)\.$"):  # fmt: skip
+        task.load_datasets(tokenizer)

@@ -98,15 +98,24 @@ def first_names(dataset: Dataset, column: str, bad: list[int]) -> str:
     return names + (", ..." if len(bad) > NAMES_SHOWN else "")
 
 
-def check_limit(bad: int, total: int, what: str, spec: str, names: str) -> int:
+def check_limit(
+    bad: int,
+    total: int,
+    what: str,
+    spec: str,
+    names: str,
+    fault: str = "cannot be decoded",
+    sound: str = "can be decoded",
+) -> int:
     """The limit --max_bad_examples sets for `total` examples; UserError past it, or when
-    none decodes."""
+    every one is bad (the bad ones `fault`, the good ones `sound`: undecodable media by
+    default, texts missing for the text task)."""
     if bad == total:
-        raise UserError(f"None of the {total} {what} can be decoded ({names}).")
+        raise UserError(f"None of the {total} {what} {sound} ({names}).")
     limit = max_bad(spec, total)
     if bad > limit:
         raise UserError(
-            f"{bad} of {total} {what} cannot be decoded, more than --max_bad_examples "
+            f"{bad} of {total} {what} {fault}, more than --max_bad_examples "
             f"{spec} allows ({limit}); first: {names}"
         )
     return limit

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
-from trainer.data.bad_examples import NAMES_SHOWN, skip_counted
+from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
 from trainer.data.sources import FILES, LocalLayout, table_column, table_header
 from trainer.data.streams import is_stream
-from trainer.settings.data_flags import max_bad
 from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
 
@@ -221,12 +220,8 @@ class TextClassificationTask(ClassificationTask):
         names = ", ".join(f"example {index}" for index in bad[:NAMES_SHOWN])
         names += ", ..." if len(bad) > NAMES_SHOWN else ""
         allowed = self.data_args.max_bad_examples
-        limit = max_bad(allowed, len(dataset))
-        if len(bad) > limit:
-            raise UserError(
-                f"{len(bad)} of {len(dataset)} examples in {where} have no text, more than "
-                f"--max_bad_examples {allowed} allows ({limit}); first: {names}"
-            )
+        limit = check_limit(len(bad), len(dataset), f"examples in {where}", allowed, names,
+                            "have no text", "has a text")  # fmt: skip
         training = where if spec == self.data_args.train_split_name else None
         skipped = f"examples in {where} without a text (first: {names})"
         return dataset.select(skip_counted(len(dataset), bad, skipped, allowed, limit, training))
