@@ -80,8 +80,8 @@ def test_a_speech_run_skips_a_garbage_an_empty_and_a_missing_clip(two_processes)
     warning = f"warning: skipped 3 of {total} clips in split train of {dataset}"
     assert output.count(warning) == 1, "one line, from the node's first process"
     steps = [line for line in output.splitlines() if line.startswith("step ")]
-    assert steps and all(line.endswith("| skipped 3 undecodable per epoch") for line in steps)
-    assert "| skipped 3 undecodable per epoch" in next(
+    assert steps and all(line.endswith("| skipped 3 bad examples per epoch") for line in steps)
+    assert "| skipped 3 bad examples per epoch" in next(
         line for line in output.splitlines() if line.startswith("training done")
     )
     assert (two_processes.workdir / "out" / "model" / "model.safetensors").exists()

@@ -229,15 +229,16 @@ class ProgressLogCallback(TrainerCallback):
         return " | ".join([line, *self._skipped_part()])
 
     def _skipped_part(self) -> list[str]:
-        """Undecodable training examples skipped (trainer/data/bad_examples.py), if any: of a
-        map-style split, the whole split's count per epoch, the same everywhere; of a stream,
-        the files every process skipped so far, of the examples read."""
+        """Bad training examples skipped (trainer/data/bad_examples.py: undecodable media, a
+        text task's examples without a text), if any: of a map-style split, the whole split's
+        count per epoch, the same everywhere; of a stream, the files every process skipped so
+        far, of the examples read."""
         skips = self._stream_skips
         if skips is not None:
             count = len(skips.names)
             return [f"skipped {count} undecodable of {skips.read} streamed"] if count else []
         skipped = skipped_per_epoch()
-        return [f"skipped {skipped} undecodable per epoch"] if skipped else []
+        return [f"skipped {skipped} bad examples per epoch"] if skipped else []
 
     def _first_skips_line(self) -> str:
         skips = self._stream_skips
