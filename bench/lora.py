@@ -52,9 +52,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from trainer.settings.model_flags import ModelArguments  # noqa: E402
-from trainer.settings.task_flags import SpeechArguments  # noqa: E402
 from trainer.tasks.lora_adapters import parameter_counts, with_lora  # noqa: E402
 from trainer.tasks.speech import SpeechRecognitionTask  # noqa: E402
+from trainer.tasks.speech_recognition import SPEECH_RECOGNITION, SpeechArguments  # noqa: E402
 from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
 from trainer.tasks.whisper_sizes import whisper_config  # noqa: E402
 
@@ -88,7 +88,8 @@ def measure(
     with torch.device(device):
         model = WhisperForConditionalGeneration(config)
         if peft == "lora":
-            model = with_lora(model, ModelArguments(peft="lora", lora_dropout=0.0))
+            lora = ModelArguments(peft="lora", lora_dropout=0.0)
+            model = with_lora(model, lora, SPEECH_RECOGNITION.lora_targets)
     if checkpointing:
         model.gradient_checkpointing_enable()
     if bf16:  # the forward pass under autocast, as accelerate wraps it for the Trainer's --bf16

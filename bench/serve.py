@@ -25,7 +25,7 @@ Per task, one after the other:
   `transformers.pipeline(task, model=dir)` on one input per call, sequentially, as the
   Hugging Face inference container does: base64-decoding and decoding the media (the
   pipeline's own ffmpeg read of the WAV bytes; Pillow for the PNG) are in each call's time.
-  It runs where the server runs its model (trainer/serve/predictors.py `device_and_dtype`:
+  It runs where the server runs its model (trainer/tasks/served_model.py `device_and_dtype`:
   a GPU in bf16 if there is one, else the CPU in fp32), so both sides compare on the same
   device in the same dtype. One untimed warm-up call first.
 - **server**: `python -m trainer.serve DIR` in a fresh process (`OMP_NUM_THREADS=--cores`,
@@ -285,11 +285,12 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
     from PIL import Image
     from transformers import pipeline
 
-    from trainer.serve.predictors import PIPELINE_TASKS, device_and_dtype, task_of_model_dir
+    from trainer.tasks.registry import task_spec
+    from trainer.tasks.served_model import device_and_dtype, task_of_model_dir
 
     device, dtype = device_and_dtype()  # where the server runs the model, in its dtype
-    pipe = pipeline(PIPELINE_TASKS[task_of_model_dir(Path(model_dir))], model=model_dir,
-                    device=device, dtype=dtype)  # fmt: skip
+    served = task_spec(task_of_model_dir(Path(model_dir))).predictor
+    pipe = pipeline(served.pipeline_task, model=model_dir, device=device, dtype=dtype)
 
     def call(instance: dict):
         if "audio" in instance:
@@ -312,18 +313,19 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
 
 
 def forward_alone(model_dir: str, payload: list[dict], batch_sizes: list[int]) -> dict:
-    """In this process (the `--forward` child): the server's own model-thread work
-    (trainer/serve/predictors.py `predict`: collating, the forward pass, post-processing) on
+    """In this process (the `--forward` child): the server's own model-thread work (its
+    task's `Predictor.predict`, trainer/tasks/predictor.py: collating, the forward pass,
+    post-processing) on
     batches of already prepared instances, with no HTTP, no queue and no pre-processing in
     the time. Its milliseconds per instance at batch 1 against batch N are the most that
     batching N requests can gain on this device, whatever the server around it does."""
     from trainer.common.quiet import silence_known_noise
 
     silence_known_noise()
-    from trainer.serve.predictors import load_predictor, warm_up
+    from trainer.tasks.served_model import load_predictor
 
     predictor = load_predictor(Path(model_dir))
-    warm_up(predictor)
+    predictor.warm_up()
     prepared = [predictor.prepare(instance) for instance in payload]
     per_instance_ms = {}
     for size in batch_sizes:

@@ -44,7 +44,7 @@ from trainer.preflight.vertex_machines import machine_hardware, resolve_accelera
 from trainer.settings.run_config import RunConfig
 from trainer.storage.failure_kinds import brief
 from trainer.storage.store import open_store
-from trainer.tasks import load_task
+from trainer.tasks.registry import load_task
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
     from trainer.storage.store import Store
-    from trainer.tasks import Task
+    from trainer.tasks.base import Task
 
 DEFAULT_SHARD_SIZE_MB = 256
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.support.helpers import trainer_env
-from tests.unit.test_predict import assert_same_predictions, served
+from tests.support.served_predictions import assert_same_predictions, served
 
 
 def test_a_text_folder_is_predicted_skipping_a_broken_file_and_scored(

@@ -113,6 +113,16 @@ def serving(server):
         thread.join()
 
 
+def answer_json(handler, status: int, payload: dict) -> None:
+    """A JSON answer from an `http.server` handler of a loopback fake."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def jobspec_refusal(argv: list[str], dest: Path, capsys) -> str:
     """`python -m trainer.jobspec ARGV` in-process, which must refuse: exit code 2, one
     `error:` line, nothing written to `dest`. Returns that line."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.command_line.parser import TRAINING_DEFAULTS, TaskArguments
+from trainer.command_line.parser import TRAINING_DEFAULTS, task_arguments
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.model_flags import ModelArguments
@@ -92,12 +92,12 @@ def dataclass_flags(cls: type, values: dict[str, object] | None = None) -> dict:
 def current_snapshot() -> Snapshot:
     snapshot: Snapshot = {
         cls.__name__: dataclass_flags(cls)
-        for cls in (LauncherArguments, TaskArguments, ModelArguments, DataArguments)
+        for cls in (LauncherArguments, task_arguments(), ModelArguments, DataArguments)
     }
     snapshot[OutputArguments.__name__] = dataclass_flags(OutputArguments)
     for name in task_names():
         task_class = load_task(name)
-        snapshot[f"task {name}"] = dataclass_flags(task_class.arguments_class)
+        snapshot[f"task {name}"] = dataclass_flags(task_class.spec.flags)
         overrides = {**TRAINING_DEFAULTS, "metric_for_best_model": task_class.default_metric}
         snapshot[f"task {name}: training defaults set by this project"] = dataclass_flags(
             task_class.training_arguments_class, overrides

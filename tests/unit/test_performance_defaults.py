@@ -106,8 +106,8 @@ def whisper_footprint(size: str, precision: str, batch: int = 16, world: int = 1
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from trainer.settings.task_flags import SpeechArguments
     from trainer.tasks.speech import SpeechRecognitionTask
+    from trainer.tasks.speech_recognition import SpeechArguments
     from trainer.tasks.whisper_sizes import whisper_config
 
     with torch.device("meta"):

@@ -17,8 +17,8 @@ import pytest
 
 from tests.support.gcs_emulator import BUCKET
 from tests.support.labelled_models import COLOURS, png
+from tests.support.served_predictions import assert_same_predictions, served
 from trainer.predict.__main__ import main
-from trainer.serve.predictors import load_predictor
 from trainer.storage.store import open_store
 
 
@@ -36,24 +36,6 @@ def lines_of(path: Path) -> list[dict]:
 
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("error:")]
-
-
-def served(model: Path, instances: list, parameters: dict | None = None) -> list[dict]:
-    """What the server's predictor answers for `instances`, one forward pass each."""
-    predictor = load_predictor(model)
-    return [predictor.predict([predictor.prepare(i)], parameters or {})[0] for i in instances]
-
-
-def assert_same_predictions(actual: list[dict], expected: list[dict]) -> None:
-    """The same labels or text; scores equal but for a batch's padding (a forward pass over
-    several texts pads them to one length, which moves a score in its 6th digit)."""
-    assert [set(a) for a in actual] == [set(e) for e in expected]
-    for got, wanted in zip(actual, expected, strict=True):
-        for key, value in wanted.items():
-            if key in ("score", "scores"):
-                assert got[key] == pytest.approx(value, abs=1e-4)
-            else:
-                assert got[key] == value
 
 
 def test_a_jsonl_of_instances_is_predicted_in_order_and_scored_by_accuracy(

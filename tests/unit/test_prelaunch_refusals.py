@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import subprocess
 import sys
 import threading
 from importlib.util import find_spec
-from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
@@ -22,6 +19,7 @@ from transformers.utils import import_utils
 from tests.support.helpers import (
     CPU,
     TEXT_COLUMNS,
+    answer_json,
     assert_planned,
     assert_refused,
     resolved,
@@ -290,43 +288,6 @@ def test_a_hub_checkpoint_without_task_the_hub_cannot_tell_is_refused(
 # trainer.ray_submit: the cluster's Python ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory) -> Path:
-    """A Python with the standard library only, as on a stock Ray image's node without the
-    project's dependencies."""
-    venv = tmp_path_factory.mktemp("bare") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    return venv / "bin" / "python"
-
-
-def probe_report(python: Path, required) -> dict:
-    """What ray_submit's probe job prints, run by `python` as the cluster's shell would."""
-    names = [req.name for req in required]
-    done = subprocess.run([str(python), "-c", ray_submit.PROBE, *names], capture_output=True,
-                          text=True, check=True)  # fmt: skip
-    return json.loads(done.stdout.strip().removeprefix(ray_submit.PROBE_MARK))
-
-
-def test_a_cluster_python_without_the_dependencies_is_named_in_the_refusal(bare_python):
-    required = ray_submit.required_distributions()
-    names = [req.name for req in required]
-    assert {"torch", "transformers", "deepspeed"} <= set(names)
-    report = probe_report(bare_python, required)
-    assert report == dict.fromkeys(names)
-    assert ray_submit.missing_packages(required, report) == f"lacks {', '.join(names)}"
-
-
-def test_this_pythons_dependencies_pass_and_one_out_of_range_is_named_with_the_range():
-    required = ray_submit.required_distributions()
-    here = probe_report(Path(sys.executable), required)
-    assert ray_submit.missing_packages(required, here) == ""
-    stock = here | {"torch": "2.5.1+cu121", "transformers": None}  # a stock Ray image's
-    torch = next(req for req in required if req.name == "torch")
-    assert ray_submit.missing_packages(required, stock) == (
-        f"lacks transformers; has torch 2.5.1+cu121 (needs {torch.specifier})"
-    )
-
-
 class JobsApi(http.server.BaseHTTPRequestHandler):
     """Ray's job REST API as a cluster whose dashboard has not yet found a job agent
     answers it: `refusals` submissions get Ray's own 500, then one is taken."""
@@ -352,12 +313,7 @@ class JobsApi(http.server.BaseHTTPRequestHandler):
         self._answer(200, {"submission_id": "raysubmit_taken", "job_id": "raysubmit_taken"})
 
     def _answer(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, status, payload)
 
     def log_message(self, *args):
         pass
@@ -388,73 +344,6 @@ def test_a_submission_waits_for_a_freshly_started_cluster_s_job_agent(jobs_api, 
     with pytest.raises(UserError, match="refused the job: .*No available agent .*try again later"):
         ray_submit.submit(client, clock=lambda: next(now), sleep=naps.append, entrypoint="x")
     assert 1 < len(JobsApi.submissions) <= 1 + ray_submit.AGENT_WAIT_SECONDS / 30 + 1
-
-
-class ShellJobsApi(http.server.BaseHTTPRequestHandler):
-    """Ray's job REST API as a cluster answers it, each job's entrypoint run by a shell whose
-    PATH starts with `bin` (the cluster's `python`), to its end, when it is submitted."""
-
-    bin: Path
-    jobs: dict[str, dict] = {}
-
-    def do_GET(self):
-        import ray
-
-        parts = self.path.strip("/").split("/")  # api, version | api, jobs, ID[, logs]
-        if parts[1] == "version":
-            self._answer({"ray_version": ray.__version__, "version": "4"})
-        elif len(parts) == 4:
-            self._answer({"logs": self.jobs[parts[2]]["logs"]})
-        else:
-            job = self.jobs[parts[2]]
-            self._answer({key: job[key] for key in ("type", "status", "entrypoint")})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        path = f"{self.bin}:{os.environ['PATH']}"
-        done = subprocess.run(body["entrypoint"], shell=True, capture_output=True, text=True,
-                              env={**os.environ, "PATH": path})  # fmt: skip
-        job_id = f"raysubmit_{len(self.jobs)}"
-        self.jobs[job_id] = {
-            "type": "SUBMISSION",
-            "entrypoint": body["entrypoint"],
-            "status": "SUCCEEDED" if done.returncode == 0 else "FAILED",
-            "logs": done.stdout + done.stderr,
-        }
-        self._answer({"submission_id": job_id, "job_id": job_id})
-
-    def _answer(self, payload: dict, status: int = 200) -> None:
-        JobsApi._answer(self, status, payload)  # the same JSON answer as the other job API
-
-    log_message = JobsApi.log_message
-
-
-@pytest.mark.parametrize("python", ["bare", "this"])
-def test_the_probe_job_reports_the_cluster_pythons_packages(python, bare_python):
-    """The probe job, submitted by the real client to the job API on loopback and run by the
-    cluster's `python` as Ray runs an entrypoint: a Python without the dependencies is refused
-    in one line naming them and both ways to a Python that has them; this Python passes. (The
-    whole submission on a real cluster: tests/processes/test_ray_runs.py, slow.)"""
-    ShellJobsApi.bin = (bare_python if python == "bare" else Path(sys.executable)).parent
-    ShellJobsApi.jobs = {}
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ShellJobsApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = ray_submit.connect(f"http://127.0.0.1:{server.server_address[1]}")
-        required = ray_submit.required_distributions()
-        job_env = ray_submit.runtime_env(["HF_TOKEN"], {})
-        del job_env["working_dir"], job_env["excludes"]  # no upload: the API has no packages
-        if python == "this":
-            ray_submit.check_cluster_python(client, job_env, required)
-            return
-        with pytest.raises(UserError) as refusal:
-            ray_submit.check_cluster_python(client, job_env, required)
-    finally:
-        server.shutdown()
-    names = ", ".join(req.name for req in required)
-    assert str(refusal.value) == f"the Ray cluster's python lacks {names}; {ray_submit.CLUSTER_FIX}"
-    assert "docker/Dockerfile.ray" in str(refusal.value) and "runtime" in str(refusal.value)
-    assert [job["status"] for job in ShellJobsApi.jobs.values()] == ["SUCCEEDED"]
 
 
 # --register_model -----------------------------------------------------------------------------

@@ -8,7 +8,6 @@ tests/processes/test_serve_runs.py's."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import threading
 import wave
@@ -17,41 +16,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
-from tests.support.helpers import free_port, wait_until
+from tests.support.helpers import wait_until
 from tests.support.labelled_models import COLOURS, png
+from tests.support.served_app import LOCAL, running, serve, wait_ready
 from trainer.serve.__main__ import checked_model, main
 from trainer.serve.app import make_app
 from trainer.serve.contract import Contract
-from trainer.serve.predictors import load_predictor
-
-LOCAL = Contract.from_environment({})
-
-
-@contextlib.contextmanager
-def running(app, contract: Contract = LOCAL):
-    """`app` served by uvicorn on a free loopback port for the block; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 30, "the server to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def serve(predictor, contract: Contract = LOCAL, **limits):
-    settings = {"max_batch_size": 8, "max_wait": 0.01, "max_request_bytes": 2**20,
-                "queue_size": 64} | limits  # fmt: skip
-    return running(make_app(contract, lambda: predictor, **settings), contract)
-
-
-def wait_ready(url: str, route: str = "/health") -> None:
-    wait_until(lambda: httpx.get(url + route).status_code == 200, 60, "health 200")
+from trainer.tasks.served_model import load_predictor
 
 
 @pytest.fixture(scope="module")
@@ -415,7 +387,7 @@ def test_an_english_only_whisper_refuses_a_language_and_takes_its_other_paramete
 ):
     """A real family's English-only checkpoint (tiny.en's configuration and tokenizer):
     `language` would make generate() raise inside a shared batch; it is refused alone."""
-    from trainer.serve.media import InstanceError
+    from trainer.tasks.instance_media import InstanceError
 
     predictor = load_predictor(family_checkpoints("tiny.en"))
     with pytest.raises(InstanceError, match="English-only model takes no 'language'"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import subprocess
 import tarfile
 import uuid
 from pathlib import Path
@@ -202,14 +201,18 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
 
 
 def flac_samples(demo_assets, split: str, rows: range) -> list[tuple[str, bytes]]:
-    """`clipN.flac` + `clipN.txt` members from the demo's clips (converted by ffmpeg)."""
+    """`clipN.flac` + `clipN.txt` members from the demo's clips (encoded by torchcodec)."""
+    from torchcodec.decoders import AudioDecoder
+    from torchcodec.encoders import AudioEncoder
+
     with (demo_assets.dataset_dir / split / "metadata.csv").open() as handle:
         metadata = list(csv.DictReader(handle))
     members = []
     for row in rows:
         wav = demo_assets.dataset_dir / split / metadata[row]["file_name"]
-        flac = subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(wav), "-f", "flac", "-"],
-                              capture_output=True, check=True).stdout  # fmt: skip
+        clip = AudioDecoder(str(wav)).get_all_samples()
+        flac = AudioEncoder(clip.data, sample_rate=clip.sample_rate).to_tensor("flac")
+        flac = flac.numpy().tobytes()
         text = metadata[row]["transcription"].encode()
         members += [(f"{split}/clip{row}.flac", flac), (f"{split}/clip{row}.txt", text)]
     return members

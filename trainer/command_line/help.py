@@ -21,17 +21,17 @@ from pathlib import Path
 from trainer.command_line.parser import (
     TRAINING_DEFAULTS,
     FlagParser,
-    TaskArguments,
     build_parser,
     selected_task_name,
+    task_arguments,
 )
-from trainer.command_line.recipes import expand_config_file, shipped_recipes
+from trainer.command_line.recipes import expand_config_file
 from trainer.common.errors import UserError
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.output_flags import OutputArguments
-from trainer.tasks import DEFAULT_TASK, load_task
+from trainer.tasks.registry import DEFAULT_TASK, load_task, task_spec
 
 USAGE = "python -m trainer [recipe.yaml] [flags]"
 """The flags that print help instead of launching; `--help-all` lists every flag."""
@@ -175,25 +175,16 @@ def help_sections(task_class: type, task_name: str, everything: bool) -> tuple[l
     sections = [
         Section(
             "Launcher flags (once per node)",
-            "Read by python -m trainer on each node; never passed to the training processes.",
+            "Read by the launcher on each node, never by the training processes.",
             [action for action in launcher._actions if action.option_strings],
         ),
-        Section(
-            "Model and data",
-            "The task, the pretrained model and the dataset (every task reads these).",
-            groups[0],
-        ),
-        Section(f"{task_name} flags", f"The flags of --task {task_name} only.", groups[1]),
-        Section(
-            "Outputs and checkpoints",
-            "Where checkpoints, the final model and TensorBoard logs go, resuming, and "
-            "when checkpoints are saved besides --save_strategy.",
-            groups[2],
-        ),
+        Section("Model and data", "", groups[0]),
+        Section(f"{task_name} flags", "", groups[1]),
+        Section("Outputs and checkpoints", "", groups[2]),
         Section(
             f"Hugging Face training flags ({training_class}, {which})",
-            "The Trainer's own flags, passed to every training process; defaults are the "
-            "ones this project applies" + ("." if everything else "; --help-all: their help."),
+            "Passed to every training process, with this project's defaults"
+            + ("." if everything else "; --help-all: their help."),
             shown,
             brief=True,
         ),
@@ -205,8 +196,8 @@ def grouped_actions(task_class: type) -> tuple[list[list[argparse.Action]], list
     """The training parser's flags: those of the model and data, of the task and of the
     outputs; then the Trainer's own (the launcher's --deepspeed takes the Trainer's)."""
     own = [
-        _field_names(TaskArguments, ModelArguments, DataArguments),
-        _field_names(task_class.arguments_class),
+        _field_names(task_arguments(), ModelArguments, DataArguments),
+        _field_names(task_class.spec.flags),
         _field_names(OutputArguments),
     ]
     actions = [
@@ -223,28 +214,21 @@ def header(selected: Selection, sections: list[Section], hidden: int, width: int
     lines = [f"usage: {USAGE}", ""]
     notes = selected.notes
     lines += [_fill(note, width) for note in notes] + ([""] if notes else [])
+    recipes = ", ".join(task_spec(selected.task_name).recipes) or "none yet"
     lines += [
         _fill(
             "Fine-tunes a Hugging Face model; runs once on every node. A first argument "
-            "ending in .yaml is a recipe: a file of flags, or one shipped in "
-            f"trainer/recipes/ ({', '.join(shipped_recipes())}); flags after it override it. "
-            "No model and no dataset runs the built-in demo.",
+            "ending in .yaml is a recipe: a file of flags, or one shipped in trainer/recipes/ "
+            f"(this task's: {recipes}); flags after it override it. No model and no dataset "
+            "runs the built-in demo.",
             width,
         ),
         "",
         _fill(
             f"Flags of --task {selected.task_name} ({selected.source}; --task or a recipe selects "
-            "another), in sections:",
-            width,
-        ),
-    ]
-    lines += [f"  {number}. {section.title}" for number, section in enumerate(sections, 1)]
-    lines += [
-        "",
-        _fill(
-            "--flag VALUE, or --flag=VALUE; a BOOL flag alone means true (--streaming, "
-            "--streaming false). Dashes work for underscores (--dry-run is --dry_run). "
-            "See docs/launching.md.",
+            "another). --flag VALUE, or --flag=VALUE; a BOOL flag alone means true "
+            "(--streaming, --streaming false); dashes work for underscores (--dry-run). See "
+            "docs/launching.md.",
             width,
         ),
         "",

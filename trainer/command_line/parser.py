@@ -24,8 +24,8 @@ from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.output_flags import OutputArguments
-from trainer.settings.task_flags import DEFAULT_TASK, TaskOptions, task_names
-from trainer.tasks import Task, load_task, task_name
+from trainer.tasks.base import Task
+from trainer.tasks.registry import DEFAULT_TASK, load_task, task_names
 
 
 class FlagParser(HfArgumentParser):
@@ -40,12 +40,21 @@ class FlagParser(HfArgumentParser):
         raise UserError(f"{message} (see python -m trainer --help).")
 
 
-@dataclass
-class TaskArguments:
-    task: str = field(
-        default=DEFAULT_TASK,
-        metadata={"help": f"What to fine-tune for: one of {', '.join(task_names())}."},
-    )
+def task_arguments() -> type:
+    """The `--task` selector, its help listing the tasks registered now."""
+    return _task_arguments(tuple(task_names()))
+
+
+@functools.cache
+def _task_arguments(tasks: tuple[str, ...]) -> type:
+    @dataclass
+    class TaskArguments:
+        task: str = field(
+            default=DEFAULT_TASK,
+            metadata={"help": f"What to fine-tune for: one of {', '.join(tasks)}."},
+        )
+
+    return TaskArguments
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,8 @@ class ParsedFlags:
     task: str
     model: ModelArguments
     data: DataArguments
-    task_options: TaskOptions
+    task_options: Any
+    """The task's own flags (its spec's `flags` dataclass)."""
     outputs: OutputArguments
     training: dict[str, Any]
     """TrainingArguments values by name; the object itself is built in each training
@@ -76,10 +86,10 @@ TRAINING_DEFAULTS = {
 def build_parser(task_class: type[Task]) -> FlagParser:
     parser = FlagParser(
         [
-            TaskArguments,
+            task_arguments(),
             ModelArguments,
             DataArguments,
-            task_class.arguments_class,
+            task_class.spec.flags,
             OutputArguments,
             task_class.training_arguments_class,
         ]
@@ -89,7 +99,7 @@ def build_parser(task_class: type[Task]) -> FlagParser:
 
 
 def selected_task_name(argv: list[str]) -> str:
-    selector = FlagParser([TaskArguments], add_help=False)
+    selector = FlagParser([task_arguments()], add_help=False)
     known, _ = selector.parse_known_args(translate_example_flags(argv)[0])
     return known.task
 
@@ -123,7 +133,7 @@ def parse_training_flags(
             raise UserError(str(error)) from None
 
     model, data = take(ModelArguments), take(DataArguments)
-    options, outputs = take(task_class.arguments_class), take(OutputArguments)
+    options, outputs = take(task_class.spec.flags), take(OutputArguments)
     values.pop("task")
     return ParsedFlags(name, model, data, options, outputs, training=values)
 
@@ -175,7 +185,7 @@ def _another_tasks_flags(
     was inferred or is the default); where it gives one, a second --task would be refused as
     given twice, so: that task in its place, or the flags left out."""
     choices = " or ".join(f"--task {other}" for other in knowing)
-    head = f"{shown}: flag(s) of {choices}, not of --task {task_name(task_class)}"
+    head = f"{shown}: flag(s) of {choices}, not of --task {task_class.spec.name}"
     if task_given:
         return (
             f"{head}, the --task given: give {choices} in its place, or leave them out "
@@ -244,11 +254,15 @@ def accepted_spellings(task_class: type[Task]) -> dict[str, str]:
     return spellings
 
 
-@functools.cache
 def known_flags() -> tuple[str, ...]:
     """Every flag known here: the launcher's, every task's, the foreign ones answered."""
+    return _known_flags(tuple(task_names()))
+
+
+@functools.cache
+def _known_flags(tasks: tuple[str, ...]) -> tuple[str, ...]:
     parsers = [FlagParser([LauncherArguments])]
-    parsers += [build_parser(load_task(name)) for name in task_names()]
+    parsers += [build_parser(load_task(name)) for name in tasks]
     return tuple(sorted(_flag_names(parsers) | set(FOREIGN_FLAGS)))
 
 

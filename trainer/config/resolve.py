@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from trainer.command_line.example_flags import (
@@ -50,10 +50,9 @@ from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, TrainingFlags
-from trainer.settings.task_flags import DEFAULT_TASK
 from trainer.storage.locations import resolve_output_locations
-from trainer.tasks import Task, load_task
-from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES
+from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES, Task
+from trainer.tasks.registry import DEFAULT_TASK, load_task, task_spec
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
@@ -96,7 +95,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
         task=flags.task,
         model=flags.model,
         data=data,
-        task_options=task_class.settled_options(flags.task_options),
+        task_options=asdict(task_class.settled_options(flags.task_options)),
         outputs=flags.outputs,
         training=TrainingFlags(training),
         locations=resolve_output_locations(flags.outputs, env, training["output_dir"]),
@@ -150,7 +149,7 @@ def with_model_and_data(
     if model is not None and dataset is not None:
         return training_argv, None
     if dataset is not None:
-        default_model = load_task(flags.task).default_model
+        default_model = task_spec(flags.task).default_model
         if default_model is None:
             raise UserError(GIVE_BOTH)
         return [*training_argv, "--model_name_or_path", default_model], None

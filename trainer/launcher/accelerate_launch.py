@@ -145,7 +145,7 @@ def what_is_kept() -> str:
     config_json = os.environ.get(RUN_CONFIG_VARIABLE)
     if not config_json:
         return ""
-    checkpoints = RunConfig.from_json(config_json).locations.checkpoints
+    checkpoints = RunConfig.locations_in(config_json).checkpoints
     return f"; {newest_complete_line(checkpoints)}"
 
 

@@ -22,10 +22,16 @@ from pathlib import Path
 
 from trainer.common.errors import StorageUnavailable, UserError, exit_with_error
 from trainer.predict.examples import input_kind, read_examples
-from trainer.serve.__main__ import DEFAULT_MAX_BATCH_SIZE, checked_model, model_folder
-from trainer.serve.contract import Contract
 from trainer.settings.data_flags import DEFAULT_MAX_BAD_EXAMPLES, max_bad
 from trainer.storage.store import GcsStore, Store, open_store
+from trainer.tasks.registry import task_spec
+from trainer.tasks.served_model import (
+    DEFAULT_MAX_BATCH_SIZE,
+    checked_location,
+    load_predictor,
+    model_folder,
+    task_of_model_dir,
+)
 
 PREDICTIONS = "predictions.jsonl"
 RESULTS = "test_results.json"
@@ -70,7 +76,7 @@ class Request:
 
 def checked(args: argparse.Namespace) -> Request:
     """The checked command line, or ValueError / UserError saying what is wrong."""
-    model = checked_model(args.model, Contract.from_environment({}))
+    model = checked_location(args.model)
     if args.batch_size < 1:
         raise ValueError("--batch_size must be at least 1")
     max_bad(args.max_bad_examples, 0)
@@ -111,12 +117,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def predict(request: Request, args: argparse.Namespace) -> None:
     from trainer.predict.offline import OfflineRun
-    from trainer.serve.media import InstanceError
-    from trainer.serve.predictors import load_predictor, task_of_model_dir
+    from trainer.tasks.instance_media import InstanceError
 
     folder = model_folder(request.model)
     try:
-        task = task_of_model_dir(folder)
+        task = task_spec(task_of_model_dir(folder))
         found = read_examples(request.input, request.kind, task, args.split)
     except (ValueError, FileNotFoundError, UserError) as error:
         exit_with_error(str(error).replace(str(folder), request.model), 2)
@@ -141,15 +146,20 @@ def predict(request: Request, args: argparse.Namespace) -> None:
             exit_with_error(error, 1)
         written = [PREDICTIONS]
         if outcome.scored:
-            from trainer.predict.scoring import metrics_of
-
-            results = metrics_of(predictor, outcome.scored, parameters)
+            results = test_results(predictor.score(outcome.scored, parameters), outcome)
             (Path(staging) / RESULTS).write_text(json.dumps(results, indent=2) + "\n")
             written.append(RESULTS)
         request.output.upload(Path(staging), written)
     print(f"predicted {outcome.predicted} of {found.total} examples, skipped "
           f"{len(outcome.skipped)}: {' and '.join(written)} in {request.output.uri}",
           flush=True)  # fmt: skip
+
+
+def test_results(metrics: dict[str, float], outcome) -> dict[str, float]:
+    """The metrics with the `test_` prefix the Trainer gives a test set's, and how many
+    predictions were scored (test_results.json, as `--do_predict` writes it)."""
+    prefixed = {f"test_{name}": value for name, value in metrics.items()}
+    return prefixed | {"test_samples": len(outcome.scored)}
 
 
 if __name__ == "__main__":

@@ -6,15 +6,16 @@ checks it; its id names it in predictions.jsonl, and its reference, where the in
 is what the prediction is scored against.
 
 Folders follow `datasets`' audiofolder and imagefolder: the media files are those with the
-builders' extensions (`.txt` for a text model), references come from a `metadata.csv` or
-`metadata.jsonl` beside them (a `file_name` column, the transcript in `text`, `sentence` or
-`transcription`, the class in `label`), and images in one folder per class
-(`DIR/CLASS/x.png`) are labelled by their folder, as imagefolder labels them.
+task's extensions (the builders'; `.txt` for a text model), references come from a
+`metadata.csv` or `metadata.jsonl` beside them (a `file_name` column, the reference in the
+first of the task's reference columns it has: the transcript in `text`, `sentence` or
+`transcription`, the class in `label`), and for a task that says so (images) media in one
+folder per class (`DIR/CLASS/x.png`) are labelled by their folder, as imagefolder labels them.
+What a task's test set looks like is its predictor's to say (trainer/tasks/predictor.py).
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import json
 from collections.abc import Callable, Iterator
@@ -24,21 +25,11 @@ from typing import Any
 
 from trainer.common.errors import UserError
 from trainer.data.sources import FOLDER_METADATA
-from trainer.serve.media import InstanceError
+from trainer.tasks.instance_media import failing_instance, file_instance
+from trainer.tasks.task_spec import TaskSpec
 
 DATASET_FILES = ("dataset_dict.json", "state.json")
 """What `save_to_disk` writes at the top of a DatasetDict's or a Dataset's folder."""
-REFERENCE_COLUMNS = {
-    "speech-recognition": ("text", "sentence", "transcription"),
-    "image-classification": ("label",),
-    "text-classification": ("label",),
-}
-"""Where a folder's metadata or a dataset holds the reference, first found first: training's
-default columns (`--text_column_name text`, `--label_column_name label`), Common Voice's
-`sentence` and the demo set's `transcription`."""
-MEDIA_COLUMNS = {"speech-recognition": "audio", "image-classification": "image"}
-"""A dataset's media column per task (training's `--audio_column_name`, `--image_column_name`
-defaults); a text dataset gives `text`, and `text_pair` for a pair model."""
 JSONL_REFERENCE_FIELDS = ("reference", "label")
 """A .jsonl line's fields that hold its reference, removed before it is predicted."""
 
@@ -71,7 +62,7 @@ def input_kind(path: Path) -> str:
                      "nor a dataset saved with save_to_disk")  # fmt: skip
 
 
-def read_examples(path: Path, kind: str, task: str, split: str) -> Examples:
+def read_examples(path: Path, kind: str, task: TaskSpec, split: str) -> Examples:
     """The examples of the input, for a model of `task`; UserError when it holds none."""
     if kind == "jsonl":
         found = Examples(_count_lines(path), _jsonl_examples(path))
@@ -80,45 +71,23 @@ def read_examples(path: Path, kind: str, task: str, split: str) -> Examples:
     else:
         found = _folder_examples(path, task)
     if found.total == 0:
-        raise UserError(f"{path} holds no examples for a {task} model")
+        raise UserError(f"{path} holds no examples for a {task.name} model")
     return found
 
 
-def _file_instance(path: Path) -> Callable[[], dict]:
-    def read() -> dict:
-        try:
-            return {"b64": base64.b64encode(path.read_bytes()).decode()}
-        except OSError as error:
-            raise InstanceError(f"cannot read the file ({error.strerror})") from None
-
-    return read
-
-
-def media_extensions(task: str) -> frozenset[str]:
-    if task == "text-classification":
-        return frozenset({".txt"})
-    if task == "image-classification":
-        from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder as Builder
-    else:
-        from datasets.packaged_modules.audiofolder.audiofolder import AudioFolder as Builder
-    return frozenset(Builder.EXTENSIONS)
-
-
-def _folder_examples(folder: Path, task: str) -> Examples:
-    extensions = media_extensions(task)
+def _folder_examples(folder: Path, task: TaskSpec) -> Examples:
+    extensions = task.predictor.media_extensions()
     files = sorted(
         path.relative_to(folder).as_posix()
         for path in folder.rglob("*")
         if path.is_file() and path.suffix.lower() in extensions and not path.name.startswith(".")
     )
     references = _metadata_references(folder, task) or _class_folders(files, task)
-    examples = (
-        Example(name, references.get(name), _file_instance(folder / name)) for name in files
-    )
+    examples = (Example(name, references.get(name), file_instance(folder / name)) for name in files)
     return Examples(len(files), examples)
 
 
-def _metadata_references(folder: Path, task: str) -> dict[str, Any]:
+def _metadata_references(folder: Path, task: TaskSpec) -> dict[str, Any]:
     """file_name -> reference, from the folder's metadata.csv or metadata.jsonl (if any)."""
     for name in FOLDER_METADATA:
         path = folder / name
@@ -138,14 +107,15 @@ def _table_rows(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _reference_column(columns, task: str) -> str | None:
-    return next((name for name in REFERENCE_COLUMNS[task] if name in columns), None)
+def _reference_column(columns, task: TaskSpec) -> str | None:
+    return next((name for name in task.predictor.reference_columns if name in columns), None)
 
 
-def _class_folders(files: list[str], task: str) -> dict[str, str]:
-    """Images in one folder per class (every file one folder deep) are labelled by it."""
+def _class_folders(files: list[str], task: TaskSpec) -> dict[str, str]:
+    """Media in one folder per class (every file one folder deep) are labelled by it, for a
+    task whose predictor says so (images)."""
     parts = [name.split("/") for name in files]
-    if task != "image-classification" or not parts or any(len(p) != 2 for p in parts):
+    if not task.predictor.labelled_by_folder or not parts or any(len(p) != 2 for p in parts):
         return {}
     return {name: part[0] for name, part in zip(files, parts, strict=True)}
 
@@ -167,7 +137,7 @@ def _line_example(number: int, line: str) -> Example:
     try:
         instance = json.loads(line)
     except ValueError:
-        return Example(number, None, _failing("the line is not JSON"))
+        return Example(number, None, failing_instance("the line is not JSON"))
     if not isinstance(instance, dict):
         return Example(number, None, lambda: instance)
     instance = dict(instance)
@@ -176,14 +146,7 @@ def _line_example(number: int, line: str) -> Example:
     return Example(example_id, found[0] if found else None, lambda: instance)
 
 
-def _failing(reason: str) -> Callable[[], object]:
-    def read() -> object:
-        raise InstanceError(reason)
-
-    return read
-
-
-def _dataset_examples(path: Path, task: str, split: str) -> Examples:
+def _dataset_examples(path: Path, task: TaskSpec, split: str) -> Examples:
     from datasets import DatasetDict, load_from_disk
 
     dataset = load_from_disk(str(path))
@@ -192,19 +155,20 @@ def _dataset_examples(path: Path, task: str, split: str) -> Examples:
             raise UserError(f"{path} has no split {split} (it has {', '.join(dataset)}): "
                             "name one with --split")  # fmt: skip
         dataset = dataset[split]
-    media = MEDIA_COLUMNS.get(task, "text")
+    media = task.predictor.media_key
     if media not in dataset.column_names:
-        raise UserError(f"{path} has no {media} column for a {task} model (its columns: "
+        raise UserError(f"{path} has no {media} column for a {task.name} model (its columns: "
                         f"{', '.join(dataset.column_names)})")  # fmt: skip
-    if media != "text":
-        dataset = dataset.cast_column(media, type(dataset.features[media])(decode=False))
+    feature = dataset.features[media]
+    if hasattr(feature, "decode"):  # audio and images: their bytes, as a request sends them
+        dataset = dataset.cast_column(media, type(feature)(decode=False))
     reference = _reference_column(dataset.column_names, task)
     names = getattr(dataset.features.get(reference), "int2str", None)
     rows = (
         Example(
             row.get("id", index),
             _row_reference(row, reference, names),
-            _row_instance(row, media),
+            task.predictor.row_instance(row),
         )
         for index, row in enumerate(dataset)
     )
@@ -215,16 +179,3 @@ def _row_reference(row: dict, column: str | None, names: Callable | None) -> Any
     if column is None:
         return None
     return names(row[column]) if names is not None else row[column]
-
-
-def _row_instance(row: dict, media: str) -> Callable[[], object]:
-    if media == "text":
-        text = {"text": row["text"], "text_pair": row.get("text_pair")}
-        return lambda: {key: value for key, value in text.items() if value is not None}
-    value = row[media] or {}
-    if value.get("bytes"):
-        encoded = base64.b64encode(value["bytes"]).decode()
-        return lambda: {"b64": encoded}
-    if value.get("path"):
-        return _file_instance(Path(value["path"]))
-    return _failing(f"no {media} in this row")

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit
 from trainer.predict.examples import Example
-from trainer.serve.media import InstanceError
-from trainer.serve.predictors import Predictor
+from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.predictor import Predictor
 
 BATCHES_AHEAD = 4
 """How many batches of instances are being prepared while the model computes one."""

@@ -21,7 +21,8 @@ from transformers.trainer_optimizer import _BITSANDBYTES_OPTIMIZERS
 
 from trainer.common.errors import UserError
 from trainer.settings.run_config import Hardware, RunConfig
-from trainer.tasks import Task, load_task, task_name
+from trainer.tasks.base import Task
+from trainer.tasks.registry import load_task
 from trainer.tasks.training_arguments import training_arguments_before_launch
 
 
@@ -60,7 +61,7 @@ def check_metric(task_class: type[Task], metric: str | None) -> None:
     if metric.removeprefix("eval_") not in names:
         raise UserError(
             f"--metric_for_best_model {metric} is not a metric of --task "
-            f"{task_name(task_class)}: choose one of {', '.join(names)} (with or "
+            f"{task_class.spec.name}: choose one of {', '.join(names)} (with or "
             "without the eval_ prefix)."
         )
 

@@ -16,7 +16,7 @@ from trainer.common.errors import UserError
 from trainer.storage.checkpoints import MANIFEST
 from trainer.storage.store import Store
 from trainer.tasks.lora_adapters import ADAPTER_DIRNAME
-from trainer.tasks.model_tasks import task_of_model
+from trainer.tasks.registry import task_of_model
 
 
 @dataclass(frozen=True)

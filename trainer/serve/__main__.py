@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 from trainer.serve.contract import Contract
+from trainer.tasks.served_model import DEFAULT_MAX_BATCH_SIZE, checked_location
 
-DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_WAIT_MS = 10.0
 DEFAULT_QUEUE_SIZE = 256
 DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
@@ -52,33 +50,12 @@ def parser(env) -> argparse.ArgumentParser:
 
 
 def checked_model(model: str | None, contract: Contract) -> str:
-    """The model's location, or ValueError saying what is wrong with it."""
+    """The model's location (the argument, else Vertex AI's AIP_STORAGE_URI), or ValueError
+    saying what is wrong with it."""
     location = model or contract.storage_uri
     if not location:
         raise ValueError("no model: name a folder or gs:// URI, or set AIP_STORAGE_URI")
-    if location.startswith("gs://"):
-        if not location.removeprefix("gs://").split("/", 1)[0]:
-            raise ValueError(f"{location} names no bucket")
-        return location
-    folder = Path(location).expanduser()
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{location} is not a model folder (no config.json in it)")
-    from trainer.serve.predictors import task_of_model_dir
-
-    task_of_model_dir(folder)  # a model no predictor serves fails here, before the port opens
-    return str(folder)
-
-
-def model_folder(location: str) -> Path:
-    """The model's local folder: a gs:// model is downloaded into a new temporary one first
-    (in parallel, every file's CRC32C verified); python -m trainer.predict loads it so too."""
-    if not location.startswith("gs://"):
-        return Path(location)
-    from trainer.storage.store import open_store
-
-    folder = Path(tempfile.mkdtemp(prefix="model-"))
-    open_store(location).download(folder)
-    return folder
+    return checked_location(location)
 
 
 def loader(location: str):
@@ -86,10 +63,10 @@ def loader(location: str):
     first, then loads and warms it."""
 
     def load():
-        from trainer.serve.predictors import load_predictor, warm_up
+        from trainer.tasks.served_model import load_predictor, model_folder
 
         predictor = load_predictor(model_folder(location))
-        warm_up(predictor)
+        predictor.warm_up()
         # Where it runs, said once: a GPU node whose driver torch cannot use would else
         # serve from the CPU without a word.
         pipe = predictor.pipe

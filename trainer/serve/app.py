@@ -24,8 +24,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from trainer.serve.batching import Batcher, QueueFull
 from trainer.serve.contract import Contract
-from trainer.serve.media import InstanceError
-from trainer.serve.predictors import Predictor
+from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.predictor import Predictor
 
 PAGE = resources.files("trainer.serve").joinpath("page.html").read_text(encoding="utf-8")
 """`GET /`: a page to try the model from a browser, on a local server (Vertex AI forwards

@@ -23,22 +23,21 @@ class DataArguments:
     test_split_name: str = flag("test", "Split for --do_predict.")
     train_val_split: float | None = flag(
         None,
-        "Evaluate on this fraction of the training split, drawn with --seed (for "
-        "datasets with only a train split); leave --eval_split_name out.",
+        "Evaluate on this fraction of the training split (drawn with --seed), in "
+        "place of --eval_split_name.",
     )
     max_train_samples: int | None = flag(None, "Keep only this many training examples (debugging).")
     max_eval_samples: int | None = flag(None, "Keep only this many evaluation examples.")
     preprocessing_num_workers: int | None = flag(None, "Processes for dataset filtering passes.")
     max_bad_examples: str = flag(
         DEFAULT_MAX_BAD_EXAMPLES,
-        "Undecodable clips or images are skipped and counted, up to this many per "
-        "split (a count, or a share of it with a percent sign); past it the run stops, "
-        "naming the first bad files (a stream: as it is read; docs/storage.md).",
+        "Skip and count bad examples (undecodable media, missing texts) up to this "
+        "many per split (a count, or a percentage).",
     )
     streaming: bool = flag(
         False,
-        "Stream the training split (a shard set of python -m trainer.shards, a hub "
-        "dataset or a local directory) instead of copying it; needs --max_steps.",
+        "Stream the training split (trainer.shards' shards, a hub dataset, a local "
+        "directory); needs --max_steps.",
     )
     shuffle_buffer_size: int = flag(
         500, "Examples in the shuffle buffer of a stream (shard order is shuffled too)."

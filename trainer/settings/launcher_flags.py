@@ -25,21 +25,20 @@ class LauncherArguments:
     )
     rdzv_timeout: int = flag(
         1800,
-        "Seconds the nodes wait for each other at start-up (replicas may start "
-        "minutes apart); a node still waiting 30 s after that exits 1.",
+        "Seconds the nodes wait for each other at start-up; a node still waiting 30 s "
+        "after that exits 1.",
     )
     chief_resolve_timeout: int = flag(
         300, "Seconds a worker node retries resolving the chief's name before giving up."
     )
     skip_hub_check: bool = flag(
         False,
-        "Ask the Hugging Face Hub nothing before launch (whether the ids exist, "
-        "the model's config for the plan): for a node that cannot reach it.",
+        "Ask the Hugging Face Hub nothing before launch (for a node that cannot reach it).",
     )
     secret: list[str] = flag(
         [],
         "NAME=projects/P/secrets/S/versions/V: that Secret Manager secret in the "
-        "training processes' variable NAME; repeatable, never printed (docs/deploy.md).",
+        "training processes' variable NAME; repeatable, never printed.",
         action="extend",
     )
     dry_run: bool = flag(

@@ -19,22 +19,19 @@ class ModelArguments:
     cache_dir: str | None = flag(None, "Where downloaded models and datasets are cached.")
     attn_implementation: str | None = flag(
         None,
-        "Attention kernels: sdpa (PyTorch's fused attention; the default for every "
-        "model that supports it), eager, or flash_attention_2 (needs the flash-attn package).",
+        "Attention kernels: sdpa (default where supported), eager, flash_attention_2.",
     )
     peft: Literal["none", "lora"] = flag(
         "none",
-        "lora: train low-rank adapters (PEFT) instead of every weight; the delivered "
-        "model is the merged full model. none: full fine-tuning.",
+        "lora: train low-rank adapters (PEFT), deliver the merged model; none: every weight.",
     )
     lora_r: int = flag(16, "LoRA rank (with --peft lora).")
     lora_alpha: int = flag(32, "LoRA scaling numerator: updates are scaled by alpha/r.")
     lora_dropout: float = flag(0.05, "Dropout on the LoRA branch's input.")
     lora_target_modules: str | None = flag(
         None,
-        "Comma-separated module names that get adapters (default per model type: "
-        "Whisper's attention projections q_proj,k_proj,v_proj,out_proj; ViT's q_proj,v_proj; "
-        "BERT's query,value).",
+        "Comma-separated names of the modules that get adapters (default: the task's for "
+        "the model type, docs/tasks.md).",
     )
     load_in_8bit: bool = flag(
         False,

@@ -39,8 +39,7 @@ class OutputArguments:
     )
     resume_from_output_dir: bool = flag(
         False,
-        "Continue the run of the other Vertex AI job that owns this "
-        "output directory (refused without it; docs/storage.md).",
+        "Continue the run of the other Vertex AI job that owns this output directory.",
     )
     tensorboard_sync_seconds: int = flag(60, "How often TensorBoard logs are synced.")
     peer_upload_timeout: int = flag(

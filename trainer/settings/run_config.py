@@ -21,7 +21,6 @@ from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.output_flags import OutputArguments
-from trainer.settings.task_flags import TASK_FLAGS, TaskOptions
 
 T = TypeVar("T")
 
@@ -136,7 +135,9 @@ class RunConfig:
     """The `--task` value (trainer/tasks builds the task from it and the groups below)."""
     model: ModelArguments
     data: DataArguments
-    task_options: TaskOptions
+    task_options: dict[str, Any]
+    """The task's own flags by name (their dataclass is the task's, trainer/tasks: it builds
+    them from these values, as `TrainingArguments` from `training`)."""
     outputs: OutputArguments
     training: TrainingFlags
     locations: OutputLocations
@@ -172,7 +173,7 @@ class RunConfig:
             task=data["task"],
             model=ModelArguments(**data["model"]),
             data=DataArguments(**data["data"]),
-            task_options=TASK_FLAGS[data["task"]](**data["task_options"]),
+            task_options=data["task_options"],
             outputs=OutputArguments(**data["outputs"]),
             training=TrainingFlags(data["training"]["values"]),
             locations=OutputLocations(**data["locations"]),
@@ -181,6 +182,12 @@ class RunConfig:
             notices=tuple(data["notices"]),
             demo=demo and DemoAssets(Path(demo["model_dir"]), Path(demo["dataset_dir"])),
         )
+
+    @staticmethod
+    def locations_in(text: str) -> OutputLocations:
+        """The output locations of a configuration `to_json` wrote, read alone: the launcher
+        that reports a killed rank needs no task to say where the checkpoints are."""
+        return OutputLocations(**json.loads(text)["locations"])
 
     def without_secrets(self) -> tuple[RunConfig, dict[str, str]]:
         """This configuration with its secret flags (`--hub_token`) emptied, and their values as
@@ -196,9 +203,9 @@ class RunConfig:
 
     def describe(self) -> dict:
         """The configuration as the dry run shows it, secret-looking values masked."""
-        groups = {"model": self.model, "data": self.data, "task_options": self.task_options,
-                  "outputs": self.outputs}  # fmt: skip
+        groups = {"model": self.model, "data": self.data, "outputs": self.outputs}
         flags = {name: asdict(group) for name, group in groups.items()}
+        flags["task_options"] = dict(self.task_options)
         flags["training"] = self.training.values
         return {
             "flags": {"task": self.task}

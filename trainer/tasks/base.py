@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from trainer.data.sources import LocalLayout
     from trainer.settings.data_flags import DataArguments
     from trainer.settings.model_flags import ModelArguments
+    from trainer.tasks.task_spec import TaskSpec
 
 LENGTH_SAMPLING_STRATEGIES = ("group_by_length", "batch_rebalance")
 """`--train_sampling_strategy` values whose Trainer samplers read each example's length: from the
@@ -45,8 +46,8 @@ raw rows have (inputs are made in the collator), so a task that takes them write
 
 
 class Task(ABC):
-    arguments_class: ClassVar[type]
-    """Dataclass of the task's own flags (parsed with the common ones)."""
+    spec: ClassVar[TaskSpec]
+    """The task's spec (its flags, how it recognises models and data, how it serves)."""
     training_arguments_class: ClassVar[type[TrainingArguments]] = TrainingArguments
     default_metric: ClassVar[str]
     """The metric used for `metric_for_best_model` and hyperparameter tuning by default."""
@@ -54,8 +55,6 @@ class Task(ABC):
     """The names `compute_metrics` returns (the Trainer logs them with an `eval_` prefix):
     with `loss`, what `--metric_for_best_model` may name. The launcher checks the flag
     against them; the Trainer would find a wrong name only at the first evaluation."""
-    default_model: ClassVar[str | None] = None
-    """The model used when only a dataset is given (as the task's HF example script does)."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
 
@@ -243,12 +242,13 @@ class Task(ABC):
     @abstractmethod
     def predicted_values(self, predictions: Any, processor: Any) -> list[dict]:
         """The Trainer's predictions over the test split, one value per example in the
-        server's shape (trainer/serve/predictors.py), so that one reader reads both."""
+        answer format of its spec's predictor (trainer/tasks/predictor.py), so that one reader
+        reads both."""
 
     @classmethod
-    @abstractmethod
     def detect_local_layout(cls, directory: Path) -> LocalLayout:
         """Recognise the task's local dataset directory (splits, columns) from its files."""
+        return cls.spec.detect_layout(directory)
 
     @abstractmethod
     def column_flags(self) -> dict[str, str]:
@@ -303,7 +303,7 @@ class Task(ABC):
         weights and adapters (trainer/tasks/lora_adapters.py)."""
         if self.model_args.peft != "lora":
             return model
-        return with_lora(model, self.model_args, self.head_modules(model))
+        return with_lora(model, self.model_args, self.spec.lora_targets, self.head_modules(model))
 
     def model_to_merge_into(self) -> PreTrainedModel:
         """The pretrained model as `build_model_and_processor` (called first) loaded it, in full

@@ -38,16 +38,15 @@ from trainer.data.sources import (
     split_off_evaluation,
 )
 from trainer.data.streams import is_stream
-from trainer.settings.task_flags import ClassificationArguments, parse_class_weights
 from trainer.tasks.base import Task
+from trainer.tasks.classification_spec import LABEL, ClassificationArguments, parse_class_weights
 from trainer.tasks.lora_adapters import eight_bit_loading
+from trainer.tasks.metrics import label_metrics
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import EvalPrediction, PreTrainedModel, Trainer
 
-LABEL = "label"
-"""The label column's name once loaded, whatever `--label_column_name` called it."""
 LABELS_SHOWN = 20
 """How many labels the start-up line names (ImageNet has a thousand)."""
 
@@ -213,18 +212,6 @@ def classification_metrics(prediction: EvalPrediction) -> dict[str, float]:
         logits = logits[0]
     predicted = np.asarray(logits).argmax(axis=-1)
     return label_metrics(predicted, np.asarray(prediction.label_ids))
-
-
-def label_metrics(predicted: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Accuracy and macro F1 of predicted label ids against the true ones: the evaluation's
-    metrics, and python -m trainer.predict's over a test set (from label names)."""
-    size = int(max(labels.max(), predicted.max())) + 1
-    hits = np.bincount(labels[predicted == labels], minlength=size)
-    # F1 = 2 TP / (2 TP + FP + FN), and 2 TP + FP + FN = (times predicted) + (times true)
-    occurrences = np.bincount(predicted, minlength=size) + np.bincount(labels, minlength=size)
-    present = occurrences > 0
-    f1 = 2 * hits[present] / occurrences[present]
-    return {"accuracy": float(np.mean(predicted == labels)), "macro_f1": float(np.mean(f1))}
 
 
 @dataclass
@@ -417,9 +404,11 @@ class ClassificationTask(Task):
             for row, row_scores in zip(ids.tolist(), scores.tolist(), strict=True)
         ]
 
+    @staticmethod
     @abstractmethod
-    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
-        """One example's prediction, as the server answers it, from its likeliest labels."""
+    def prediction_value(labels: list[str], scores: list[float]) -> dict:
+        """One example's prediction, as the server answers it, from its likeliest labels:
+        the task's answer (its spec's predictor gives the same)."""
 
     def prepare_split(self, dataset: Dataset, spec: str) -> Dataset:
         """Check a split's labels; subclasses add their own checks and clean-up."""

@@ -24,68 +24,33 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import mark_undecodable, screen
-from trainer.data.sources import LocalLayout
 from trainer.data.streams import is_stream
-from trainer.settings.task_flags import ImageArguments
 from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES
-from trainer.tasks.classification import LABEL, ClassificationTask, LabelSet
+from trainer.tasks.classification import ClassificationTask, LabelSet
+from trainer.tasks.image_classification import (
+    IMAGE,
+    IMAGE_CLASSIFICATION,
+    TOP_K,
+    ImageArguments,
+    ranked_labels,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from PIL.Image import Image as PILImage
 
-IMAGE = "image"
-
-
-def _image_extensions() -> frozenset[str]:
-    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
-
-    return frozenset(ImageFolder.EXTENSIONS)
-
-
-def _subfolders(directory: Path) -> list[Path]:
-    return sorted(path for path in directory.iterdir() if path.is_dir())
-
-
-def _class_folders(directory: Path, extensions: frozenset[str]) -> list[Path]:
-    """Sub-folders of `directory` that directly hold at least one image file."""
-    return [
-        folder
-        for folder in _subfolders(directory)
-        if any(path.suffix.lower() in extensions for path in folder.iterdir() if path.is_file())
-    ]
-
 
 class ImageClassificationTask(ClassificationTask):
-    arguments_class = ImageArguments
-    default_model = "google/vit-base-patch16-224-in21k"  # run_image_classification.py's
+    spec = IMAGE_CLASSIFICATION
     input_column = IMAGE
     input_flag = "image_column_name"
-    predicted_top_k = 5  # the server's default top_k
+    predicted_top_k = TOP_K
+    prediction_value = staticmethod(ranked_labels)
     options: ImageArguments
-
-    @classmethod
-    def detect_local_layout(cls, directory: Path) -> LocalLayout:
-        extensions = _image_extensions()
-        if _class_folders(directory, extensions):
-            splits = {"train": [directory]}
-        else:
-            splits = {
-                folder.name: [folder]
-                for folder in _subfolders(directory)
-                if _class_folders(folder, extensions)
-            }
-        if not splits:
-            raise UserError(
-                f"{directory} is not an imagefolder: put one folder per class in it "
-                "(DIR/CLASS/*.jpg), or one folder per split holding those (DIR/train/CLASS/*.jpg)."
-            )
-        return LocalLayout(builder="imagefolder", splits=splits, columns=frozenset({IMAGE, LABEL}))
 
     @classmethod
     def check_training_values(cls, training: Mapping[str, Any]) -> None:
@@ -98,9 +63,6 @@ class ImageClassificationTask(ClassificationTask):
                 f"--train_sampling_strategy {strategy}{spelling} groups examples by length, "
                 "and every image is resized to the model's one input size: leave it out."
             )
-
-    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
-        return {"labels": labels, "scores": scores}
 
     def model_class(self):
         from transformers import AutoModelForImageClassification
@@ -213,6 +175,3 @@ def _random_flip(image: PILImage) -> PILImage:
     from PIL import Image
 
     return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if random.random() < 0.5 else image
-
-
-TASK = ImageClassificationTask

@@ -14,38 +14,31 @@ from typing import TYPE_CHECKING
 from trainer.common.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from transformers import PreTrainedModel
 
     from trainer.settings.model_flags import ModelArguments
-
-DEFAULT_TARGET_MODULES = {
-    "whisper": ("q_proj", "k_proj", "v_proj", "out_proj"),
-    "vit": ("q_proj", "v_proj"),
-    "bert": ("query", "value"),
-    "roberta": ("query", "value"),
-}
-"""Per model type, the modules that get adapters unless `--lora_target_modules` names others:
-Whisper's attention projections (encoder, decoder, cross-attention), and ViT's and BERT-style
-encoders' query and value projections, as in the LoRA paper (Hu et al. 2021, sec. 7.1). The
-names are transformers 5's (ViT's became q_proj/v_proj there; BERT's are still query/value)."""
 
 ADAPTER_DIRNAME = "adapter"
 """Where the delivered model folder keeps the trained adapter beside the merged model."""
 
 
-def lora_targets(model_args: ModelArguments, model_type: str) -> list[str]:
-    """The module names that get adapters: `--lora_target_modules`, else the model type's
-    defaults; UserError when neither names any."""
+def lora_targets(
+    model_args: ModelArguments, model_type: str, defaults: Mapping[str, tuple[str, ...]]
+) -> list[str]:
+    """The module names that get adapters: `--lora_target_modules`, else the task's defaults
+    for the model type (its spec's `lora_targets`); UserError when neither names any."""
     given = model_args.target_modules()
     if given:
         return given
-    if model_type not in DEFAULT_TARGET_MODULES:
+    if model_type not in defaults:
         raise UserError(
             f"--peft lora: no default target modules for model type {model_type!r} (defaults "
-            f"exist for {', '.join(DEFAULT_TARGET_MODULES)}); name them with "
+            f"exist for {', '.join(defaults) or 'none'}); name them with "
             "--lora_target_modules, e.g. --lora_target_modules q_proj,v_proj."
         )
-    return list(DEFAULT_TARGET_MODULES[model_type])
+    return list(defaults[model_type])
 
 
 def check_targets(model: PreTrainedModel, targets: list[str]) -> None:
@@ -85,13 +78,17 @@ def weightless(
 
 
 def with_lora(
-    model: PreTrainedModel, model_args: ModelArguments, modules_to_save: list[str] | None = None
+    model: PreTrainedModel,
+    model_args: ModelArguments,
+    defaults: Mapping[str, tuple[str, ...]],
+    modules_to_save: list[str] | None = None,
 ):
-    """`model` frozen, with LoRA adapters on its target modules; `modules_to_save`: modules
-    trained in full beside them (a classifier head fresh for the labels)."""
+    """`model` frozen, with LoRA adapters on its target modules (`--lora_target_modules`, else
+    `defaults` for its type); `modules_to_save`: modules trained in full beside them (a
+    classifier head fresh for the labels)."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    targets = lora_targets(model_args, model.config.model_type)
+    targets = lora_targets(model_args, model.config.model_type, defaults)
     check_targets(model, targets)
     if model_args.load_in_8bit:
         # fp32 layer norms and output head, and inputs that carry gradients into the

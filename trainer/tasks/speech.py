@@ -14,14 +14,12 @@ local Common Voice-style directory (`clips/` plus `train.tsv`, `dev.tsv`, `test.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,21 +30,23 @@ from trainer.common.step_time import ForwardFlops, whisper_forward_flops
 from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
-    FOLDER_METADATA,
-    LocalLayout,
-    check_utf8,
     first_examples,
     load_split,
     select_source_columns,
     split_off_evaluation,
-    table_header,
 )
 from trainer.data.streams import is_stream
-from trainer.settings.task_flags import SpeechArguments
 from trainer.tasks.base import Task
 from trainer.tasks.english_spelling import restore_english_spelling
 from trainer.tasks.lora_adapters import eight_bit_loading
+from trainer.tasks.metrics import eval_normalizer, word_error_rate
 from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
+from trainer.tasks.speech_recognition import (
+    SPEECH_RECOGNITION,
+    SpeechArguments,
+    detect_local_layout,
+    transcription,
+)
 from trainer.tasks.whisper_checkpoint import (
     Prompt,
     WhisperCheckpoint,
@@ -58,59 +58,13 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 
-COMMON_VOICE_SPLIT_FILES = {"dev": "validation"}
-"""Common Voice calls its validation split `dev.tsv`; the rest keep their file stem."""
-
-
-def detect_local_layout(directory: Path) -> LocalLayout:
-    """Recognise an audiofolder or Common Voice-style directory from its files."""
-    tsv_files = sorted(directory.glob("*.tsv"))
-    if (directory / "clips").is_dir() and tsv_files:
-        header = table_header(tsv_files[0])
-        for path in tsv_files[1:]:  # every split's table is read when one split is loaded
-            check_utf8(path)
-        return LocalLayout(
-            builder="csv",
-            splits={
-                COMMON_VOICE_SPLIT_FILES.get(path.stem, path.stem): [path] for path in tsv_files
-            },
-            columns=frozenset(header) - {"path"} | {"audio"},
-            load_kwargs={"delimiter": "\t", "quoting": csv.QUOTE_NONE},
-        )
-    metadata = _audiofolder_metadata(directory)
-    if metadata:
-        header = table_header(next(iter(metadata.values())))
-        return LocalLayout(
-            builder="audiofolder",
-            splits={name: [path.parent] for name, path in metadata.items()},
-            columns=frozenset(header) - {"file_name"} | {"audio"},
-        )
-    raise UserError(
-        f"{directory} is neither an audiofolder ({' or '.join(FOLDER_METADATA)} with a "
-        "file_name column) nor a Common Voice directory (clips/ and .tsv files)."
-    )
-
-
-def _audiofolder_metadata(directory: Path) -> dict[str, Path]:
-    for name in FOLDER_METADATA:
-        if (directory / name).is_file():
-            return {"train": directory / name}
-    return {
-        sub.name: sub / name
-        for sub in sorted(p for p in directory.iterdir() if p.is_dir())
-        for name in FOLDER_METADATA
-        if (sub / name).is_file()
-    }
-
-
 class SpeechRecognitionTask(Task):
-    arguments_class = SpeechArguments
+    spec = SPEECH_RECOGNITION
     training_arguments_class = Seq2SeqTrainingArguments
     default_metric = "wer"
     metric_names = ("wer",)  # word_error_rate
     lower_is_better = frozenset({"wer"})
     options: SpeechArguments
-    detect_local_layout = staticmethod(detect_local_layout)
     _prompt: Prompt | None = None
     """The language and task tokens, once the model is loaded."""
 
@@ -231,7 +185,8 @@ class SpeechRecognitionTask(Task):
         tokenizer = processor.tokenizer
         ids = predictions[0] if isinstance(predictions, tuple) else predictions
         ids = np.where(ids < 0, tokenizer.pad_token_id, ids)  # the gather's padding
-        return [{"text": text} for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [transcription(text) for text in texts]
 
     def _with_label_lengths(self, dataset: Dataset, tokenizer) -> Dataset:
         """Each example's label token count, in the column the Trainer's length-grouped samplers
@@ -436,35 +391,6 @@ def _decoder_seconds(decoder) -> float:
     if duration is None:
         duration = decoder.get_all_samples().duration_seconds
     return duration
-
-
-def eval_normalizer(tokenizer, english: bool, normalize: bool) -> Callable[[str], str]:
-    """How transcripts are normalised before WER (`--do_normalize_eval`): Whisper's English
-    normaliser for English transcripts, its basic one otherwise."""
-    if not normalize:
-        return _identity
-    return tokenizer.normalize if english else tokenizer.basic_normalize
-
-
-def word_error_rate(
-    references: list[str], predictions: list[str], normalize: Callable[[str], str]
-) -> float:
-    """WER in percent over the pairs whose normalised reference has words (NaN when none
-    has): the evaluation's metric, and python -m trainer.predict's over a test set."""
-    import jiwer
-
-    pairs = [
-        (normalize(ref), normalize(pred)) for ref, pred in zip(references, predictions, strict=True)
-    ]
-    pairs = [(ref, pred) for ref, pred in pairs if ref.strip()]
-    if not pairs:
-        return float("nan")
-    refs, preds = zip(*pairs, strict=True)
-    return 100.0 * jiwer.wer(list(refs), list(preds))
-
-
-def _identity(text: str) -> str:
-    return text
 
 
 TASK = SpeechRecognitionTask

@@ -15,28 +15,24 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
-from trainer.data.sources import FILES, LocalLayout, table_column, table_header
+from trainer.data.sources import FILES, LocalLayout, table_column
 from trainer.data.streams import is_stream
-from trainer.settings.task_flags import TextArguments
 from trainer.tasks.classification import ClassificationTask, LabelSet
+from trainer.tasks.text_classification import (
+    TABLE_FORMATS,
+    TEXT_CLASSIFICATION,
+    TextArguments,
+    table_layout,
+    top_label,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
-
-TABLE_FORMATS = {
-    ".csv": ("csv", {}),
-    ".tsv": ("csv", {"delimiter": "\t"}),
-    ".jsonl": ("json", {}),
-    ".json": ("json", {}),
-    ".parquet": ("parquet", {}),
-}
-"""Local file suffix -> `datasets` builder and its arguments."""
 
 SENTENCE_PAIRS = (
     ("sentence1", "sentence2"),  # GLUE's MRPC, RTE, WNLI, STS-B; PAWS
@@ -64,21 +60,11 @@ FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test"
 
 
 class TextClassificationTask(ClassificationTask):
-    arguments_class = TextArguments
+    spec = TEXT_CLASSIFICATION
     input_column = "text"
     input_flag = "text_column_name"
     predicted_top_k = 1
     options: TextArguments
-
-    @classmethod
-    def detect_local_layout(cls, directory: Path) -> LocalLayout:
-        files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
-        if not files:
-            raise UserError(
-                f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} file per "
-                "split in it (train.csv, test.csv, ...)."
-            )
-        return table_layout({path.stem: path for path in files}, str(directory))
 
     def file_layout(self) -> LocalLayout | None:
         files = self.options.data_files()
@@ -170,8 +156,7 @@ class TextClassificationTask(ClassificationTask):
             f"--text_column_name {','.join(halves[0])} trains on both"
         )
 
-    def prediction_value(self, labels: list[str], scores: list[float]) -> dict:
-        return {"label": labels[0], "score": scores[0]}
+    prediction_value = staticmethod(top_label)
 
     def model_class(self):
         from transformers import AutoModelForSequenceClassification
@@ -282,22 +267,6 @@ def _missing_texts(*columns: list) -> dict[str, list[bool]]:
     return {"missing": [any(not isinstance(text, str) for text in row) for row in rows]}
 
 
-def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
-    """Split name -> table file, all in one format; the columns all of them have."""
-    suffixes = sorted({path.suffix for path in files.values()})
-    if len(suffixes) > 1:
-        raise UserError(f"{where}: {' and '.join(suffixes)} files mixed; use one format.")
-    builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
-    headers = {split: frozenset(table_header(path)) for split, path in files.items()}
-    return LocalLayout(
-        builder=builder,
-        splits={split: [path] for split, path in files.items()},
-        columns=frozenset.intersection(*headers.values()),
-        load_kwargs=load_kwargs,
-        split_columns=headers,
-    )
-
-
 class Labels:
     """The label column of a layout's tables, read split by split when asked (only the
     evaluation split, and the others only when it has no labels)."""
@@ -320,13 +289,15 @@ class Labels:
         if self.column not in self.layout.columns_of([split]):
             return f'no "{self.column}" column'
         values = self.values(split)
-        if not values or not all(unset(value) or value == -1 for value in values):
+        if not values:
             return None
-        if all(unset(value) for value in values):
+        empty = [unset(value) for value in values]
+        if all(empty):
             return "every one is empty"
-        if self.minus_one_is_a_class():
+        minus_one = all(e or value == -1 for e, value in zip(empty, values, strict=True))
+        if not minus_one or self.minus_one_is_a_class():
             return None
-        return "every one is -1" + (" or empty" if any(unset(v) for v in values) else "")
+        return "every one is -1" + (" or empty" if any(empty) else "")
 
     def present(self, split: str) -> bool:
         """The split has labels: read here, with examples, not all missing."""
@@ -343,6 +314,3 @@ def unset(value: object) -> bool:
     if isinstance(value, float):
         return math.isnan(value)
     return value is None or (isinstance(value, str) and not value.strip())
-
-
-TASK = TextClassificationTask

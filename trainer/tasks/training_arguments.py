@@ -12,7 +12,7 @@ import torch
 from trainer.common.errors import UserError
 from trainer.common.secrets import scrub_training_arguments
 from trainer.settings.run_config import RunConfig
-from trainer.tasks import load_task
+from trainer.tasks.registry import load_task
 
 
 def build_training_arguments(config: RunConfig, gradient_checkpointing: bool | None = None):

@@ -63,6 +63,18 @@ class Prompt:
     """Whether transcripts are English (so Whisper's English normaliser applies to WER)."""
 
 
+def is_multilingual(config: dict, generation: dict) -> bool:
+    """What the generation config says, else (an old one) what its language tokens or the
+    vocabulary's size say."""
+    multilingual = generation.get("is_multilingual")
+    if multilingual is None and "lang_to_id" in generation:
+        multilingual = True
+    if multilingual is None:
+        vocabulary = config.get("vocab_size")
+        multilingual = vocabulary is None or vocabulary > ENGLISH_ONLY_VOCABULARY
+    return bool(multilingual)
+
+
 @dataclass(frozen=True)
 class WhisperCheckpoint:
     name: str
@@ -81,16 +93,11 @@ class WhisperCheckpoint:
     ) -> WhisperCheckpoint:
         generation = generation or {}
         preprocessor = preprocessor or {}
-        multilingual = generation.get("is_multilingual")
-        if multilingual is None and "lang_to_id" in generation:
-            multilingual = True
-        if multilingual is None:  # an old generation config: the vocabulary tells, if given
-            vocabulary = config.get("vocab_size")
-            multilingual = vocabulary is None or vocabulary > ENGLISH_ONLY_VOCABULARY
+        multilingual = is_multilingual(config, generation)
         saved = generation.get("language")
         return cls(
             name=name,
-            multilingual=bool(multilingual),
+            multilingual=multilingual,
             language_codes=frozenset(
                 token.strip("<|>") for token in generation.get("lang_to_id") or {}
             ),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
 from trainer.common.errors import UserError
@@ -31,6 +33,28 @@ def media_bytes(value: object) -> bytes:
     if value.startswith("gs://"):
         return _gcs_object(value)
     return _base64(value)
+
+
+def file_instance(path: Path) -> Callable[[], dict]:
+    """A file as the instance batch prediction's `file-list` sends (`{"b64": ...}`), read when
+    called; InstanceError when it cannot be read."""
+
+    def read() -> dict:
+        try:
+            return {"b64": base64.b64encode(path.read_bytes()).decode()}
+        except OSError as error:
+            raise InstanceError(f"cannot read the file ({error.strerror})") from None
+
+    return read
+
+
+def failing_instance(reason: str) -> Callable[[], object]:
+    """An instance that cannot be read: InstanceError(`reason`) when called."""
+
+    def read() -> object:
+        raise InstanceError(reason)
+
+    return read
 
 
 def _base64(text: str) -> bytes:

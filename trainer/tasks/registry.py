@@ -1,0 +1,76 @@
+"""The registry of tasks: one `TaskSpec` per `--task` value, registered once.
+
+Adding a task is one module holding its spec (and the code the spec names) plus one entry in
+`REGISTERED` (or a `register` call, for a task defined outside this package). Every table
+keyed by task name that the command line, resolution, the preflight, the server, offline
+predictions and the model registry need is derived from here. Importing it loads no torch or
+transformers (the task modules' training code is imported by `load_task`, when selected).
+
+The order of registration is the order tasks are asked: the first task that claims a model's
+config.json is its task (Whisper before the classifiers), and the first whose local layout a
+dataset directory has is its task (a Common Voice directory holds .tsv tables too, so speech
+is asked before text).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainer.common.errors import UserError
+from trainer.tasks.image_classification import IMAGE_CLASSIFICATION
+from trainer.tasks.speech_recognition import SPEECH_RECOGNITION
+from trainer.tasks.task_spec import TaskSpec
+from trainer.tasks.text_classification import TEXT_CLASSIFICATION
+
+if TYPE_CHECKING:
+    from trainer.settings.run_config import RunConfig
+    from trainer.tasks.base import Task
+
+REGISTERED: dict[str, TaskSpec] = {
+    spec.name: spec for spec in (SPEECH_RECOGNITION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION)
+}
+"""`--task` value -> its spec, in the order tasks are asked."""
+
+DEFAULT_TASK = SPEECH_RECOGNITION.name
+"""The task of a command line that names none and whose model and data say none (the demo)."""
+
+
+def register(spec: TaskSpec) -> TaskSpec:
+    """Add a task defined outside this package; it is asked after those registered before."""
+    if spec.name in REGISTERED:
+        raise ValueError(f"a task named {spec.name} is registered already")
+    REGISTERED[spec.name] = spec
+    return spec
+
+
+def registered() -> list[TaskSpec]:
+    """Every task's spec, in the order tasks are asked."""
+    return list(REGISTERED.values())
+
+
+def task_names() -> list[str]:
+    return sorted(REGISTERED)
+
+
+def task_spec(name: str) -> TaskSpec:
+    if name not in REGISTERED:
+        raise UserError(f'Unknown task "{name}": choose one of {", ".join(task_names())}.')
+    return REGISTERED[name]
+
+
+def load_task(name: str) -> type[Task]:
+    """The task's training class (its module imported now)."""
+    return task_spec(name).task_class()
+
+
+def task_of_model(config: dict) -> str | None:
+    """The task a model's config.json is for: the first task that claims it; None when no
+    task does (a causal language model, say), never a guess."""
+    return next((spec.name for spec in registered() if spec.claims_model(config)), None)
+
+
+def build_task(config: RunConfig) -> Task:
+    """The task of a run's configuration, its flags typed again."""
+    spec = task_spec(config.task)
+    options = spec.flags(**config.task_options)
+    return spec.task_class()(config.model, config.data, options, config.training.values)
