@@ -582,10 +582,11 @@ def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(fi
     every restart; the run converts the checkpoint to DeepSpeed's universal form beside its
     own output (the Trainer's files hard-linked from the original), says so, trains on from
     its step and saves checkpoints of its own count; the original is left as it was. A
-    SIGTERM during the conversion (the training processes hold no stop yet: it ends them)
-    is the node's one line, nothing new saved, exit 1, the original untouched, and the next
-    attempt on that machine converts again. (A job restarted with more processes, each node
-    converting its download from Cloud Storage: tests/processes/test_world_size_runs.py.)"""
+    SIGTERM during the conversion (the training processes hold no stop yet: it ends them at
+    once) is the node's one true line, nothing new trained, exit 75, the original untouched,
+    and the next attempt on that machine converts again. (A job restarted with more
+    processes, each node converting its download from Cloud Storage:
+    tests/processes/test_world_size_runs.py.)"""
     original = finished_job.tmp_path / "first" / "out" / f"checkpoint-{STEPS}"
     assert saved_world_size(original) == 2
     before = contents(original)
@@ -594,12 +595,12 @@ def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(fi
                            "--eval_strategy", "no", hook=SLOW_CONVERSION, nproc=1)  # fmt: skip
     code, output = stop_once_logged(converting, "converting to a universal checkpoint",
                                     "the conversion")  # fmt: skip
-    assert code == 1, output[-3000:]
-    assert the_line(output, "error:").startswith(
-        "error: SIGTERM on node 0: the training processes were stopped before they saved "
-        "anything new"
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    assert output.splitlines()[-1] == (
+        "preempted: SIGTERM on node 0 before its training processes began training: nothing "
+        f"new was trained; there is no complete checkpoint in {job.base}/checkpoints/"
     ), output[-3000:]
-    assert "preempted:" not in output and "Traceback" not in output, output[-3000:]
+    assert "error:" not in output and "Traceback" not in output, output[-3000:]
     assert contents(original) == before, "a stopped conversion changed the original"
     assert job.complete() == []
 
