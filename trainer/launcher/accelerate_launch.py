@@ -18,6 +18,7 @@ accelerate started itself, or ends a node that started none yet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
@@ -53,9 +55,10 @@ REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_COD
 def main(argv: list[str] | None = None) -> None:
     write_whole_lines()  # this agent's lines share the log with its training processes'
     EarlyStop(lambda: f"preempted: {not_training_yet()}").arm()  # first: torch loads below
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    with quiet_store_client():
+        from accelerate.commands.launch import launch_command, launch_command_parser
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     quiet_agent_failure_logs()
@@ -182,11 +185,29 @@ def what_is_kept() -> str:
     )
 
 
+@contextlib.contextmanager
+def quiet_store_client() -> Iterator[None]:
+    """torch loaded without its C++ warnings, in this agent only: its store client prints
+    a C++ stack trace when the chief's agent, which hosts the store, has exited first
+    (torch's exit barrier race, pytorch/pytorch#69520: the run ended normally), and for each
+    retry of a rendezvous interrupted by a signal. The training processes keep theirs."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
 def quiet_agent_failure_logs() -> None:
     """torchrun's agent logs each failed and each stopped worker at ERROR/WARNING level
     ("failed (exitcode: 1) local_rank: 1 ...", "Sending process ... closing signal",
-    "Received 15 death signal"): each ending is reported once, by the training processes
-    or above, instead."""
+    "Received 15 death signal"), and a traceback when its exit barrier loses the chief's
+    store, which the chief's agent closes as it exits after the run (torch's race,
+    pytorch/pytorch#69520: this node's processes had succeeded). Each ending is reported
+    once, by the training processes or above, instead."""
     import torch.distributed.elastic.agent.server.api as agent_api
     import torch.distributed.elastic.multiprocessing.api as processes_api
 
