@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import threading
 import time
@@ -27,6 +28,7 @@ from tests.support.checkpoint_files import contents, saved_world_size_of_store
 from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from tests.support.helpers import (
     DEMO_SPEECH_FLAGS,
+    REPO_ROOT,
     SLOW_STEPS,
     assert_manifest_matches_store,
     complete_from,
@@ -45,6 +47,7 @@ from trainer.settings.output_flags import STOP_GRACE_SECONDS
 from trainer.storage import store as storage
 from trainer.storage.checkpoints import MANIFEST, complete_checkpoints
 from trainer.storage.store import open_store
+from trainer.training.failures import MAX_LINE
 from trainer.training.world_size import saved_world_size
 
 pytestmark = pytest.mark.slow
@@ -180,6 +183,63 @@ def _failing_loader(self, *args, **kwargs):
 
 
 Trainer.get_eval_dataloader = _failing_loader
+"""
+
+
+LAST_AT_THE_EXIT_BARRIER = """
+# sitecustomize: node 1's agent reaches the last wait of torchrun's exit barrier only once the
+# chief's agent, which hosts the store, has exited (torch's race, pytorch/pytorch#69520, which
+# a busy machine loses now and then): its log ended in a DistNetworkError traceback. The
+# barrier is patched as torch loads, not here: the agent loads torch in its own way.
+import importlib.abc
+import sys
+
+BARRIER = "torch.distributed.elastic.utils.store"
+CHIEF_GONE = "the chief's store is gone: node 1's agent waits at the exit barrier now"
+
+
+def _arrive_late(arrive, chief):
+    def arrive_late(*args, **kwargs):
+        import socket
+        import time
+
+        key = arrive(*args, **kwargs)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(chief, timeout=1).close()
+            except OSError:
+                print(CHIEF_GONE, flush=True)
+                break
+            time.sleep(0.1)
+        return key
+
+    return arrive_late
+
+
+class _PatchOnLoad(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != BARRIER:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            argv = sys.argv
+            chief = (argv[argv.index("--main_process_ip") + 1],
+                     int(argv[argv.index("--main_process_port") + 1]))
+            module._barrier_nonblocking = _arrive_late(module._barrier_nonblocking, chief)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "--machine_rank" in sys.argv and sys.argv[sys.argv.index("--machine_rank") + 1] == "1":
+    import importlib.util
+
+    sys.meta_path.insert(0, _PatchOnLoad())
 """
 
 
@@ -374,11 +434,13 @@ def test_refused_checkpoint_downloads_stop_the_run_instead_of_starting_again(
     assert refused.hits > 0, "no download was refused: the test proved nothing"
     line = the_line(output, "error:")
     assert line.startswith(
-        f"error: reading {job.base}/checkpoints/checkpoint-{STEPS} failed (Forbidden: "
+        f"error: reading checkpoint-{STEPS} in {job.base}/checkpoints/ failed (Forbidden: "
     ), line
-    assert line.endswith("the run stops before training rather than start again from step "
-                         f"1 (nothing was trained or deleted): restart once {job.base}/"
-                         "checkpoints/ can be read"), line  # fmt: skip
+    assert line.endswith(
+        "the run stops before training, not from step 1 (nothing was "
+        "trained or deleted): restart once it can be read"
+    ), line
+    assert len(line.removeprefix("error: ")) <= MAX_LINE, len(line)
     assert not STEP_LINE.findall(output), "it trained"
     assert stored_work(job.checkpoints) == before, "something was written or deleted"
 
@@ -396,7 +458,7 @@ def test_a_full_disk_at_resume_names_the_disk_and_starts_nothing(
         line = the_line(output, "error:")
         assert re.match(rf"error: no space left on the disk mounted at {out} \([\d.]+ MB free "
                         rf"of 8\.4 MB\) while downloading checkpoint-{STEPS} to "
-                        rf"out/checkpoint-{STEPS} ", line), line  # fmt: skip
+                        rf"out/checkpoint-{STEPS}; ", line), line  # fmt: skip
         assert line.endswith("(nothing was trained or deleted): free space there (or use a "
                              "larger disk)"), "the advice must be about the disk"  # fmt: skip
     assert code == 1
@@ -466,13 +528,21 @@ def test_a_peers_refused_upload_abandons_that_checkpoint_and_the_next_completes(
     marker too. Node 1 says so through the ranks' agreement after each step (and after the
     last); the chief abandons checkpoint-2 at once (one line) instead of waiting
     `--peer_upload_timeout` (30 min) for a marker that never comes; checkpoint-4 and the
-    model complete, and both nodes finish: checkpoint-4 holds all that checkpoint-2 did."""
+    model complete, and both nodes finish: checkpoint-4 holds all that checkpoint-2 did.
+    Node 1's agent loses torchrun's exit barrier to the chief's exit, as a busy machine
+    sometimes makes it: its log still ends without a traceback."""
     job, proxy = proxied_job
     refused = proxy.fault("POST|PUT", r"checkpoint-2/.*(zero_pp_rank_1_|node-1)", refuse=True)
+    hooks = job.tmp_path / "hooks"
+    with_start_hook({"PYTHONPATH": str(REPO_ROOT)}, hooks, LAST_AT_THE_EXIT_BARRIER)
     nodes = start_nodes(job.tmp_path / "job", demo_assets.model_dir, demo_assets.dataset_dir,
                         run_flags("--eval_strategy", "no"), STORAGE_EMULATOR_HOST=proxy.url,
+                        PYTHONPATH=f"{hooks}{os.pathsep}{REPO_ROOT}",
                         **vertex_outputs(job.base))  # fmt: skip
     chief, worker = finish_all(nodes, RUN_TIMEOUT)
+    assert "the chief's store is gone" in worker, "the exit barrier's race was not planted"
+    for output in (chief, worker):
+        assert "Traceback" not in output and "frame #" not in output, output[-3000:]
 
     assert refused.hits > 0, "nothing was refused: the test proved nothing"
     abandoned = [line for line in chief.splitlines() if "checkpoint-2 abandoned" in line]
@@ -543,25 +613,35 @@ def test_a_deleted_bucket_stops_the_run_with_one_line(tmp_path, demo_assets, gcs
     assert max(int(step) for step, _ in STEP_LINE.findall(output)) < 200
 
 
+SLOW_STORAGE_SECONDS = 0.4
+"""What every storage request takes in fault 7 (the proxy holds it): the speed at which
+docs/restarts.md says the default grace keeps the stop's step."""
+
+
 def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is_kept(
     proxied_job,
 ):
-    """Fault 7: a save every step, each checkpoint request held 1 s. A newer save makes
-    the queued upload obsolete (one `warning:` line); a SIGTERM's checkpoint waits only
-    for the upload in progress, is complete within the grace period, and no step is lost.
-    Prints the figures docs/restarts.md quotes."""
+    """Fault 7: a save every step, every storage request held 0.4 s, the default
+    --stop_grace_seconds 8. A newer save makes the queued upload obsolete (one `warning:`
+    line); a SIGTERM's checkpoint waits only for the upload in progress, is complete within
+    the grace period, and no step is lost. (The chief's retention, a listing and a read of
+    every manifest after each checkpoint, stood between the signal and the stop checkpoint,
+    and after its manifest: the line said `checkpoint-N was not uploaded ... within 8.0 s`;
+    in the issue's replay two or three steps were lost.) Prints the figures docs/restarts.md
+    quotes."""
     job, proxy = proxied_job
     run = job.start("first", "--max_steps", "200", "--save_steps", "1", "--eval_strategy",
-                    "no", "--save_total_limit", "2", nproc=1)  # fmt: skip
+                    "no", "--save_total_limit", "2", "--stop_grace_seconds", "8",
+                    nproc=1)  # fmt: skip
     wait_while_running([run], lambda: STEP_LINE.search(run.log.read_text()), RUN_TIMEOUT,
                        "training")  # fmt: skip
-    proxy.fault("POST|PUT", r"/checkpoints/", delay=1.0)
+    proxy.delay_seconds = SLOW_STORAGE_SECONDS
     code, output = stop_once_logged(run, "warning: checkpoint uploads",
                                     "uploads to fall a save behind")  # fmt: skip
 
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
     warning = the_line(output, "warning: checkpoint uploads")
-    skipped = re.search(r"while (checkpoint-\d+) still waited", warning).group(1)
+    skipped = re.search(r"while (checkpoint-\d+) waited", warning).group(1)
     line = the_line(output, "preempted:")
     stop = re.search(r": (checkpoint-(\d+)) is complete in .*, ([\d.]+) s after the stop", line)
     assert stop, line
@@ -571,8 +651,9 @@ def test_uploads_slower_than_saves_skip_obsolete_ones_and_the_stop_checkpoint_is
     assert complete[-1] == stop.group(1), complete
     assert skipped not in complete and job.checkpoints.child(skipped).read_text(MANIFEST) is None
     print(
-        f"slow storage: stopped at step {last_step}, {stop.group(1)} complete "
-        f"{stop.group(3)} s after SIGTERM; steps lost: 0; skipped: {skipped}"
+        f"slow storage ({SLOW_STORAGE_SECONDS} s a request, --stop_grace_seconds 8): stopped "
+        f"at step {last_step}, {stop.group(1)} complete {stop.group(3)} s after SIGTERM; "
+        f"steps lost: 0; skipped: {skipped}"
     )
 
 
@@ -582,10 +663,11 @@ def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(fi
     every restart; the run converts the checkpoint to DeepSpeed's universal form beside its
     own output (the Trainer's files hard-linked from the original), says so, trains on from
     its step and saves checkpoints of its own count; the original is left as it was. A
-    SIGTERM during the conversion (the training processes hold no stop yet: it ends them)
-    is the node's one line, nothing new saved, exit 1, the original untouched, and the next
-    attempt on that machine converts again. (A job restarted with more processes, each node
-    converting its download from Cloud Storage: tests/processes/test_world_size_runs.py.)"""
+    SIGTERM during the conversion (the training processes hold no stop yet: it ends them at
+    once) is the node's one true line, nothing new trained, exit 75, the original untouched,
+    and the next attempt on that machine converts again. (A job restarted with more
+    processes, each node converting its download from Cloud Storage:
+    tests/processes/test_world_size_runs.py.)"""
     original = finished_job.tmp_path / "first" / "out" / f"checkpoint-{STEPS}"
     assert saved_world_size(original) == 2
     before = contents(original)
@@ -594,12 +676,12 @@ def test_a_run_with_another_process_count_converts_the_checkpoint_and_resumes(fi
                            "--eval_strategy", "no", hook=SLOW_CONVERSION, nproc=1)  # fmt: skip
     code, output = stop_once_logged(converting, "converting to a universal checkpoint",
                                     "the conversion")  # fmt: skip
-    assert code == 1, output[-3000:]
-    assert the_line(output, "error:").startswith(
-        "error: SIGTERM on node 0: the training processes were stopped before they saved "
-        "anything new"
+    assert code == PREEMPTED_EXIT_CODE, output[-3000:]
+    assert output.splitlines()[-1] == (
+        "preempted: SIGTERM on node 0 before its training processes began training: nothing "
+        f"new was trained; there is no complete checkpoint in {job.base}/checkpoints/"
     ), output[-3000:]
-    assert "preempted:" not in output and "Traceback" not in output, output[-3000:]
+    assert "error:" not in output and "Traceback" not in output, output[-3000:]
     assert contents(original) == before, "a stopped conversion changed the original"
     assert job.complete() == []
 

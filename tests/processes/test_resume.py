@@ -10,12 +10,9 @@ google-cloud-storage client, with the output locations Vertex AI derives from
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
-import socket
-import threading
 import time
 import uuid
 
@@ -30,6 +27,7 @@ from tests.support.helpers import (
     FAILING_METRICS,
     SLOW_STEPS,
     TEXT_COLUMNS,
+    WedgedChief,
     assert_manifest_matches_store,
     complete_from,
     final_weights,
@@ -202,27 +200,6 @@ def test_a_worker_restarted_alone_stops_the_others_and_the_job_resumes_as_if_uni
     assert steps == sorted(set(steps)) and steps[-1] == MAX_STEPS, reports
     # the resumed job ends with the uninterrupted one's weights: it scores as that one did
     assert float(reports[-1]["wer"]) == pytest.approx(reference_wer, abs=1e-6), reports
-
-
-class WedgedChief:
-    """A chief address that accepts connections and never answers: a chief machine that is
-    up but stuck. torch's store client waits on it past its own timeout, for ever."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._hold, daemon=True).start()
-
-    def _hold(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                self.held.append(self.listener.accept()[0])
-
-    def close(self) -> None:
-        self.listener.close()
-        for connection in self.held:
-            connection.close()
 
 
 def test_a_worker_whose_chief_never_answers_gives_up_after_the_rendezvous_timeout(

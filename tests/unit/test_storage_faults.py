@@ -167,3 +167,61 @@ def test_storage_that_does_not_answer_is_an_outage_and_a_refusal_is_not(gcs, mon
     assert "ServiceUnavailable" in kinds and len(kinds) == 2, kinds  # and a dropped connection
     assert all(unavailable(error) and not refused(error) for error in outages), kinds
     assert refused(refusal.value) and not unavailable(refusal.value)
+
+
+LONG_CHECKPOINTS = (
+    "gs://my-training-bucket/aiplatform-custom-training-2026-11-28-17:37:13.123/checkpoints/"
+)
+"""A checkpoint location as long as Vertex AI's own (`baseOutputDirectory`/checkpoints)."""
+
+
+def test_the_lines_for_checkpoints_that_cannot_be_read_fit_300_characters(tmp_path):
+    """A 403 at resume quoted the storage error's JSON body and named the location twice (311
+    characters in the issue's replay), a full disk at resume the path twice (364): each is now
+    one line of at most 300 characters that still says what failed and what to do."""
+    from trainer.storage.checkpoints import CheckpointUnreadable
+    from trainer.training.failures import MAX_LINE
+    from trainer.training.resume import unreadable_line
+
+    store = open_store(LONG_CHECKPOINTS)
+    body = '{"error": {"code": 403, "message": "caller does not have storage.objects.get access'
+    refused = Forbidden(f"GET https://storage.googleapis.com/download/x?alt=media: {body * 3}")
+    error = CheckpointUnreadable(store, "checkpoint-1200", tmp_path / "out" / "checkpoint-1200",
+                                 refused)  # fmt: skip
+    error.__cause__ = refused
+    line = unreadable_line(error, LONG_CHECKPOINTS)
+    assert line.startswith(f"reading checkpoint-1200 in {LONG_CHECKPOINTS} failed (Forbidden: ")
+    assert line.endswith("(nothing was trained or deleted): restart once it can be read")
+    assert len(line) <= MAX_LINE, len(line)
+
+    deep = Path("out", "checkpoint-1200")  # where the run downloads it: --output_dir out
+    full = OSError(errno.ENOSPC, "No space left on device", str(deep / "model.safetensors"))
+    error = CheckpointUnreadable(store, "checkpoint-1200", deep, full)
+    error.__cause__ = full
+    line = unreadable_line(error, LONG_CHECKPOINTS)
+    assert line.startswith("no space left on the disk mounted at ")
+    assert f"while downloading checkpoint-1200 to {deep};" in line
+    assert line.endswith("free space there (or use a larger disk)")
+    assert len(line) <= MAX_LINE, len(line)
+
+
+def test_the_backlog_warning_fits_300_characters(tmp_path):
+    """It named the checkpoints' location (371-373 characters in the issue's replay): now the
+    checkpoints by name only, however many steps and seconds."""
+    import time
+
+    from trainer.storage.checkpoints import CheckpointUploader
+    from trainer.training.callbacks import backlog_warning
+    from trainer.training.failures import MAX_LINE
+
+    uploader = CheckpointUploader(open_store(str(tmp_path / "store")), tmp_path / "staging",
+                                  node_rank=0, num_nodes=1, is_global_main=True, keep=None,
+                                  peer_timeout=60)  # fmt: skip
+    uploader.uploading, uploader.uploading_since = "checkpoint-999998", time.monotonic() - 9999
+    line = backlog_warning(uploader, ["checkpoint-999999"], "checkpoint-1000000")
+    assert line.startswith(
+        "warning: checkpoint uploads are slower than saves: checkpoint-1000000 "
+        "was saved while checkpoint-999999 waited behind checkpoint-999998 ("
+    )
+    assert len(line.removeprefix("warning: ")) <= MAX_LINE, len(line)
+    assert uploader.close(timeout=10)

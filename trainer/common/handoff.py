@@ -19,6 +19,12 @@ not look secret (trainer/common/secrets.py `secret_values`)."""
 
 STOP_REPORTS_VARIABLE = "TRAINER_STOP_REPORTS"
 """A directory of this node's agent (trainer/launcher/accelerate_launch.py) in which each
-training process that printed its `preempted:` line after a stop leaves a file: after a
-SIGTERM the agent then knows whether the stop was reported, or whether the processes were
-killed before they could save (a step longer than the grace) and the line is its own."""
+training process leaves a file when it begins training (`TRAINING_MARK`: from then on it holds
+a SIGTERM until its step is saved) and when it has printed its `preempted:` line after a stop
+(`STOP_SAID_MARK`): after a SIGTERM the agent then knows whether the stop was reported,
+whether the processes were killed before they could save (a step longer than the grace), or
+whether none had begun training, and the line is its own."""
+
+STOP_SAID_MARK = "rank-"
+TRAINING_MARK = "training-rank-"
+"""Each followed by the process's global rank."""

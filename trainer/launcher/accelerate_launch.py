@@ -8,10 +8,12 @@ that could not (killed by a signal: the OOM killer, a preempted machine) gets on
 naming its rank and node, and exit code 1. The same holds for a single process without
 DeepSpeed, which accelerate starts itself (CalledProcessError instead). A node whose rendezvous
 never completes gives up after --rdzv_timeout (trainer/launcher/start_deadline.py). After a
-SIGTERM, a node whose processes were killed before they saved (none left its mark in the
-`STOP_REPORTS_VARIABLE` directory) gets one `error:` line and exit code 1: 75 says saved.
-A SIGTERM that comes before torchrun's own handler (`pass_on_the_stop`) is passed on to the
-training process accelerate started itself, or ends a node that started none yet.
+SIGTERM the training processes' marks in the `STOP_REPORTS_VARIABLE` directory tell what
+happened (`after_the_stop`): they said what they saved (75), or they were training and torchrun
+killed them before they saved (one `error:` line, exit 1), or none had begun training (the
+signal ended their start-up at once: one `preempted:` line, 75). A SIGTERM that comes before
+torchrun's own handler (trainer/launcher/early_stop.py) is passed on to the training process
+accelerate started itself, or ends a node that started none yet.
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
-from trainer.common.handoff import RUN_CONFIG_VARIABLE, STOP_REPORTS_VARIABLE
+from trainer.common.handoff import (
+    RUN_CONFIG_VARIABLE,
+    STOP_REPORTS_VARIABLE,
+    STOP_SAID_MARK,
+    TRAINING_MARK,
+)
 from trainer.common.log_lines import write_whole_lines
+from trainer.launcher.early_stop import EarlyStop
 from trainer.launcher.start_deadline import (
     MARGIN_SECONDS,
     StartDeadline,
@@ -43,17 +53,18 @@ REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_COD
 
 
 def main(argv: list[str] | None = None) -> None:
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     write_whole_lines()  # this agent's lines share the log with its training processes'
+    EarlyStop(lambda: f"preempted: {not_training_yet()}").arm()  # first: torch loads below
+    with quiet_store_client():
+        from accelerate.commands.launch import launch_command, launch_command_parser
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     quiet_agent_failure_logs()
     watch_the_start(args)
     reports = Path(tempfile.mkdtemp(prefix="trainer-stop-reports-"))
     os.environ[STOP_REPORTS_VARIABLE] = str(reports)  # the training processes inherit it
-    signal.signal(signal.SIGTERM, pass_on_the_stop)  # torchrun's replaces it when it starts
     try:
         launch_command(args)
     except ChildFailedError as error:
@@ -65,41 +76,47 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report_exit(error.returncode, signal_name, where))
     except SignalException:
         # This node got SIGTERM (a Spot preemption, a stopped job): torchrun passed it on
-        # and waited for the training processes, which saved and said so themselves, or
-        # were killed before they could (their stop took longer than torchrun waits).
-        if any(reports.iterdir()):
-            sys.exit(PREEMPTED_EXIT_CODE)
-        print(f"error: {unreported_stop(args.machine_rank or 0)}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        # and waited for the training processes.
+        sys.exit(after_the_stop(reports))
 
 
-def pass_on_the_stop(signum, frame) -> None:
-    """SIGTERM to this process while no torchrun agent handles it: one process without
-    DeepSpeed, which accelerate starts itself and would leave running, orphaned, to be
-    killed unsaved with the container; or no training process yet. The first gets the
-    signal, saves and says so (exit 75, or a killed process's line); the second means
-    nothing of this attempt was trained: one line, exit 75."""
-    import psutil
-
-    children = psutil.Process().children()
-    if not children:
-        print("preempted: SIGTERM before the training processes started: nothing new was "
-              "trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip
-        os._exit(PREEMPTED_EXIT_CODE)
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.send_signal(signal.SIGTERM)
+def after_the_stop(reports: Path) -> int:
+    """The node's exit code after torchrun passed a SIGTERM on, from the marks its training
+    processes left: said what they saved (75, their line stands); were training and did
+    not say it (killed by torchrun after its wait: one `error:` line, 1); or none had begun
+    training (the signal ended their start-up at once: nothing new was trained, 75)."""
+    marks = [path.name for path in reports.iterdir()]
+    if any(mark.startswith(STOP_SAID_MARK) for mark in marks):
+        return PREEMPTED_EXIT_CODE
+    if any(mark.startswith(TRAINING_MARK) for mark in marks):
+        print(f"error: {unsaved_stop()}", file=sys.stderr, flush=True)
+        return 1
+    print(f"preempted: {not_training_yet()}", file=sys.stderr, flush=True)
+    return PREEMPTED_EXIT_CODE
 
 
-def unreported_stop(node: int) -> str:
-    """The line for a SIGTERM whose training processes ended without saying what they kept:
-    killed before their step (or their start-up) ended, so nothing new was saved."""
+def not_training_yet() -> str:
+    """The line for a SIGTERM that came before this node's training processes began training
+    (before they started, or in their start-up: loading, resuming, converting): they held no
+    stop, and there was nothing of this attempt to save."""
+    config = handed_over()
+    node = config.topology.node_rank if config else 0
+    return (
+        f"SIGTERM on node {node} before its training processes began training: nothing new "
+        f"was trained{what_is_kept()}"
+    )
+
+
+def unsaved_stop() -> str:
+    """The line for a SIGTERM whose training processes were training but ended without saying
+    what they kept: torchrun killed them after its wait, the step in flight outlasting it."""
+    config = handed_over()
+    node = config.topology.node_rank if config else 0
     waited = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")  # set by the launcher's plan
     waited = f" ({waited} s: --stop_grace_seconds + 5)" if waited else ""
     return (
-        f"SIGTERM on node {node}: the training processes were stopped before they saved "
-        f"anything new, the step in flight (or their start-up) outlasting what torchrun "
-        f"waits{waited}{what_is_kept()}"
+        f"SIGTERM on node {node}: the training processes were killed before they saved the "
+        f"step in flight, which outlasted what torchrun waits{waited}{what_is_kept()}"
     )
 
 
@@ -138,24 +155,64 @@ def report_exit(exitcode: int, signal_name: str | None, where: str) -> int:
     return 1
 
 
-def what_is_kept() -> str:
-    """The end of a killed process's line, which is then the run's last word: where the newest
-    complete checkpoint is, for the run whose configuration the launcher handed over in the
-    environment (nothing without one)."""
+def handed_over() -> RunConfig | None:
+    """The run's configuration the launcher handed over in the environment (None when this
+    agent was started some other way)."""
     config_json = os.environ.get(RUN_CONFIG_VARIABLE)
-    if not config_json:
+    return RunConfig.from_json(config_json) if config_json else None
+
+
+def what_is_kept() -> str:
+    """The end of the node's own line, which is then the run's last word: where the newest
+    complete checkpoint is, read from the store within --stop_grace_seconds (a stopping
+    container is killed soon after), for the handed-over run (nothing without one)."""
+    config = handed_over()
+    if config is None:
         return ""
-    checkpoints = RunConfig.locations_in(config_json).checkpoints
-    return f"; {newest_complete_line(checkpoints)}"
+    checkpoints = config.locations.checkpoints
+    within = config.outputs.stop_grace_seconds
+    found: list[str] = []
+    reading = threading.Thread(
+        target=lambda: found.append(newest_complete_line(checkpoints)), daemon=True
+    )
+    reading.start()
+    reading.join(within)
+    if found:
+        return f"; {found[0]}"
+    return (
+        f"; {checkpoints} was not listed within {within:g} s: a restart resumes from its "
+        "newest complete checkpoint"
+    )
+
+
+@contextlib.contextmanager
+def quiet_store_client() -> Iterator[None]:
+    """torch loaded without its C++ warnings, in this agent only: its store client prints
+    a C++ stack trace when the chief's agent, which hosts the store, has exited first
+    (torch's exit barrier race, pytorch/pytorch#69520: the run ended normally), and for each
+    retry of a rendezvous interrupted by a signal. The training processes keep theirs."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
 def quiet_agent_failure_logs() -> None:
     """torchrun's agent logs each failed and each stopped worker at ERROR/WARNING level
-    ("failed (exitcode: 1) local_rank: 1 ...", "Sending process ... closing signal"): the
-    failure is reported once, above, instead. Its other logs keep their level."""
+    ("failed (exitcode: 1) local_rank: 1 ...", "Sending process ... closing signal",
+    "Received 15 death signal"), and a traceback when its exit barrier loses the chief's
+    store, which the chief's agent closes as it exits after the run (torch's race,
+    pytorch/pytorch#69520: this node's processes had succeeded). Each ending is reported
+    once, by the training processes or above, instead."""
+    import torch.distributed.elastic.agent.server.api as agent_api
     import torch.distributed.elastic.multiprocessing.api as processes_api
 
     processes_api.logger.setLevel(logging.CRITICAL)
+    agent_api.logger.setLevel(logging.CRITICAL)
 
 
 if __name__ == "__main__":

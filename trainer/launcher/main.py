@@ -26,6 +26,7 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.common.secrets import mask, secret_values
 from trainer.launcher.cuda_driver import ensure_cuda_driver
+from trainer.launcher.early_stop import hold_across_exec
 from trainer.storage.run_records import RunAlreadyEnded
 
 if TYPE_CHECKING:  # the plan's module loads torch, which must come after the driver check
@@ -66,8 +67,8 @@ def wait_for_name(
 
 def stopped_before_launch(signum, frame) -> None:
     """SIGTERM during the checks (a stopped job, a Spot preemption): nothing has started, so
-    nothing is lost; one line rather than a silent death by signal. The exec into `accelerate
-    launch` puts the default back, and torchrun passes a later SIGTERM on."""
+    nothing is lost; one line rather than a silent death by signal. From the exec into
+    `accelerate launch` on, the agent says it (trainer/launcher/early_stop.py)."""
     print("preempted: SIGTERM during the launcher's checks, before anything was launched: "
           "nothing was trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip
     os._exit(PREEMPTED_EXIT_CODE)
@@ -140,4 +141,5 @@ def launch(plan: LaunchPlan, launched_at: float) -> None:
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env}
     env |= plan.env | plan.secret_env
     env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
+    hold_across_exec()  # a SIGTERM from here on is the agent's to say (early_stop.py)
     os.execve(plan.argv[0], plan.argv, env)

@@ -36,13 +36,17 @@ def training_process_started() -> bool:
     a compiler DeepSpeed probes at import, do not count)."""
     import psutil
 
-    for child in psutil.Process().children():
-        try:
-            if TRAINING_MODULE in child.cmdline():
-                return True
-        except psutil.Error:  # gone or unreadable: not a training process that runs
-            continue
-    return False
+    return any(is_training_process(child) for child in psutil.Process().children())
+
+
+def is_training_process(process) -> bool:
+    """Whether a (psutil) process runs the training program."""
+    import psutil
+
+    try:
+        return TRAINING_MODULE in process.cmdline()
+    except psutil.Error:  # gone or unreadable: not a training process that runs
+        return False
 
 
 @dataclass

@@ -183,12 +183,6 @@ class RunConfig:
             demo=demo and DemoAssets(Path(demo["model_dir"]), Path(demo["dataset_dir"])),
         )
 
-    @staticmethod
-    def locations_in(text: str) -> OutputLocations:
-        """The output locations of a configuration `to_json` wrote, read alone: the launcher
-        that reports a killed rank needs no task to say where the checkpoints are."""
-        return OutputLocations(**json.loads(text)["locations"])
-
     def without_secrets(self) -> tuple[RunConfig, dict[str, str]]:
         """This configuration with its secret flags (`--hub_token`) emptied, and their values as
         the variables their libraries read instead (SECRET_FLAG_VARIABLES): what the launcher

@@ -31,11 +31,14 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 from trainer.storage.failure_kinds import brief
 from trainer.storage.store import (
+    TRANSFER_THREADS,
     FileEntry,
     Store,
     StoredFilesDiffer,
@@ -76,8 +79,12 @@ def checkpoint_names(store: Store) -> list[str]:
 def complete_checkpoints(store: Store) -> list[str]:
     """Names of checkpoints with a readable manifest, oldest first: one whose manifest is
     truncated or damaged is not resumed from (find_resumable_checkpoint skips it), so no
-    line may name it as where a restart resumes."""
-    return [n for n in checkpoint_names(store) if read_manifest(store.child(n)) is not None]
+    line may name it as where a restart resumes. The manifests are read side by side: one
+    after another, a store of many checkpoints took a request's time for each."""
+    names = checkpoint_names(store)
+    with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+        manifests = list(pool.map(lambda name: read_manifest(store.child(name)), names))
+    return [name for name, entries in zip(names, manifests, strict=True) if entries is not None]
 
 
 def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None = None) -> str:
@@ -182,6 +189,10 @@ class PeerGaveUp(TransferError):
         self.skipped = skipped
 
 
+PEER_POLL_SECONDS = 0.5
+"""How often the chief lists the peers' done-markers while it waits for them: each wait is
+time a stop's checkpoint may not have."""
+
 GAVE_UP_SUFFIX = ".gave-up.json"
 PEER_WORD_BY_AGREEMENT = "said through the training processes; it could not write its marker"
 
@@ -200,7 +211,13 @@ class CheckpointUploader:
     checkpoint (failed or obsolete) says so in the store, beside its done-marker, so the chief
     abandons it at once instead of waiting `peer_timeout`. `fatal` says why uploads cannot
     succeed at all (the bucket is gone, or `GIVE_UP_AFTER` failures in a row); training stops
-    on it."""
+    on it.
+
+    Behind slow storage the grace of a stop is short (`--stop_grace_seconds`, 8 s), so nothing
+    that can wait stands before the stop checkpoint: the chief's retention (a listing, a read
+    of every manifest, a delete of each file) is left to the next checkpoint when one is
+    already queued, and left undone once `stop_requested` says a stop came; a waiter learns
+    that a checkpoint is complete (`wait_for`) as soon as its manifest is written."""
 
     def __init__(
         self,
@@ -211,8 +228,10 @@ class CheckpointUploader:
         is_global_main: bool,
         keep: int | None,
         peer_timeout: float,
+        stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
+        self.stop_requested = stop_requested
         self.staging_root = staging_root
         self.node_rank = node_rank
         self.num_nodes = num_nodes
@@ -255,7 +274,7 @@ class CheckpointUploader:
             self.submitted.append(checkpoint_dir.name)  # in order: the last is the newest
             self.skipped += [path.name for path in obsolete]
             self._to_announce += [path.name for path in obsolete]
-            self._changed.notify()
+            self._changed.notify_all()
         for path in obsolete:
             shutil.rmtree(path, ignore_errors=True)
             logger.info("%s will not be uploaded: %s is newer", path.name, checkpoint_dir.name)
@@ -266,9 +285,25 @@ class CheckpointUploader:
         running are abandoned with the process: their checkpoint never gets a manifest."""
         with self._changed:
             self._closing = True
-            self._changed.notify()
+            self._changed.notify_all()
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def wait_for(self, name: str, timeout: float) -> bool:
+        """Wait at most `timeout` s until `name` is uploaded (on the chief: its manifest
+        written), failed or given up; whether it was uploaded. What the uploader does after
+        (retention) is not waited for: a stop has no time for it."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not self._settled(name):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    break
+                self._changed.wait(left)
+            return name in self.uploaded
+
+    def _settled(self, name: str) -> bool:
+        return name in self.uploaded or name in self.failures or name in self.skipped
 
     @property
     def busy(self) -> bool:
@@ -315,11 +350,15 @@ class CheckpointUploader:
             except Exception as error:  # noqa: BLE001 - a failed upload must not stop training
                 self._failed(snapshot.name, error)
             else:
-                self.uploaded.append(snapshot.name)  # complete: a stop's line may name it
+                with self._changed:
+                    self.uploaded.append(snapshot.name)  # complete: a stop's line may name it
+                    self._changed.notify_all()
                 self._failed_in_a_row = 0
                 self._tidy(best)
             finally:
-                self.uploading = None
+                with self._changed:
+                    self.uploading = None
+                    self._changed.notify_all()
                 shutil.rmtree(snapshot, ignore_errors=True)
 
     def _failed(self, name: str, error: Exception) -> None:
@@ -358,26 +397,37 @@ class CheckpointUploader:
                            brief(error))  # fmt: skip
 
     def _publish(self, snapshot: Path) -> None:
+        """Upload this node's part, then its done-marker (a peer) or the manifest (the chief,
+        which needs no marker of its own on a single node: the manifest says all of it)."""
         started = time.monotonic()
         target = self.store.child(snapshot.name)
         entries = target.upload(snapshot)
-        marker = json.dumps({"node": self.node_rank, "files": [asdict(e) for e in entries]})
-        target.write_text(f"{NODE_MARKERS}/node-{self.node_rank}.json", marker)
+        if not self.is_global_main or self.num_nodes > 1:
+            marker = json.dumps({"node": self.node_rank, "files": [asdict(e) for e in entries]})
+            target.write_text(f"{NODE_MARKERS}/node-{self.node_rank}.json", marker)
         logger.info("node %d uploaded %s (%d files) in %.1fs", self.node_rank, snapshot.name,
                     len(entries), time.monotonic() - started)  # fmt: skip
         if self.is_global_main:
-            self._write_manifest(target, snapshot.name)
+            self._write_manifest(target, snapshot.name, entries)
 
-    def _write_manifest(self, target: Store, name: str) -> None:
-        self._wait_for_nodes(target, name)
-        entries = {}
-        for node in range(self.num_nodes):
-            for entry in json.loads(target.read_text(f"{NODE_MARKERS}/node-{node}.json"))["files"]:
-                entries[entry["path"]] = FileEntry(**entry)
-        present = target.list_files()
-        wrong = [path for path, entry in entries.items() if present.get(path) != entry]
-        if wrong:
-            raise TransferError(f"{name}: files differ from what the nodes uploaded: {wrong}")
+    def _write_manifest(self, target: Store, name: str, own: list[FileEntry]) -> None:
+        """The manifest of every node's files: the chief's own as it verified them, the
+        peers' from their markers (read side by side), checked against the store."""
+        entries = {entry.path: entry for entry in own}
+        if self.num_nodes > 1:
+            self._wait_for_nodes(target, name)
+            peers = range(1, self.num_nodes)
+            with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+                markers = list(pool.map(
+                    lambda node: target.read_text(f"{NODE_MARKERS}/node-{node}.json"), peers
+                ))  # fmt: skip
+            for marker in markers:
+                for entry in json.loads(marker)["files"]:
+                    entries[entry["path"]] = FileEntry(**entry)
+            present = target.list_files()
+            wrong = [path for path, entry in entries.items() if present.get(path) != entry]
+            if wrong:
+                raise TransferError(f"{name}: files differ from what the nodes uploaded: {wrong}")
         manifest = {
             "checkpoint": name,
             "global_step": checkpoint_step(name),
@@ -404,11 +454,12 @@ class CheckpointUploader:
                 raise PeerGaveUp(name, node, PEER_WORD_BY_AGREEMENT, skipped=False)
             if time.monotonic() > deadline:
                 raise TransferError(f"nodes {missing} did not finish uploading {name}")
-            time.sleep(1)
+            time.sleep(PEER_POLL_SECONDS)
 
     def _tidy(self, best: str | None) -> None:
-        """The chief's retention after a checkpoint completed; its failure fails nothing."""
-        if not self.is_global_main:
+        """The chief's retention after a checkpoint completed; its failure fails nothing. Left
+        to the next checkpoint when one is queued, and undone on a stop."""
+        if not self.is_global_main or self._hurried():
             return
         try:
             self._apply_retention(best)
@@ -423,6 +474,8 @@ class CheckpointUploader:
         complete = complete_checkpoints(self.store)
         newest = checkpoint_step(complete[-1])
         for name in checkpoint_names(self.store):
+            if self._hurried():
+                return
             if checkpoint_step(name) < newest and name not in complete:
                 self.store.child(name).delete()
                 logger.info("deleted %s/%s (incomplete, older than %s)", self.store.uri, name,
@@ -431,7 +484,13 @@ class CheckpointUploader:
             return
         doomed = [name for name in complete[: -self.keep] if name != best]
         for name in doomed:
+            if self._hurried():
+                return
             checkpoint = self.store.child(name)
             checkpoint.child(MANIFEST).delete()  # first: a half-deleted one is never complete
             checkpoint.delete()
             logger.info("deleted %s/%s (save_total_limit=%d)", self.store.uri, name, self.keep)
+
+    def _hurried(self) -> bool:
+        """Whether something more urgent than retention waits: a queued checkpoint, a stop."""
+        return bool(self._pending) or self.stop_requested()

@@ -127,7 +127,8 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
     timed = progress_by_time(config.given)
     trainer.add_callback(ProgressLogCallback(data_wait, timed=timed, stream_skips=skips))
     trainer.add_callback(startup)
-    uploader = checkpoint_uploader(config, trainer.args, place)
+    stop = StopRequest()
+    uploader = checkpoint_uploader(config, trainer.args, place, stop)
     trainer.add_callback(CheckpointSyncCallback(uploader))
     tensorboard = tensorboard_sync(config, trainer.args, place)
     metric = config.training.metric_for_best_model
@@ -135,7 +136,6 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
     for callback in (tensorboard, HypertuneCallback(metric) if tuning else None):
         if callback is not None:
             trainer.add_callback(callback)
-    stop = StopRequest()
     saver = SaveOnStopOrInterval(stop, config.outputs.save_interval_minutes, uploader=uploader,
                                  num_nodes=place.num_nodes,
                                  stop_grace=config.outputs.stop_grace_seconds)  # fmt: skip
@@ -147,8 +147,9 @@ def with_callbacks(config: RunConfig, trainer, place: ProcessPlace, skips, start
             "kept": kept}  # fmt: skip
 
 
-def checkpoint_uploader(config: RunConfig, args, place: ProcessPlace):
-    """This node's uploader, on its local main process only (None elsewhere)."""
+def checkpoint_uploader(config: RunConfig, args, place: ProcessPlace, stop: StopRequest):
+    """This node's uploader, on its local main process only (None elsewhere); a SIGTERM here
+    (`stop`) leaves the chief's retention undone, for the stop checkpoint's sake."""
     locations = config.locations
     if not place.is_local_main:
         return None
@@ -168,6 +169,7 @@ def checkpoint_uploader(config: RunConfig, args, place: ProcessPlace):
         is_global_main=place.is_global_main,
         keep=args.save_total_limit if locations.shared_checkpoints else None,
         peer_timeout=config.outputs.peer_upload_timeout,
+        stop_requested=lambda: stop.requested,
     )
 
 

@@ -123,15 +123,16 @@ class CheckpointSyncCallback(TrainerCallback):
 
 
 def backlog_warning(uploader: CheckpointUploader, obsolete: list[str], newest: str) -> str:
-    """The line for uploads that fell a whole save interval behind."""
+    """The line for uploads that fell a whole save interval behind: names, not the store's
+    location (said at the start; a long one pushed the line past 300 characters)."""
     since = uploader.uploading_since
     running = f" ({time.monotonic() - since:.0f} s so far)" if since is not None else ""
+    waited = obsolete[-1] if len(obsolete) == 1 else f"{len(obsolete)} older checkpoints"
     return (
-        f"warning: checkpoint uploads to {uploader.store.uri} are slower than saves: "
-        f"{newest} was saved while {', '.join(obsolete)} still waited behind "
-        f"{uploader.uploading or 'an upload'}{running}, so only the newest is uploaded "
-        "next; a crash loses the steps since the newest complete checkpoint. Save less "
-        "often (--save_steps, --save_interval_minutes) or give the uploads more bandwidth."
+        f"warning: checkpoint uploads are slower than saves: {newest} was saved while "
+        f"{waited} waited behind {uploader.uploading or 'an upload'}{running}; only the "
+        "newest is uploaded next, so a crash loses more steps. Save less often (--save_steps, "
+        "--save_interval_minutes) or give uploads more bandwidth."
     )
 
 

@@ -102,9 +102,10 @@ class WhatIsKept:
         uploader = self.uploader
         if uploader is None:
             return Stopped(f"{cause}: every rank saved {name} locally")
-        done = uploader.close(timeout=max(0.0, learned_at + self.grace - time.monotonic()))
+        left = max(0.0, learned_at + self.grace - time.monotonic())
+        done = uploader.wait_for(name, timeout=left)  # not the retention after it
         seconds = time.monotonic() - learned_at
-        if not done or name in uploader.failures:
+        if not done:
             return Stopped(
                 f"{cause}: {name} was not uploaded to {self.checkpoints} within {seconds:.1f} s "
                 f"(--stop_grace_seconds {self.grace:g}); {self._resume_point()}"

@@ -21,6 +21,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from trainer.common.handoff import STOP_REPORTS_VARIABLE, TRAINING_MARK
 
 
 def stop_cause(node: int) -> str:
@@ -54,6 +57,7 @@ class StopRequest:
         if not _in_main_thread():
             return
         signal.signal(signal.SIGTERM, self._on_signal)
+        leave_mark(TRAINING_MARK)  # the node's agent: a SIGTERM from now on is held
 
     def uninstall(self) -> None:
         """Back to the default, where SIGTERM ends the process at once: for a process that is
@@ -72,6 +76,13 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.requested_at is not None
+
+
+def leave_mark(kind: str) -> None:
+    """A file in the node's agent's directory (trainer/common/handoff.py
+    STOP_REPORTS_VARIABLE): what this process did, for the agent's line after a SIGTERM."""
+    if reports := os.environ.get(STOP_REPORTS_VARIABLE):
+        Path(reports, f"{kind}{os.environ.get('RANK', '0')}").touch()
 
 
 def agree(values: list[float]) -> list[float]:

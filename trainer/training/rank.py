@@ -14,21 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
-from trainer.common.handoff import (
-    LAUNCHED_AT_VARIABLE,
-    RUN_CONFIG_VARIABLE,
-    STOP_REPORTS_VARIABLE,
-)
+from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE, STOP_SAID_MARK
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.settings.run_config import RunConfig
 from trainer.training.failures import RunFailed, report_failure, report_run_failed, without_secrets
-from trainer.training.preemption import Stopped
+from trainer.training.preemption import Stopped, leave_mark
 from trainer.training.run_end import remember_failure
 from trainer.training.tracebacks import keep_traceback
 
@@ -85,14 +80,13 @@ def end_done() -> NoReturn:
 
 def end_stopped(stopped: Stopped) -> NoReturn:
     """The `preempted:` line (local rank 0), a mark for the node's agent that it was said
-    (trainer/common/handoff.py STOP_REPORTS_VARIABLE), and exit 75. Not sys.exit: it would
+    (`STOP_SAID_MARK`), and exit 75. Not sys.exit: it would
     wait for the storage client's transfer threads, i.e. for an upload this process has
     given up on (its checkpoint keeps no manifest)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"preempted: {stopped}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    if reports := os.environ.get(STOP_REPORTS_VARIABLE):
-        Path(reports, f"rank-{os.environ.get('RANK', '0')}").touch()
+    leave_mark(STOP_SAID_MARK)
     os._exit(PREEMPTED_EXIT_CODE)
 
 

@@ -18,7 +18,7 @@ from trainer.storage.checkpoints import (
 from trainer.storage.failure_kinds import brief, disk_full, disk_line
 from trainer.storage.store import open_store
 from trainer.training.distributed import ProcessPlace
-from trainer.training.failures import RunFailed
+from trainer.training.failures import MAX_LINE, MIN_CAUSE, RunFailed
 
 RESUME_CHOICE_FILENAME = ".resume-from"
 
@@ -66,16 +66,27 @@ def newest_readable_checkpoint(checkpoints: str, output_dir: Path, say: bool) ->
             print(damaged_line(store, damaged, found), flush=True)
         return found
     except CheckpointUnreadable as error:
-        cause = error.__cause__
-        if disk_full(cause):
-            what = disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
-            what, fix = f"{what} ({brief(cause)})", "free space there (or use a larger disk)"
-        else:
-            what, fix = str(error), f"restart once {checkpoints} can be read"
-        raise RunFailed(
-            f"{what}; the run stops before training rather than start again from step 1 "
-            f"(nothing was trained or deleted): {fix}"
-        ) from cause
+        raise RunFailed(unreadable_line(error, checkpoints)) from error.__cause__
+
+
+UNREADABLE_STOP = (
+    "; the run stops before training, not from step 1 (nothing was trained or deleted): "
+)
+
+
+def unreadable_line(error: CheckpointUnreadable, checkpoints: str) -> str:
+    """The line for checkpoints that exist but cannot be read, at most MAX_LINE characters:
+    each location named once, the storage error's message (a 403 quotes its JSON body) cut
+    to the room left, a full disk's line without the error (it would name the path again)."""
+    cause = error.__cause__
+    if disk_full(cause):
+        what = disk_line(error.local, f"downloading {error.name or 'a checkpoint'}")
+        return f"{what}{UNREADABLE_STOP}free space there (or use a larger disk)"
+    where = f"{error.name} in {checkpoints}" if error.name else checkpoints
+    head, tail = f"reading {where} failed (", f"){UNREADABLE_STOP}restart once it can be read"
+    room = max(MAX_LINE - len(head) - len(tail), MIN_CAUSE)
+    text = brief(cause) if cause is not None else "unknown"
+    return head + (text if len(text) <= room else text[: room - 3] + "...") + tail
 
 
 def explicit_checkpoint(location: str, output_dir: Path) -> Path:

@@ -1,0 +1,84 @@
+"""A SIGTERM to a node's agent before torchrun's own handler takes over: one line, exit 75.
+
+From the launcher's exec to the moment torchrun starts the training processes, a stop has
+nothing of this attempt to save, but it must still be heard and said. Three gaps hid it:
+the exec resets the launcher's handler and the agent imports torch for seconds (the signal
+killed it silently, -15), and the rendezvous runs in torch's C++ store client, which retries
+through the interrupted call while the Python handler waits for a main thread that does not
+come back (a worker whose chief was not up kept waiting for --rdzv_timeout). So the launcher
+blocks SIGTERM across the exec (a blocked signal stays pending through it), the agent installs
+`EarlyStop` before any import and unblocks it, and a thread hears the signal through
+`signal.set_wakeup_fd` while the main thread is inside C++.
+
+Once torchrun installs its handler (just before it starts the training processes), the stop
+is torchrun's: this watcher leaves it alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
+from trainer.launcher.start_deadline import is_training_process
+
+
+def hold_across_exec() -> None:
+    """Block SIGTERM in the launcher before it execs the agent: pending, not lost, until the
+    agent's `EarlyStop.arm` unblocks it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+class EarlyStop:
+    """Ends the node on a SIGTERM that no training process can answer: `line()` is what it
+    prints (it says what is kept). A training process started by accelerate itself (one
+    process without DeepSpeed) gets the signal instead, and says what it saved."""
+
+    def __init__(self, line: Callable[[], str]) -> None:
+        self._line = line
+        self._lock = threading.Lock()
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
+
+    def arm(self) -> None:
+        """From the main thread, before anything slow: the handler, the watcher, then the
+        signal unblocked (one held since the launcher's exec is delivered now)."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)
+        threading.Thread(target=self._watch, name="early-stop", daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        """Hears every signal with a Python handler; acts on SIGTERM while the handler is
+        this one (the main thread may be inside the rendezvous, where it cannot)."""
+        reader = self._wakeup[0]
+        while True:
+            received = reader.recv(64)
+            if signal.SIGTERM in received and signal.getsignal(signal.SIGTERM) == self._on_signal:
+                self.stop()
+
+    def stop(self) -> None:
+        """Pass the stop on to this agent's children; with no training process among them,
+        end the node with its line."""
+        import psutil
+
+        with self._lock:  # the handler and the watcher may both get here: one line
+            children = psutil.Process().children()
+            for child in children:
+                try:
+                    child.send_signal(signal.SIGTERM)
+                except psutil.Error:  # gone already
+                    continue
+            if any(is_training_process(child) for child in children):
+                return
+            print(self._line(), file=sys.stderr, flush=True)
+            os._exit(PREEMPTED_EXIT_CODE)
