@@ -204,14 +204,20 @@ def test_bad_requests_get_json_naming_the_instance_and_the_server_keeps_serving(
                                 else json.dumps(body))  # fmt: skip
             return answer.status_code, answer.json()
 
-        code, body = post({"instances": [good, {"image": {"b64": base64.b64encode(
-            b"this is text").decode()}}, {"picture": "x"}, good,
-            {"image": "gs://test-bucket/no/such.png"}]})  # fmt: skip
-        assert code == 400 and body["error"] == "3 of 5 instances cannot be predicted"
-        reasons = {item["index"]: item["error"] for item in body["instances"]}
-        assert set(reasons) == {1, 2, 4}
-        assert "not an image" in reasons[1] and "'image'" in reasons[2]
-        assert "gs://test-bucket/no/such.png" in reasons[4] and "NotFound" in reasons[4]
+        not_an_image = {"image": {"b64": base64.b64encode(b"this is text").decode()}}
+        missing = {"image": "gs://test-bucket/no/such.png"}
+        code, body = post({"instances": [good, not_an_image, {"picture": "x"}, good, missing]})
+        assert code == 200, body
+        first, *reasons, fourth = [body["predictions"][i] for i in (0, 1, 2, 4, 3)]
+        assert first == fourth and set(first) == {"labels", "scores"}
+        assert [set(reason) for reason in reasons] == [{"error"}] * 3
+        assert "not an image" in reasons[0]["error"] and "'image'" in reasons[1]["error"]
+        assert "gs://test-bucket/no/such.png" in reasons[2]["error"]
+        assert "NotFound" in reasons[2]["error"]
+        code, body = post({"instances": [not_an_image, missing]})
+        assert code == 400 and body["error"] == "2 of 2 instances cannot be predicted"
+        assert [item["index"] for item in body["instances"]] == [0, 1]
+        assert "not an image" in body["instances"][0]["error"]
         assert post({"instances": []}) == (400, {"error": "instances is empty"})
         assert post(b"{not json") == (400, {"error": "the body is not JSON"})
         assert post({"inputs": [good]})[0] == 400

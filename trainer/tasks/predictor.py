@@ -60,6 +60,12 @@ class Predictor(ABC):
     labelled_by_folder: ClassVar[bool] = False
     """Whether a test folder's media in one folder per class (`DIR/CLASS/x.png`) are
     referenced by that folder's name, as `datasets`' imagefolder labels them."""
+    raw_media_types: ClassVar[tuple[str, ...]] = ()
+    """The Content-Types (`audio/`: any audio type) of a request body that is the media
+    itself, one instance (Vertex AI's rawPredict); the body is then `media(bytes)`."""
+    gcs_read_prefixes: tuple[str, ...] | None = None
+    """The gs:// prefixes an instance may name (the server sets them: its callers read with
+    its credentials); None: any (`python -m trainer.predict`, run by the data's owner)."""
 
     def __init__(self, pipe, task: str) -> None:
         self.pipe = pipe
@@ -99,14 +105,22 @@ class Predictor(ABC):
                 raise InstanceError(f"parameter {name!r} must be {wanted.__name__}")
         return parameters
 
+    def takes_raw(self, media_type: str) -> bool:
+        """Whether a body of this Content-Type (no parameters) is this task's media."""
+        return any(media_type == kind or (kind.endswith("/") and media_type.startswith(kind))
+                   for kind in self.raw_media_types)  # fmt: skip
+
     def media(self, instance: object) -> bytes:
         """The instance's media bytes: `{media_key: ...}`, or the media itself (batch
-        prediction's file-list sends each file as `{"b64": ...}`)."""
+        prediction's file-list sends each file as `{"b64": ...}`; a raw body is its bytes).
+        Other fields beside `media_key` (a batch job's key) are left alone."""
+        if isinstance(instance, bytes):
+            return instance
         if isinstance(instance, dict) and self.media_key in instance:
-            return media_bytes(instance[self.media_key])
+            return media_bytes(instance[self.media_key], self.gcs_read_prefixes)
         if isinstance(instance, dict) and set(instance) != {"b64"}:
             raise InstanceError(f"an instance needs {self.media_key!r} (or is {{'b64': ...}})")
-        return media_bytes(instance)
+        return media_bytes(instance, self.gcs_read_prefixes)
 
     def prepare(self, instance: object) -> Prepared:
         """The instance decoded and pre-processed, off the model's thread."""
