@@ -134,7 +134,8 @@ def make_app(
     @app.get(contract.health_route)
     async def health():
         if "batcher" in holder:
-            return {"status": "ready", "task": state.predictor.task}
+            return {"status": "ready", "task": state.predictor.task,
+                    "queued": holder["batcher"].queue.qsize()}  # fmt: skip
         status = "failed" if state.failure else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
@@ -172,8 +173,14 @@ def make_app(
         except QueueFull as error:
             return error_response(503, str(error))
         except Dropped as dropped:
-            log_line({"message": "request dropped before its forward pass",
-                      "severity": "WARNING", "reason": str(dropped), "instances": len(good)})
+            log_line(
+                {
+                    "message": "request dropped before its forward pass",
+                    "severity": "WARNING",
+                    "reason": str(dropped),
+                    "instances": len(good),
+                }
+            )
             return error_response(504, f"dropped: {dropped}")  # fmt: skip
         except Exception as error:  # noqa: BLE001 - the batch's forward pass failed
             return error_response(500, f"the prediction failed: {type(error).__name__}")

@@ -71,6 +71,18 @@ class Arrival:
     at: float = field(default_factory=time.monotonic)
 
 
+def hand_out(batch: list[Waiting], results: list) -> None:
+    """Each result to its instance's request (an exception raised there), unless the request
+    stopped waiting."""
+    for entry, result in zip(batch, results, strict=True):
+        if entry.future.done():
+            continue
+        if isinstance(result, Exception):
+            entry.future.set_exception(result)
+        else:
+            entry.future.set_result(result)
+
+
 class Batcher:
     def __init__(
         self,
@@ -147,14 +159,10 @@ class Batcher:
             if len(results) != len(batch):
                 raise RuntimeError(f"{len(results)} predictions for {len(batch)} instances")
         except Exception as error:  # noqa: BLE001 - every request of the batch is told
-            for entry in batch:
-                if not entry.future.done():
-                    entry.future.set_exception(error)
             results = None
+            hand_out(batch, [error] * len(batch))
         else:
-            for entry, result in zip(batch, results, strict=True):
-                if not entry.future.done():
-                    entry.future.set_result(result)
+            hand_out(batch, results)
         self.model_free_at = time.monotonic()
         self.last_forward = self.model_free_at - started
         self.log({

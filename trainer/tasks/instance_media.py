@@ -34,12 +34,7 @@ def media_bytes(value: object, gcs_read_prefixes: tuple[str, ...] | None = None)
             raise InstanceError("a data: URI needs a comma before its data")
         return _base64(data) if header.endswith(";base64") else unquote_to_bytes(data)
     if value.startswith("gs://"):
-        if gcs_read_prefixes is not None and not readable(value, gcs_read_prefixes):
-            raise InstanceError(
-                f"{value} is not under a prefix this server reads for its callers "
-                "(--gcs_read_prefixes)"
-            )
-        return _gcs_object(value)
+        return _gcs_object(value, gcs_read_prefixes)
     return _base64(value)
 
 
@@ -81,9 +76,13 @@ def _base64(text: str) -> bytes:
         raise InstanceError("not valid base64") from None
 
 
-def _gcs_object(uri: str) -> bytes:
+def _gcs_object(uri: str, gcs_read_prefixes: tuple[str, ...] | None) -> bytes:
     from trainer.storage.store import open_store
 
+    if gcs_read_prefixes is not None and not readable(uri, gcs_read_prefixes):
+        raise InstanceError(
+            f"{uri} is not under a prefix this server reads for its callers (--gcs_read_prefixes)"
+        )
     parent, _, name = uri.rpartition("/")
     if not name or parent == "gs:/":
         raise InstanceError(f"{uri} names no object")

@@ -163,15 +163,7 @@ class TextPredictor(ClassificationPredictor):
         return lambda: {key: value for key, value in text.items() if value is not None}
 
     def decoded(self, instance: object) -> str | dict:
-        if isinstance(instance, str):
-            instance = {"text": instance}
-        elif isinstance(instance, bytes) or (isinstance(instance, dict) and set(instance) == {
-                "b64"}):  # fmt: skip
-            try:
-                instance = {"text": self.media(instance).decode()}
-            except UnicodeDecodeError:
-                raise InstanceError("the body is not UTF-8 text" if isinstance(instance, bytes)
-                                    else "the b64 text is not UTF-8") from None  # fmt: skip
+        instance = self.fields(instance)
         if not isinstance(instance, dict) or not isinstance(instance.get("text"), str):
             raise InstanceError('an instance needs "text" (a string)')
         # Other fields are left alone (a batch job's key beside the instance), but not one
@@ -184,6 +176,20 @@ class TextPredictor(ClassificationPredictor):
         if instance.get("text_pair") is None:
             return instance["text"]
         return {"text": instance["text"], "text_pair": instance["text_pair"]}
+
+    def fields(self, instance: object) -> object:
+        """A bare string, a `{"b64": ...}` text or a raw body's bytes as `{"text": ...}`;
+        anything else as it is."""
+        if isinstance(instance, str):
+            return {"text": instance}
+        if isinstance(instance, bytes) or (isinstance(instance, dict) and set(instance) == {
+                "b64"}):  # fmt: skip
+            try:
+                return {"text": self.media(instance).decode()}
+            except UnicodeDecodeError:
+                raise InstanceError("the body is not UTF-8 text" if isinstance(instance, bytes)
+                                    else "the b64 text is not UTF-8") from None  # fmt: skip
+        return instance
 
     def prepared(self, pipeline_input: str | dict) -> Prepared:
         text, pair = (pipeline_input["text"], pipeline_input["text_pair"]) if isinstance(
