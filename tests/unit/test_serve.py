@@ -64,8 +64,13 @@ def test_health_is_503_until_the_model_is_loaded_then_200(text_predictor):
         assert httpx.post(url + "/predict", json={"instances": ["x"]}).status_code == 503
         loaded.set()
         wait_ready(url)
-        assert httpx.get(url + "/health").json() == {
-            "status": "ready", "task": "text-classification", "queued": 0}  # fmt: skip
+        health = httpx.get(url + "/health").json()
+    assert {key: health[key] for key in ("status", "task", "queued")} == {
+        "status": "ready", "task": "text-classification", "queued": 0}  # fmt: skip
+    assert health["model"] == {
+        "name": text_predictor.pipe.model.name_or_path, "base_model": None,
+        "architecture": "BertForSequenceClassification", "labels": ["negative", "positive"],
+        "media_key": "text", "raw_media_types": ["text/plain"]}  # fmt: skip
 
 
 def test_a_model_that_fails_to_load_says_so_and_stays_unhealthy(capfd):

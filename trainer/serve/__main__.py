@@ -89,6 +89,7 @@ def loader(location: str):
         from trainer.tasks.served_model import load_predictor, model_folder
 
         predictor = load_predictor(model_folder(location))
+        predictor.source = location
         predictor.warm_up()
         # Where it runs, said once: a GPU node whose driver torch cannot use would else
         # serve from the CPU without a word.

@@ -44,9 +44,11 @@ PAGE = resources.files("trainer.serve").joinpath("page.html").read_text(encoding
 only the two routes). Plain HTML and a little JavaScript, nothing loaded from elsewhere."""
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; base-uri 'none'",
+    "style-src 'unsafe-inline'; connect-src 'self'; media-src blob:; form-action 'none'; "
+    "base-uri 'none'",
 }
-"""The browser itself refuses anything the page might load from another origin."""
+"""The browser itself refuses anything the page might load from another origin (`blob:` is
+the page's own clip, played back)."""
 
 
 def log_line(record: dict) -> None:
@@ -101,6 +103,8 @@ def make_app(
     state = ModelState(load)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
+    description: dict = {}
+    """The served model's, for the page (health says it once ready)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -113,6 +117,7 @@ def make_app(
                 return
             predictor = state.predictor
             predictor.gcs_read_prefixes = gcs_read_prefixes
+            description.update(predictor.description())
             holder["batcher"] = Batcher(
                 predictor.predict, max_batch_size, max_wait, queue_size, log_line
             )
@@ -135,7 +140,7 @@ def make_app(
     async def health():
         if "batcher" in holder:
             return {"status": "ready", "task": state.predictor.task,
-                    "queued": holder["batcher"].queue.qsize()}  # fmt: skip
+                    "queued": holder["batcher"].queue.qsize(), "model": description}  # fmt: skip
         status = "failed" if state.failure else "loading"
         return JSONResponse({"status": status}, status_code=503)
 

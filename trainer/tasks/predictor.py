@@ -20,6 +20,7 @@ re-written here, and the predictions are those of a plain `pipeline()`.
 from __future__ import annotations
 
 import base64
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class Predictor(ABC):
     raw_media_types: ClassVar[tuple[str, ...]] = ()
     """The Content-Types (`audio/`: any audio type) of a request body that is the media
     itself, one instance (Vertex AI's rawPredict); the body is then `media(bytes)`."""
+    source: str | None = None
+    """Where the model was served from (a gs:// URI or a folder), for its description; None:
+    the folder it was loaded from."""
     gcs_read_prefixes: tuple[str, ...] | None = None
     """The gs:// prefixes an instance may name (the server sets them: its callers read with
     its credentials); None: any (`python -m trainer.predict`, run by the data's owner)."""
@@ -104,6 +108,30 @@ class Predictor(ABC):
             if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
                 raise InstanceError(f"parameter {name!r} must be {wanted.__name__}")
         return parameters
+
+    def description(self) -> dict[str, Any]:
+        """What the page shows of the served model: where it came from, its architecture,
+        its base checkpoint (a merged LoRA model's adapter names it; a full fine-tune's
+        folder records none), its labels (a classifier's), and how an instance is sent."""
+        folder = Path(self.pipe.model.name_or_path)
+        adapter = folder / "adapter" / "adapter_config.json"  # lora_adapters.ADAPTER_DIRNAME
+        try:
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            base = None
+        architectures = self.pipe.model.config.architectures or [type(self.pipe.model).__name__]
+        return {
+            "name": self.source or str(folder),
+            "architecture": ", ".join(architectures),
+            "base_model": base,
+            "labels": self.label_names(),
+            "media_key": self.media_key,
+            "raw_media_types": list(self.raw_media_types),
+        }
+
+    def label_names(self) -> list[str] | None:
+        """The names of the model's labels, best known; None for a task without labels."""
+        return None
 
     def takes_raw(self, media_type: str) -> bool:
         """Whether a body of this Content-Type (no parameters) is this task's media."""
