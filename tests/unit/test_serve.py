@@ -286,6 +286,8 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
         english = httpx.post(url + "/predict", json={"instances": [{"audio": encoded}],
                                                      "parameters": {"language": "English"}},
                              timeout=60)  # fmt: skip
+        raw = httpx.post(url + "/predict?language=en", content=clip.read_bytes(),
+                         headers={"Content-Type": "audio/wav"}, timeout=60)  # fmt: skip
     first, second = answer.json()["predictions"]
     assert first == second == {"text": expected}
     assert set(timed.json()["predictions"][0]) == {"text", "segments"}
@@ -294,6 +296,7 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
     assert unknown.status_code == 400
     assert unknown.json() == {"error": "unknown language 'klingon' for Whisper"}
     assert english.status_code == 200 and len(english.json()["predictions"]) == 1
+    assert raw.status_code == 200 and raw.json() == english.json(), "rawPredict: the clip itself"
 
 
 def test_long_audio_is_chunked_and_timestamped_in_a_batch_as_a_plain_pipeline_does(
