@@ -16,8 +16,18 @@ reference and `aiplatform_v1.types.BatchPredictionJob` describe them:
 - `outputConfig.predictionsFormat` `jsonl` with `gcsDestination.outputUriPrefix`: Vertex AI
   writes `prediction-<model>-<time>/predictions_0001.jsonl, ...` there, and
   `errors_0001.jsonl, ...` for instances that failed;
+- `instanceConfig` (jsonl input only): `keyField` (sent to no model, written as the output
+  line's `key` in place of the instance), `includedFields` or `excludedFields`,
+  `instanceType` (`object` or `array`);
+- `modelParameters`: the `parameters` of every request (a Whisper `language`, `top_k`);
+- `serviceAccount`: the job's identity, which reads the input and the `gs://` objects the
+  instances name (the default one may not: docs/serving.md);
 - `dedicatedResources`: `machineSpec`, `startingReplicaCount`, `maxReplicaCount`
-  (BatchDedicatedResources; Vertex AI's default maximum is 10);
+  (BatchDedicatedResources). The pages disagree on the maximum: "Get batch predictions from
+  a custom trained model" has the job use the starting count and ignore the maximum, the
+  REST reference and the SDK's docstring call it the count Vertex AI may scale to (default
+  10). The service page is followed: `--starting_replica_count` is the number of replicas,
+  and the maximum is written equal to it unless `--max_replica_count` is given;
 - `manualBatchTuningParameters.batchSize`: instances per request to one replica (default 64).
 
 No gcloud command creates one (gcloud 528's `ai`, `beta ai` and `alpha ai` groups have no
@@ -74,8 +84,40 @@ class BatchPredictionArguments:
     accelerator_count: int | None = flag(
         None, "GPUs per replica (default: the fewest the machine type offers)."
     )
-    starting_replica_count: int = flag(1, "Replicas the job starts with.")
-    max_replica_count: int = flag(1, "Replicas Vertex AI may scale the job to.")
+    starting_replica_count: int = flag(
+        1, "Replicas the job runs on (startingReplicaCount; the batch page: the count used)."
+    )
+    max_replica_count: int | None = flag(
+        None,
+        "maxReplicaCount (default: --starting_replica_count). The batch page says a job "
+        "ignores it; the REST reference and the SDK's docstring say it may scale to it.",
+    )
+    key_field: str | None = flag(
+        None,
+        "jsonl: the field of each line that is its key (instanceConfig.keyField): not sent "
+        "to the model, written as the output line's key in place of the instance.",
+    )
+    included_fields: list[str] = flag(
+        [], "jsonl: send only these fields of each line (instanceConfig.includedFields).",
+        nargs="+",
+    )  # fmt: skip
+    excluded_fields: list[str] = flag(
+        [], "jsonl: send each line without these fields (instanceConfig.excludedFields).",
+        nargs="+",
+    )  # fmt: skip
+    instance_type: str | None = flag(
+        None, "jsonl: object or array (instanceConfig.instanceType; default: each line's own)."
+    )
+    model_parameters: str | None = flag(
+        None,
+        "A JSON object sent as every request's parameters (modelParameters), e.g. "
+        '\'{"language": "en"}\' or \'{"top_k": 1}\'.',
+    )
+    service_account: str | None = flag(
+        None,
+        "The job's service account (serviceAccount): it reads --input and any gs:// object "
+        "an instance names; Vertex AI's default account may not.",
+    )
     batch_size: int = flag(
         8,
         "Instances per request to a replica (manualBatchTuningParameters.batchSize): the "
@@ -144,7 +186,9 @@ def check_locations(options: BatchPredictionArguments) -> None:
 def check_replicas(options: BatchPredictionArguments) -> None:
     if options.starting_replica_count < 1:
         raise UserError("--starting_replica_count must be at least 1.")
-    if options.max_replica_count < options.starting_replica_count:
+    if options.max_replica_count is not None and (
+        options.max_replica_count < options.starting_replica_count
+    ):
         raise UserError(
             f"--max_replica_count ({options.max_replica_count}) must be at least "
             f"--starting_replica_count ({options.starting_replica_count})."
@@ -153,11 +197,70 @@ def check_replicas(options: BatchPredictionArguments) -> None:
         raise UserError(f"--batch_size must be at least 1, got {options.batch_size}.")
 
 
+INSTANCE_TYPES = ("object", "array")
+SERVICE_ACCOUNT_SHAPE = r"[a-z][a-z0-9-]{4,61}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com"
+"""A service account's email (user-made: NAME@PROJECT.iam...; Google's: ...@developer...)."""
+
+
+def instance_config(options: BatchPredictionArguments, formats: str) -> dict:
+    """`instanceConfig` from the flags (empty without them), or UserError."""
+    config = {"instanceType": options.instance_type, "keyField": options.key_field,
+              "includedFields": options.included_fields or None,
+              "excludedFields": options.excluded_fields or None}  # fmt: skip
+    config = {name: value for name, value in config.items() if value is not None}
+    if config and formats != "jsonl":
+        given = "/--".join(sorted(FIELD_FLAGS[name] for name in config))
+        raise UserError(f"--{given} apply to a jsonl input only: a file-list's files are "
+                        "sent as {'b64': ...}.")  # fmt: skip
+    if options.included_fields and options.excluded_fields:
+        raise UserError("--included_fields and --excluded_fields: give one (Vertex AI takes "
+                        "one of them).")  # fmt: skip
+    if options.instance_type not in (None, *INSTANCE_TYPES):
+        raise UserError(f"--instance_type must be object or array, got {options.instance_type!r}.")
+    return config
+
+
+FIELD_FLAGS = {
+    "instanceType": "instance_type",
+    "keyField": "key_field",
+    "includedFields": "included_fields",
+    "excludedFields": "excluded_fields",
+}
+
+
+def model_parameters(text: str | None) -> dict | None:
+    """--model_parameters as a JSON object, or UserError."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise UserError(f"--model_parameters must be a JSON object, e.g. '{{\"top_k\": 1}}', "
+                        f"got {text!r}.")  # fmt: skip
+    return value
+
+
+def identity(options: BatchPredictionArguments, formats: str) -> dict:
+    """The job's fields beyond its input, output and machines: instanceConfig,
+    modelParameters and serviceAccount, each only when given."""
+    fields = {"instanceConfig": instance_config(options, formats) or None,
+              "modelParameters": model_parameters(options.model_parameters),
+              "serviceAccount": options.service_account}  # fmt: skip
+    account = options.service_account
+    if account is not None and not re.fullmatch(SERVICE_ACCOUNT_SHAPE, account):
+        raise UserError(f"--service_account {account!r} is not a service account's email "
+                        "(NAME@PROJECT.iam.gserviceaccount.com).")  # fmt: skip
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def batch_prediction_job(options: BatchPredictionArguments) -> dict:
     """The BatchPredictionJob's REST body, once the flags are checked (UserError if not)."""
     check_locations(options)
     check_replicas(options)
     formats = instances_format(options)
+    extra = identity(options, formats)
     gpu, count = resolve_accelerator(
         options.machine_type, options.accelerator_type, options.accelerator_count
     )
@@ -178,9 +281,10 @@ def batch_prediction_job(options: BatchPredictionArguments) -> dict:
                 "acceleratorCount": count,
             },
             "startingReplicaCount": options.starting_replica_count,
-            "maxReplicaCount": options.max_replica_count,
+            "maxReplicaCount": options.max_replica_count or options.starting_replica_count,
         },
         "manualBatchTuningParameters": {"batchSize": options.batch_size},
+        **extra,
     }
 
 

@@ -41,6 +41,13 @@ def parser() -> argparse.ArgumentParser:
                    help="the final metric and its value, for their labels")  # fmt: skip
     p.add_argument("--serving_env", metavar="KEY=VALUE", action="append", default=[],
                    help="a serving container variable (repeatable)")  # fmt: skip
+    p.add_argument("--version_alias", action="append", default=[],
+                   help="a version alias (repeatable): [a-z][a-zA-Z0-9-]{0,126}[a-z0-9], "
+                        "e.g. production")  # fmt: skip
+    p.add_argument("--deployment_timeout_s", type=int,
+                   help="how long a deployment may wait for the model to load and health "
+                        "to say ready (deploymentTimeout, up to 7200; default: Vertex "
+                        "AI's)")  # fmt: skip
     p.add_argument("--api_endpoint",
                    help="the Vertex AI API's address (a private endpoint; tests: a loopback "
                         "server, spoken to without credentials)")  # fmt: skip
@@ -69,6 +76,8 @@ def registration_of(args: argparse.Namespace, env) -> Registration:
         base_model=args.base_model,
         metric=key_value("--metric", args.metric) if args.metric else None,
         serving_env=dict(key_value("--serving_env", item) for item in args.serving_env),
+        version_aliases=tuple(args.version_alias),
+        deployment_timeout_s=args.deployment_timeout_s,
     )
     check_before_requests(registration)
     return registration

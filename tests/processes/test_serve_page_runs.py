@@ -1,8 +1,10 @@
 """`GET /` of `python -m trainer.serve`, the page to try a model, in a real browser: the server
 as its own process on the demo's tiny Whisper, its predict route from `AIP_PREDICT_ROUTE`;
 Debian's Chromium, headless, driven by Selenium through Debian's chromedriver (never one
-Selenium Manager would download) uploads a held-out clip and reads the transcript off the
-page, which must be what a plain `pipeline()` transcribes."""
+Selenium Manager would download) shows which model is served, uploads a held-out clip and
+reads the transcript off the page, which must be what a plain `pipeline()` transcribes, with
+the time it took; then records from the microphone (Chromium's fake device, playing the same
+clip), plays the recording back and has it transcribed."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
 
-def chromium(profile: Path, monkeypatch):
-    """Headless Chromium from the OS packages, driven through their chromedriver."""
+def chromium(profile: Path, monkeypatch, microphone: Path):
+    """Headless Chromium from the OS packages, driven through their chromedriver; its
+    microphone plays `microphone` (a WAV file), granted without a prompt."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -36,7 +39,10 @@ def chromium(profile: Path, monkeypatch):
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     f"--user-data-dir={profile}"):  # fmt: skip
+                     f"--user-data-dir={profile}", "--use-fake-ui-for-media-stream",
+                     "--use-fake-device-for-media-stream",
+                     f"--use-file-for-fake-audio-capture={microphone}",
+                     "--autoplay-policy=no-user-gesture-required"):  # fmt: skip
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
 
@@ -77,13 +83,21 @@ def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
         assert httpx.post(url + "/", json={"instances": [{}]}).status_code == 405
         assert httpx.get(url + PREDICT).status_code == 405
 
-        browser = chromium(tmp_path / "chromium-profile", monkeypatch)
+        browser = chromium(tmp_path / "chromium-profile", monkeypatch, clip)
         browser.get(url + "/")
         wait = WebDriverWait(browser, 120)
         wait.until(expected_conditions.visibility_of_element_located((By.ID, "file")))
-        assert browser.find_element(By.ID, "status").text == "Task: speech-recognition"
+        text_of = {name: browser.find_element(By.ID, name).text for name in (
+            "status", "model-name", "model-architecture", "model-base")}  # fmt: skip
+        assert text_of == {"status": "Task: speech-recognition",
+                           "model-name": str(demo_assets.model_dir),
+                           "model-architecture": "WhisperForConditionalGeneration",
+                           "model-base": "not recorded in the model's folder"}  # fmt: skip
+        assert not browser.find_element(By.ID, "model-labels").is_displayed()
         assert not browser.find_element(By.ID, "text").is_displayed()
         browser.find_element(By.ID, "file").send_keys(str(clip))
+        playback = browser.find_element(By.ID, "playback")
+        assert playback.is_displayed() and playback.get_attribute("src").startswith("blob:")
         browser.find_element(By.ID, "submit").click()
         result = browser.find_element(By.ID, "result")
         wait.until(lambda _: result.get_attribute("data-state") in ("done", "error"))
@@ -91,6 +105,26 @@ def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
         print(f"the page shows the transcript {shown!r}; a plain pipeline() gives {expected!r}")
         assert result.get_attribute("data-state") == "done", shown
         assert shown == expected and result.text == expected.strip()
+        timing = browser.find_element(By.ID, "timing")
+        assert re.fullmatch(r"answered in \d+ ms", timing.text), timing.text
+
+        # the microphone: record (Chromium plays the clip into it), stop, play back, predict
+        record, recording = (browser.find_element(By.ID, name) for name in ("record", "recording"))
+        record.click()
+        wait.until(lambda _: int(recording.get_attribute("data-parts") or 0) >= 8)  # 2 s in
+        record.click()
+        wait.until(lambda _: recording.text.startswith("recorded "))
+        recorded = playback.get_attribute("src")
+        assert recorded.startswith("blob:") and record.text == "Record from the microphone"
+        assert browser.execute_script(
+            "return document.getElementById('playback').play().then(() => true)")  # fmt: skip
+        say_before = result.get_property("textContent")
+        browser.find_element(By.ID, "submit").click()
+        wait.until(lambda _: result.get_attribute("data-state") in ("done", "error"))
+        heard = result.get_property("textContent")
+        print(f"the recording is transcribed as {heard!r} (the upload: {say_before!r})")
+        assert result.get_attribute("data-state") == "done", heard
+        assert re.fullmatch(r"answered in \d+ ms", timing.text), timing.text
 
         server.send_signal(signal.SIGTERM)  # uvicorn shuts down, then ends by that signal
         assert server.wait(timeout=60) == -signal.SIGTERM
@@ -102,4 +136,4 @@ def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
         log.close()
     output = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in output, output[-3000:]
-    assert '"batch_size": 1,' in output  # the page's one clip, in one forward pass
+    assert output.count('"batch_size": 1,') == 2  # each of the page's clips, one forward pass

@@ -31,10 +31,14 @@ def running(app, contract: Contract = LOCAL):
         thread.join(30)
 
 
+READABLE = ("gs://test-bucket/",)
+"""The gs:// prefix the served instances may name (the tests' emulated bucket)."""
+
+
 def serve(predictor, contract: Contract = LOCAL, **limits):
     """`predictor` behind the server's routes, with small limits unless `limits` say."""
     settings = {"max_batch_size": 8, "max_wait": 0.01, "max_request_bytes": 2**20,
-                "queue_size": 64} | limits  # fmt: skip
+                "queue_size": 64, "gcs_read_prefixes": READABLE} | limits  # fmt: skip
     return running(make_app(contract, lambda: predictor, **settings), contract)
 
 

@@ -80,9 +80,10 @@ class VertexCapture:
         return {"permissions": [name for name in asked if name not in self.denied]}
 
     def _listed(self, query: str) -> dict:
-        wanted = re.fullmatch(r'display_name="([^"]*)"', parse_qs(query).get("filter", [""])[0])
-        found = [m.versions[-1] for m in self.models.values()
-                 if wanted and m.display_name == wanted.group(1)]  # fmt: skip
+        # the filter's string literal: double-quoted, `"` and `\\` escaped (AIP-160)
+        wanted = re.fullmatch(r'display_name=(".*")', parse_qs(query).get("filter", [""])[0])
+        name = json.loads(wanted.group(1)) if wanted else None
+        found = [m.versions[-1] for m in self.models.values() if m.display_name == name]
         return {"models": [json.loads(types.Model.to_json(model)) for model in found]}
 
     def _upload(self, parent: str, body: bytes) -> tuple[int, dict]:

@@ -66,6 +66,29 @@ def test_a_list_of_files_is_a_file_list_input_by_its_ending_or_by_the_flag(tmp_p
         assert job.manual_batch_tuning_parameters.batch_size == 8
 
 
+def test_instance_config_model_parameters_and_service_account_parse_into_the_job(tmp_path, capsys):
+    body, _ = written(tmp_path, capsys, "--input", "gs://bucket/in.jsonl", "--key_field", "key",
+                      "--excluded_fields", "note", "source", "--instance_type", "object",
+                      "--model_parameters", '{"language": "en", "return_timestamps": true}',
+                      "--service_account", "batch-runner@my-project.iam.gserviceaccount.com",
+                      "--starting_replica_count", "3")  # fmt: skip
+    job = BatchPredictionJob.from_json(json.dumps(body), ignore_unknown_fields=False)
+    config = job.instance_config
+    assert (config.key_field, list(config.excluded_fields), config.instance_type) == (
+        "key", ["note", "source"], "object")  # fmt: skip
+    assert list(config.included_fields) == []
+    assert dict(job.model_parameters) == {"language": "en", "return_timestamps": True}
+    assert job.service_account == "batch-runner@my-project.iam.gserviceaccount.com"
+    resources = job.dedicated_resources
+    assert (resources.starting_replica_count, resources.max_replica_count) == (3, 3)
+    included, _ = written(tmp_path, capsys, "--input", "gs://bucket/in.jsonl",
+                          "--included_fields", "text", "text_pair")  # fmt: skip
+    job = BatchPredictionJob.from_json(json.dumps(included), ignore_unknown_fields=False)
+    assert list(job.instance_config.included_fields) == ["text", "text_pair"]
+    plain, _ = written(tmp_path, capsys, "--input", "gs://bucket/in.jsonl")
+    assert not {"instanceConfig", "modelParameters", "serviceAccount"} & set(plain)
+
+
 def test_a_misspelled_field_would_be_caught(tmp_path, capsys):
     body, _ = written(tmp_path, capsys, "--input", "gs://bucket/in.jsonl")
     body["manualBatchTuningParameters"] = {"batchSise": 8}
@@ -93,6 +116,30 @@ GOOD = ["--input", "gs://bucket/in.jsonl", "--output", "gs://bucket/out"]
         (["--batch_predict", MODEL, *GOOD, "--batch_size", "0"], "--batch_size must be at least"),
         (["--batch_predict", MODEL, *GOOD, "--max_replica_count", "0"], "--max_replica_count"),
         (["--batch_predict", MODEL, *GOOD, "--nodes", "2"], "--nodes is not a batch prediction"),
+        (
+            [
+                "--batch_predict",
+                MODEL,
+                "--input",
+                "gs://b/clips.txt",
+                GOOD[2],
+                GOOD[3],
+                "--key_field",
+                "key",
+            ],
+            "--key_field apply to a jsonl input only",
+        ),
+        (
+            ["--batch_predict", MODEL, *GOOD, "--included_fields", "a", "--excluded_fields", "b"],
+            "give one",
+        ),
+        (["--batch_predict", MODEL, *GOOD, "--instance_type", "list"], "object or array"),
+        (["--batch_predict", MODEL, *GOOD, "--model_parameters", "[1]"], "a JSON object"),
+        (["--batch_predict", MODEL, *GOOD, "--model_parameters", "{top_k: 1}"], "a JSON object"),
+        (
+            ["--batch_predict", MODEL, *GOOD, "--service_account", "me@example.com"],
+            "not a service account's email",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_and_nothing_written(tmp_path, capsys, argv, says):

@@ -356,13 +356,17 @@ def test_register_model_is_checked_before_launch(dry_run, monkeypatch):
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
     assert_refused(dry_run("--register_model", "sentiment"),
                    "error: --register_model needs --serving_image")  # fmt: skip
-    image = ["--serving_image", "us-docker.pkg.dev/p/r/t-serve:abc"]
+    image = ["--serving_image", "us-central1-docker.pkg.dev/p/r/t-serve:abc"]
     assert_refused(dry_run("--register_model", "sentiment", *image),
                    "is not in Cloud Storage: Vertex AI serves a model from its gs://BUCKET/PATH "
                    "folder")  # fmt: skip
     in_gcs = ["--model_dir", "gs://bucket/run/model", *image]
-    assert_refused(dry_run("--register_model", "a name?", *in_gcs),
+    assert_refused(dry_run("--register_model", "n" * 129, *in_gcs),
                    "is not a Vertex AI model name")  # fmt: skip
+    assert_refused(dry_run("--register_model", "sentiment", "--model_dir",
+                           "gs://bucket/run/model", "--serving_image",
+                           "us-docker.pkg.dev/p/r/t-serve:abc"),
+                   "is in a multi-regional Artifact Registry (us)")  # fmt: skip
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     monkeypatch.delenv("CLOUD_ML_PROJECT_ID", raising=False)
     assert_refused(dry_run("--register_model", "sentiment", *in_gcs),

@@ -17,7 +17,7 @@ from tests.support.gcs_emulator import BUCKET
 from tests.support.vertex_capture import VertexCapture
 from trainer.common.errors import UserError
 from trainer.register import main
-from trainer.registry.labels import check_name_and_labels, label_value
+from trainer.registry.labels import check_name_and_labels, check_version_aliases, label_value
 from trainer.registry.registration_request import image_tag
 from trainer.storage.checkpoints import publish_model
 from trainer.storage.store import open_store
@@ -63,9 +63,18 @@ def test_labels_are_made_to_fit_and_names_and_keys_are_checked():
     assert label_value("X" * 80) == "x" * 63
     labels = check_name_and_labels("whisper_demo-2", {"task": "A B", "metric": "eval_WER"})
     assert labels == {"task": "a_b", "metric": "eval_wer"}
-    for name in ("2fast", "has space", "dots.no", "a" * 129, ""):
+    for name in ("whisper demo", "2fast", "dots.ok", "Модель «demo»", "a" * 128):
+        assert check_name_and_labels(name, {}) == {}, "any UTF-8, up to 128 characters"
+    for name in ("a" * 129, "", "   "):
         with pytest.raises(UserError, match="not a Vertex AI model name"):
             check_name_and_labels(name, {})
+    for alias in ("production", "v2-candidate", "eN1"):
+        check_version_aliases((alias,))
+    for alias in ("a", "Prod", "2nd", "trailing-", "under_score", "x" * 129):
+        with pytest.raises(UserError, match="is not a Vertex AI version alias"):
+            check_version_aliases((alias,))
+    with pytest.raises(UserError, match="each alias once"):
+        check_version_aliases(("prod", "prod"))
     for key in ("Task", "1st", "k" * 64, "a.b"):
         with pytest.raises(UserError, match=f"label key '{key}' breaks"):
             check_name_and_labels("ok", {key: "v"})
@@ -94,7 +103,8 @@ def test_a_new_model_is_uploaded_with_the_serving_container(capsys, registry, de
     assert list(spec.command) == ["python", "-m", "trainer.serve"]
     assert [port.container_port for port in spec.ports] == [8080]
     assert (spec.predict_route, spec.health_route) == ("/predict", "/health")
-    assert [(v.name, v.value) for v in spec.env] == [("SERVE_MAX_BATCH_SIZE", "16")]
+    assert [(v.name, v.value) for v in spec.env] == [
+        ("SERVE_GCS_READ_PREFIXES", f"gs://{BUCKET}/"), ("SERVE_MAX_BATCH_SIZE", "16")]  # fmt: skip
     assert dict(model.labels) == {
         "task": "text-classification", "base_model": "google-bert_bert-base-uncased",
         "metric": "eval_accuracy", "metric_value": "0_9375", "image_tag": "abc1234",
@@ -130,6 +140,27 @@ def test_an_existing_name_gets_a_new_version(capsys, registry, gcs, text_classif
         "task": "text-classification", "image_tag": "abc1234",
         "base_model": "google-bert_bert-base-uncased",
     }  # fmt: skip
+
+
+def test_a_utf8_name_aliases_and_a_deployment_timeout_reach_the_registry(
+    capsys, registry, delivered, text_classifier
+):
+    """`whisper "demo"` as the API allows a display name (listed with the quote escaped, so
+    a second upload finds it), two version aliases, a deployment timeout for a long load."""
+    name = 'whisper "demo" – ünïcode'
+    code, out, err = register(capsys, registry, delivered, "--name", name, "--version_alias",
+                              "production", "--version_alias", "v1-candidate",
+                              "--deployment_timeout_s", "3600")  # fmt: skip
+    assert (code, err, registry.errors) == (0, "", [])
+    [(_, request)] = registry.uploads
+    assert request.model.display_name == name
+    assert list(request.model.version_aliases) == ["production", "v1-candidate", "default"]
+    assert request.model.container_spec.deployment_timeout.total_seconds() == 3600
+    again = f"gs://{BUCKET}/{uuid.uuid4().hex}/model"
+    publish_model(open_store(again), text_classifier)
+    assert register(capsys, registry, again, "--name", name)[1].startswith(
+        "registered: projects/test-project/locations/us-central1/models/2000@2 (a new version"
+    )
 
 
 def test_a_second_call_registers_nothing(capsys, registry, delivered):
@@ -177,7 +208,13 @@ def test_a_refusal_keeps_the_model_and_says_how_to_retry(
     ("where", "flags", "expected"),
     [("local", [], "is not in Cloud Storage"),
      ("empty", [], "holds no delivered model: no manifest.json"),
-     ("gs", ["--name", "my model"], "'my model' is not a Vertex AI model name"),
+     ("gs", ["--name", "m" * 129], "is not a Vertex AI model name"),
+     ("gs", ["--version_alias", "Prod"], "'Prod' is not a Vertex AI version alias"),
+     ("gs", ["--deployment_timeout_s", "9000"], "1 to 7200"),
+     ("gs", ["--serving_image", "us-docker.pkg.dev/p/r/serve:1"], "multi-regional"),
+     ("gs", ["--serving_image", "europe-west4-docker.pkg.dev/p/r/serve:1"],
+      "is in europe-west4; the model is registered in us-central1"),
+     ("gs", ["--serving_image", "gcr.io/p/serve:1"], "is not in Artifact Registry"),
      ("gs", ["--serving_env", "HF_TOKEN=x"], "--serving_env HF_TOKEN looks secret"),
      ("gs", ["--metric", "eval_wer"], "--metric 'eval_wer' is not KEY=VALUE")],
 )  # fmt: skip

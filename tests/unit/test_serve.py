@@ -64,8 +64,13 @@ def test_health_is_503_until_the_model_is_loaded_then_200(text_predictor):
         assert httpx.post(url + "/predict", json={"instances": ["x"]}).status_code == 503
         loaded.set()
         wait_ready(url)
-        assert httpx.get(url + "/health").json() == {"status": "ready",
-                                                     "task": "text-classification"}  # fmt: skip
+        health = httpx.get(url + "/health").json()
+    assert {key: health[key] for key in ("status", "task", "queued")} == {
+        "status": "ready", "task": "text-classification", "queued": 0}  # fmt: skip
+    assert health["model"] == {
+        "name": text_predictor.pipe.model.name_or_path, "base_model": None,
+        "architecture": "BertForSequenceClassification", "labels": ["negative", "positive"],
+        "media_key": "text", "raw_media_types": ["text/plain"]}  # fmt: skip
 
 
 def test_a_model_that_fails_to_load_says_so_and_stays_unhealthy(capfd):
@@ -204,14 +209,20 @@ def test_bad_requests_get_json_naming_the_instance_and_the_server_keeps_serving(
                                 else json.dumps(body))  # fmt: skip
             return answer.status_code, answer.json()
 
-        code, body = post({"instances": [good, {"image": {"b64": base64.b64encode(
-            b"this is text").decode()}}, {"picture": "x"}, good,
-            {"image": "gs://test-bucket/no/such.png"}]})  # fmt: skip
-        assert code == 400 and body["error"] == "3 of 5 instances cannot be predicted"
-        reasons = {item["index"]: item["error"] for item in body["instances"]}
-        assert set(reasons) == {1, 2, 4}
-        assert "not an image" in reasons[1] and "'image'" in reasons[2]
-        assert "gs://test-bucket/no/such.png" in reasons[4] and "NotFound" in reasons[4]
+        not_an_image = {"image": {"b64": base64.b64encode(b"this is text").decode()}}
+        missing = {"image": "gs://test-bucket/no/such.png"}
+        code, body = post({"instances": [good, not_an_image, {"picture": "x"}, good, missing]})
+        assert code == 200, body
+        first, *reasons, fourth = [body["predictions"][i] for i in (0, 1, 2, 4, 3)]
+        assert first == fourth and set(first) == {"labels", "scores"}
+        assert [set(reason) for reason in reasons] == [{"error"}] * 3
+        assert "not an image" in reasons[0]["error"] and "'image'" in reasons[1]["error"]
+        assert "gs://test-bucket/no/such.png" in reasons[2]["error"]
+        assert "NotFound" in reasons[2]["error"]
+        code, body = post({"instances": [not_an_image, missing]})
+        assert code == 400 and body["error"] == "2 of 2 instances cannot be predicted"
+        assert [item["index"] for item in body["instances"]] == [0, 1]
+        assert "not an image" in body["instances"][0]["error"]
         assert post({"instances": []}) == (400, {"error": "instances is empty"})
         assert post(b"{not json") == (400, {"error": "the body is not JSON"})
         assert post({"inputs": [good]})[0] == 400
@@ -275,6 +286,8 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
         english = httpx.post(url + "/predict", json={"instances": [{"audio": encoded}],
                                                      "parameters": {"language": "English"}},
                              timeout=60)  # fmt: skip
+        raw = httpx.post(url + "/predict?language=en", content=clip.read_bytes(),
+                         headers={"Content-Type": "audio/wav"}, timeout=60)  # fmt: skip
     first, second = answer.json()["predictions"]
     assert first == second == {"text": expected}
     assert set(timed.json()["predictions"][0]) == {"text", "segments"}
@@ -283,6 +296,7 @@ def test_speech_is_transcribed_as_a_plain_pipeline_transcribes_it(demo_assets):
     assert unknown.status_code == 400
     assert unknown.json() == {"error": "unknown language 'klingon' for Whisper"}
     assert english.status_code == 200 and len(english.json()["predictions"]) == 1
+    assert raw.status_code == 200 and raw.json() == english.json(), "rawPredict: the clip itself"
 
 
 def test_long_audio_is_chunked_and_timestamped_in_a_batch_as_a_plain_pipeline_does(

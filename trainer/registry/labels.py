@@ -9,8 +9,10 @@ characters for keys and values, at most 64 labels a resource. Both hold here: at
 characters, ASCII only (international characters are allowed but would buy nothing for the
 values this project writes), keys start with a letter, at most 64 labels.
 
-Display names ("Resource names" in the Vertex AI docs): letters, numbers, dashes and
-underscores, starting with a letter, at most 128 characters.
+Display names, as the API documents `Model.display_name`: "can be up to 128 characters long
+and can consist of any UTF-8 characters" (`whisper demo` is one). Version aliases, as it
+documents `Model.version_aliases`: `[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]` (told apart from version
+ids, which are numbers), unique within a model.
 
 Our label values come from model ids, metric values and image tags (`openai/whisper-small`,
 `0.1234`, `sha256:...`), so values are made to fit (lowercased, any other character turned
@@ -31,7 +33,20 @@ MAX_NAME_CHARS = 128
 
 LABEL_KEY = re.compile(rf"[a-z][a-z0-9_-]{{0,{MAX_LABEL_CHARS - 1}}}")
 NOT_IN_A_LABEL = re.compile(r"[^a-z0-9_-]")
-DISPLAY_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_-]{{0,{MAX_NAME_CHARS - 1}}}")
+VERSION_ALIAS = re.compile(r"[a-z][a-zA-Z0-9-]{0,126}[a-z0-9]")
+
+
+def check_version_aliases(aliases: tuple[str, ...]) -> None:
+    """UserError for an alias the registry would refuse: its pattern, or given twice."""
+    for alias in aliases:
+        if not VERSION_ALIAS.fullmatch(alias):
+            raise UserError(
+                f"--version_alias {alias!r} is not a Vertex AI version alias: "
+                "[a-z][a-zA-Z0-9-]{0,126}[a-z0-9] (a lowercase letter first, a lowercase letter "
+                "or digit last, 2 to 128 characters)"
+            )
+    if len(set(aliases)) != len(aliases):
+        raise UserError("--version_alias: each alias once")
 
 
 def label_value(text: str) -> str:
@@ -43,10 +58,10 @@ def check_name_and_labels(name: str, labels: Mapping[str, str]) -> dict[str, str
     """The labels, their values made valid (`label_value`), or UserError naming what breaks
     Vertex AI's rules: the display name, a key, or too many labels. Cheap and offline: the
     training chief calls it at launch, long before the model exists."""
-    if not DISPLAY_NAME.fullmatch(name):
+    if not name.strip() or len(name) > MAX_NAME_CHARS:
         raise UserError(
-            f"--name {name!r} is not a Vertex AI model name: letters, digits, '-' and '_', "
-            f"starting with a letter, at most {MAX_NAME_CHARS} characters"
+            f"--name {name!r} is not a Vertex AI model name: any UTF-8 characters, not all "
+            f"blank, at most {MAX_NAME_CHARS} (this one has {len(name)})"
         )
     bad_keys = [key for key in labels if not LABEL_KEY.fullmatch(key)]
     if bad_keys:

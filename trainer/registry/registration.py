@@ -30,6 +30,8 @@ from trainer.registry.upload import connect, upload_model
 from trainer.storage.failure_kinds import brief
 from trainer.storage.store import TransferError, open_store
 
+READ_PREFIXES_VARIABLE = "SERVE_GCS_READ_PREFIXES"
+"""trainer/serve's variable for the gs:// prefixes instances may name (docs/serving.md)."""
 REGISTRY_ERRORS = (GoogleAPICallError, RetryError, GoogleAuthError, requests.RequestException,
                    StorageUnavailable, TransferError)  # fmt: skip
 """What the registry and storage raise for a request they refused or never answered."""
@@ -83,9 +85,13 @@ def registered_once(registration: Registration, uri: str) -> Registered:
     if earlier is not None:
         return Registered(earlier.resource_name, earlier.version_id, already=True)
     connect(registration.place)
+    # the server reads gs:// instances under the model's own bucket unless told otherwise
+    readable = {READ_PREFIXES_VARIABLE: "gs://" + uri.removeprefix("gs://").split("/")[0] + "/"}
     uploaded = upload_model(
-        registration.name, uri, registration.serving_image, registration.serving_env, labels
-    )
+        registration.name, uri, registration.serving_image,
+        readable | dict(registration.serving_env), labels,
+        registration.version_aliases, registration.deployment_timeout_s,
+    )  # fmt: skip
     place = registration.place
     entry = RecordedRegistration(place.project, place.region, registration.name,
                                  uploaded.resource_name, uploaded.version_id)  # fmt: skip

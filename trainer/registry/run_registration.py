@@ -75,8 +75,9 @@ def run_registration(
         base_model=hub_id(config.model.model_name_or_path),
         metric=metric,
     )
+    region_known = on_node or bool(outputs.registry_region or env.get("CLOUD_ML_REGION"))
     try:
-        check_before_requests(registration)
+        check_before_requests(registration, region_known)
     except UserError as error:
         raise UserError(f"--register_model {outputs.register_model}: {error}") from None
     return registration

@@ -76,10 +76,14 @@ def connect(place: VertexPlace) -> None:
 
 def model_named(name: str) -> str | None:
     """The resource name of the newest model whose display name is `name`, if any (display
-    names are not unique in Vertex AI: the newest is the one a person last registered)."""
+    names are not unique in Vertex AI: the newest is the one a person last registered). The
+    name is quoted as the list filter's string literal (a `"` or `\\` in it escaped)."""
+    import json
+
     from google.cloud import aiplatform
 
-    found = aiplatform.Model.list(filter=f'display_name="{name}"', order_by="create_time desc")
+    literal = json.dumps(name, ensure_ascii=False)
+    found = aiplatform.Model.list(filter=f"display_name={literal}", order_by="create_time desc")
     return found[0].resource_name if found else None
 
 
@@ -89,6 +93,8 @@ def upload_model(
     serving_image: str,
     serving_env: Mapping[str, str],
     labels: Mapping[str, str],
+    version_aliases: tuple[str, ...] = (),
+    deployment_timeout_s: int | None = None,
 ) -> Uploaded:
     """Upload the model at `artifact_uri` (gs://) as `name`: a new version, made the default,
     of the model already named so, else a new model. Raises the SDK's errors
@@ -107,6 +113,8 @@ def upload_model(
         serving_container_predict_route=PREDICT_ROUTE,
         serving_container_health_route=HEALTH_ROUTE,
         serving_container_environment_variables=dict(serving_env) or None,
+        serving_container_deployment_timeout=deployment_timeout_s,
+        version_aliases=list(version_aliases) or None,
         labels=dict(labels),
     )
     return Uploaded(model.resource_name, model.version_id, new_model=parent is None)

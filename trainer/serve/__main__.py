@@ -21,6 +21,9 @@ DEFAULT_MAX_WAIT_MS = 10.0
 DEFAULT_QUEUE_SIZE = 256
 DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
 """Vertex AI's limit on dedicated and private endpoints (1.5 MB on a shared public one)."""
+DEFAULT_REQUEST_TIMEOUT_S = 50.0
+"""Below a shared public endpoint's 60 s: a request past it is answered 504 and dropped
+before its forward pass, since its caller is about to give up on it."""
 
 
 def parser(env) -> argparse.ArgumentParser:
@@ -46,7 +49,27 @@ def parser(env) -> argparse.ArgumentParser:
     p.add_argument("--max_request_bytes", type=int,
                    default=int(env.get("SERVE_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)),
                    help="larger bodies get 413 ($SERVE_MAX_REQUEST_BYTES)")  # fmt: skip
+    p.add_argument("--request_timeout_s", type=float,
+                   default=float(env.get("SERVE_REQUEST_TIMEOUT_S", DEFAULT_REQUEST_TIMEOUT_S)),
+                   help="a request not answered by then gets 504 and is dropped before its "
+                        "forward pass; 0: no limit ($SERVE_REQUEST_TIMEOUT_S)")  # fmt: skip
+    p.add_argument("--gcs_read_prefixes", default=env.get("SERVE_GCS_READ_PREFIXES", ""),
+                   help="comma-separated gs:// buckets or folders an instance may name, read "
+                        "with the server's credentials; the model's bucket is always one "
+                        "($SERVE_GCS_READ_PREFIXES)")  # fmt: skip
     return p
+
+
+def read_prefixes(given: str, location: str) -> tuple[str, ...]:
+    """The gs:// prefixes instances may name: the model's bucket (a gs:// model's) and those
+    given, each checked; ValueError for one that is not gs://BUCKET[/FOLDER]."""
+    prefixes = [prefix.strip() for prefix in given.split(",") if prefix.strip()]
+    for prefix in prefixes:
+        if not prefix.startswith("gs://") or not prefix.removeprefix("gs://").split("/")[0]:
+            raise ValueError(f"--gcs_read_prefixes: {prefix!r} is not gs://BUCKET[/FOLDER]")
+    if location.startswith("gs://"):
+        prefixes.insert(0, "gs://" + location.removeprefix("gs://").split("/")[0] + "/")
+    return tuple(dict.fromkeys(prefix.rstrip("/") + "/" for prefix in prefixes))
 
 
 def checked_model(model: str | None, contract: Contract) -> str:
@@ -66,6 +89,7 @@ def loader(location: str):
         from trainer.tasks.served_model import load_predictor, model_folder
 
         predictor = load_predictor(model_folder(location))
+        predictor.source = location
         predictor.warm_up()
         # Where it runs, said once: a GPU node whose driver torch cannot use would else
         # serve from the CPU without a word.
@@ -85,8 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("max_batch_size", "queue_size", "max_request_bytes"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1")
-        if args.max_wait_ms < 0:
-            raise ValueError("--max_wait_ms must not be negative")
+        if args.max_wait_ms < 0 or args.request_timeout_s < 0:
+            raise ValueError("--max_wait_ms and --request_timeout_s must not be negative")
+        prefixes = read_prefixes(args.gcs_read_prefixes, location)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -108,13 +133,15 @@ def main(argv: list[str] | None = None) -> None:
     app = make_app(
         contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
+        request_timeout=args.request_timeout_s or None, gcs_read_prefixes=prefixes,
     )  # fmt: skip
     port = args.port or contract.port
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=port, log_level="warning", access_log=False)
     )
     print(f"serving {location} on {args.host}:{port} (predict {contract.predict_route}, "
-          f"health {contract.health_route}); loading the model", flush=True)  # fmt: skip
+          f"health {contract.health_route}); instances may name gs:// objects under: "
+          f"{', '.join(prefixes) or 'none'}; loading the model", flush=True)  # fmt: skip
     server.run()
     sys.exit(1 if failed else 0)
 

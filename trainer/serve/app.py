@@ -3,9 +3,16 @@ model is ready, requests checked before any of their instances is queued.
 
 A request is `{"instances": [...], "parameters": {...}}`; the answer `{"predictions": [...]}`,
 one per instance, in order. An instance that cannot be predicted (not audio, not an image, a
-wrong schema, an unreadable gs:// object) fails its request with 400 and a JSON body naming
-each bad instance's index; the server keeps serving. A body over `max_request_bytes` is 413,
-naming the limit, before it is parsed.
+wrong schema, an unreadable gs:// object) gets `{"error": REASON}` in its place and the others
+their predictions (200), so that a batch prediction job loses no good instance to a bad
+neighbour; a request none of whose instances can be predicted is 400, naming each one's
+index. A body over `max_request_bytes` is 413, naming the limit, before it is parsed. A body
+sent as the media itself (`Content-Type: audio/*`, `image/*`, `text/plain`: Vertex AI's
+rawPredict) is one instance, its parameters in the query string.
+
+A request is dropped before its forward pass when its caller has gone or when it has waited
+past `request_timeout` (504); if the batching loop itself stops, health answers 503 and the
+log says why in one line.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import asyncio
 import html
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -27,19 +35,37 @@ from trainer.serve.contract import Contract
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor
 
+RAW_MEDIA_FAMILIES = ("audio/", "image/", "video/", "text/plain")
+"""Content types that are media, not a JSON request: a task that takes none of them answers
+415 (what a task takes is its predictor's `raw_media_types`)."""
+
 PAGE = resources.files("trainer.serve").joinpath("page.html").read_text(encoding="utf-8")
 """`GET /`: a page to try the model from a browser, on a local server (Vertex AI forwards
 only the two routes). Plain HTML and a little JavaScript, nothing loaded from elsewhere."""
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; base-uri 'none'",
+    "style-src 'unsafe-inline'; connect-src 'self'; media-src blob:; form-action 'none'; "
+    "base-uri 'none'",
 }
-"""The browser itself refuses anything the page might load from another origin."""
+"""The browser itself refuses anything the page might load from another origin (`blob:` is
+the page's own clip, played back)."""
 
 
 def log_line(record: dict) -> None:
     """One JSON line on stdout, which Cloud Logging parses into a structured entry."""
     print(json.dumps(record), file=sys.stdout, flush=True)
+
+
+class RequestError(Exception):
+    """A request refused as a whole: its status code and the message for its JSON body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Dropped(Exception):
+    """A request no longer waited for: its caller has gone, or it is past its deadline."""
 
 
 class ModelState:
@@ -67,10 +93,18 @@ def make_app(
     max_request_bytes: int,
     queue_size: int,
     on_load_failure: Callable[[], None] = lambda: None,
+    *,
+    request_timeout: float | None = None,
+    gcs_read_prefixes: tuple[str, ...] = (),
 ) -> FastAPI:
+    """The app. `request_timeout` (seconds; None: none) bounds how long a request may wait
+    for its predictions; `gcs_read_prefixes` are the only gs:// prefixes an instance may name
+    (the server reads them with its own credentials)."""
     state = ModelState(load)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
+    description: dict = {}
+    """The served model's, for the page (health says it once ready)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -82,10 +116,18 @@ def make_app(
                 on_load_failure()
                 return
             predictor = state.predictor
+            predictor.gcs_read_prefixes = gcs_read_prefixes
+            description.update(predictor.description())
             holder["batcher"] = Batcher(
                 predictor.predict, max_batch_size, max_wait, queue_size, log_line
             )
-            await holder["batcher"].run()
+            try:
+                await holder["batcher"].run()
+            except Exception as error:  # noqa: BLE001 - said in the log and by the health route
+                del holder["batcher"]
+                state.failure = f"the batching loop stopped: {type(error).__name__}: {error}"
+                print(f"error: {state.failure}; health answers 503 from now on",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
         task = asyncio.create_task(load_then_batch())
         yield
@@ -97,66 +139,59 @@ def make_app(
     @app.get(contract.health_route)
     async def health():
         if "batcher" in holder:
-            return {"status": "ready", "task": state.predictor.task}
+            return {"status": "ready", "task": state.predictor.task,
+                    "queued": holder["batcher"].queue.qsize(), "model": description}  # fmt: skip
         status = "failed" if state.failure else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
     @app.post(contract.predict_route)
     async def predict(request: Request):
-        if "batcher" not in holder:
-            return error_response(503, "the model is not loaded yet")
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_request_bytes:
-            return too_large(max_request_bytes)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_request_bytes:
-                return too_large(max_request_bytes)
-        try:
-            payload = json.loads(bytes(body))
-        except ValueError:
-            return error_response(400, "the body is not JSON")
-        if not isinstance(payload, dict) or not isinstance(payload.get("instances"), list):
-            return error_response(400, 'the body must be {"instances": [...]}')
-        instances = payload["instances"]
-        if not instances:
-            return error_response(400, "instances is empty")
-        if len(instances) > queue_size:  # would never fit the queue: no use trying again
-            return error_response(400, f"a request holds at most {queue_size} instances "
-                                  f"(--queue_size); this one holds {len(instances)}")  # fmt: skip
+        deadline = time.monotonic() + request_timeout if request_timeout else None
+        batcher = holder.get("batcher")
+        if batcher is None:
+            return error_response(503, "the model is not serving (see the server's log)"
+                                  if state.failure else "the model is not loaded yet")  # fmt: skip
         predictor = state.predictor
         try:
-            parameters = predictor.checked_parameters(payload.get("parameters"))
-        except InstanceError as error:
-            return error_response(400, str(error))
+            body = await read_body(request, max_request_bytes)
+            instances, parameters = parsed_request(
+                body, request.headers.get("content-type", ""), dict(request.query_params),
+                predictor, queue_size,
+            )  # fmt: skip
+        except RequestError as error:
+            return error_response(error.status, error.message)
         loop = asyncio.get_running_loop()
-        batcher = holder["batcher"]
         with batcher.preparing(parameters):
             prepared = await asyncio.gather(
                 *(loop.run_in_executor(preprocessing, predictor.prepare, i) for i in instances),
                 return_exceptions=True,
             )
-        bad = [
-            {"index": index, "error": str(result)}
-            for index, result in enumerate(prepared)
-            if isinstance(result, BaseException)
-        ]
-        unexpected = [r for r in prepared if isinstance(r, BaseException)
-                      and not isinstance(r, InstanceError)]  # fmt: skip
-        if unexpected:
-            raise unexpected[0]
-        if bad:
-            return JSONResponse(
-                {"error": f"{len(bad)} of {len(instances)} instances cannot be predicted",
-                 "instances": bad}, status_code=400)  # fmt: skip
+        bad = refused_instances(prepared)
+        if len(bad) == len(instances):
+            return JSONResponse({"error": f"{len(bad)} of {len(instances)} instances cannot "
+                                 "be predicted", "instances": [
+                                     {"index": i, "error": e} for i, e in bad.items()]},
+                                status_code=400)  # fmt: skip
+        good = [item for index, item in enumerate(prepared) if index not in bad]
         try:
-            predictions = await batcher.predict(list(prepared), parameters)
+            predictions = await waited_for(request, batcher.predict(good, parameters), deadline)
         except QueueFull as error:
             return error_response(503, str(error))
+        except Dropped as dropped:
+            log_line(
+                {
+                    "message": "request dropped before its forward pass",
+                    "severity": "WARNING",
+                    "reason": str(dropped),
+                    "instances": len(good),
+                }
+            )
+            return error_response(504, f"dropped: {dropped}")  # fmt: skip
         except Exception as error:  # noqa: BLE001 - the batch's forward pass failed
             return error_response(500, f"the prediction failed: {type(error).__name__}")
-        return {"predictions": predictions}
+        answers = iter(predictions)
+        return {"predictions": [{"error": bad[index]} if index in bad else next(answers)
+                                for index in range(len(instances))]}  # fmt: skip
 
     page = PAGE.replace("{{predict_route}}", html.escape(contract.predict_route)).replace(
         "{{health_route}}", html.escape(contract.health_route)
@@ -169,9 +204,105 @@ def make_app(
     return app
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or RequestError 413 as soon as it is known to be over `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, too_large_message(limit))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, too_large_message(limit))
+    return bytes(body)
+
+
+def parsed_request(
+    body: bytes, content_type: str, query: dict[str, str], predictor: Predictor, queue_size: int
+) -> tuple[list, dict]:
+    """The request's instances and checked parameters, or RequestError: a JSON
+    `{"instances": [...], "parameters": {...}}`, or the media itself (rawPredict) as one
+    instance with its parameters in the query string."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    try:
+        if predictor.takes_raw(media_type):
+            return [body], predictor.checked_parameters(query_parameters(query))
+        if media_type.startswith(RAW_MEDIA_FAMILIES):
+            takes = ", ".join(predictor.raw_media_types) or "no media type"
+            raise RequestError(415, f"this {predictor.task} model takes application/json or "
+                               f"the media itself as {takes}, not {media_type}")  # fmt: skip
+        instances, parameters = json_request(body, queue_size)
+        return instances, predictor.checked_parameters(parameters)
+    except InstanceError as error:
+        raise RequestError(400, str(error)) from None
+
+
+def json_request(body: bytes, queue_size: int) -> tuple[list, object]:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise RequestError(400, "the body is not JSON") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("instances"), list):
+        raise RequestError(400, 'the body must be {"instances": [...]}')
+    instances = payload["instances"]
+    if not instances:
+        raise RequestError(400, "instances is empty")
+    if len(instances) > queue_size:  # would never fit the queue: no use trying again
+        raise RequestError(400, f"a request holds at most {queue_size} instances "
+                           f"(--queue_size); this one holds {len(instances)}")  # fmt: skip
+    return instances, payload.get("parameters")
+
+
+def query_parameters(query: dict[str, str]) -> dict:
+    """A raw request's parameters from its query string: each value read as JSON where it is
+    JSON (`top_k=2`, `return_timestamps=true`), else as the string (`language=en`)."""
+    parameters = {}
+    for name, value in query.items():
+        try:
+            parameters[name] = json.loads(value)
+        except ValueError:
+            parameters[name] = value
+    return parameters
+
+
+def refused_instances(prepared: list) -> dict[int, str]:
+    """Index -> why, for each instance that cannot be predicted; an unexpected error (a bug,
+    not the instance) is raised."""
+    for result in prepared:
+        if isinstance(result, BaseException) and not isinstance(result, InstanceError):
+            raise result
+    return {index: str(result) for index, result in enumerate(prepared)
+            if isinstance(result, InstanceError)}  # fmt: skip
+
+
+async def waited_for(request: Request, work: Awaitable, deadline: float | None):
+    """`work`'s result, or Dropped (and `work` cancelled: its instances leave the queue
+    unpredicted) when the caller disconnects or `deadline` passes first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(caller_gone(request))
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise Dropped("the caller has gone" if gone in done else "it waited past the server's "
+                  "--request_timeout_s")  # fmt: skip
+
+
+async def caller_gone(request: Request) -> None:
+    """Returns when the caller disconnects (the body has been read: the server's next message
+    is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def too_large(limit: int) -> JSONResponse:
-    return error_response(413, f"the request is over the server's limit of {limit} bytes")
+def too_large_message(limit: int) -> str:
+    return f"the request is over the server's limit of {limit} bytes"

@@ -19,7 +19,9 @@ else in the server, never waits past its window.
 Instances whose requests asked for different `parameters` never share a batch. Forward
 passes run on one thread of their own, so the event loop keeps accepting requests (and
 answering health) while the model computes. A full queue answers 503 at once instead of
-letting requests time out behind it.
+letting requests time out behind it. An instance whose request is no longer waiting for it
+(its caller has gone, or it waited past the server's deadline: its future is cancelled) is
+dropped when a batch is gathered, before any forward pass, and makes room for another.
 """
 
 from __future__ import annotations
@@ -69,6 +71,18 @@ class Arrival:
     at: float = field(default_factory=time.monotonic)
 
 
+def hand_out(batch: list[Waiting], results: list) -> None:
+    """Each result to its instance's request (an exception raised there), unless the request
+    stopped waiting."""
+    for entry, result in zip(batch, results, strict=True):
+        if entry.future.done():
+            continue
+        if isinstance(result, Exception):
+            entry.future.set_exception(result)
+        else:
+            entry.future.set_result(result)
+
+
 class Batcher:
     def __init__(
         self,
@@ -110,36 +124,57 @@ class Batcher:
         return list(await asyncio.gather(*(entry.future for entry in waiting)))
 
     async def run(self) -> None:
-        """Forever: gather a batch, run it on the model's thread, hand out the results."""
+        """Forever: gather a batch, run it on the model's thread, hand out the results. An
+        error of the loop itself (not of a forward pass, which fails only its batch's
+        requests) fails every instance still waiting and is raised: the server then stops
+        saying it is healthy."""
+        try:
+            while True:
+                await self._one_batch()
+        except BaseException as error:
+            self.fail_waiting(error)
+            raise
+
+    def fail_waiting(self, error: BaseException) -> None:
+        """Every instance queued or held back gets `error` (a stopped loop answers them)."""
+        if isinstance(error, asyncio.CancelledError):
+            error = RuntimeError("the server is stopping")
+        waiting = list(self.held_back)
+        while not self.queue.empty():
+            waiting.append(self.queue.get_nowait())
+        for entry in waiting:
+            if not entry.future.done():
+                entry.future.set_exception(error)
+
+    async def _one_batch(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._next_batch()
-            started = time.monotonic()
-            try:
-                results = await loop.run_in_executor(
-                    self.model_thread, self.forward, [w.item for w in batch], batch[0].parameters
-                )
-            except Exception as error:  # noqa: BLE001 - every request of the batch is told
-                for entry in batch:
-                    if not entry.future.done():
-                        entry.future.set_exception(error)
-                results = None
-            else:
-                for entry, result in zip(batch, results, strict=True):
-                    if not entry.future.done():
-                        entry.future.set_result(result)
-            self.model_free_at = time.monotonic()
-            self.last_forward = self.model_free_at - started
-            self.log({
-                "message": "prediction batch",
-                "severity": "INFO" if results is not None else "ERROR",
-                "batch_size": len(batch),
-                "queue_wait_ms": round((started - batch[0].queued_at) * 1000, 1),
-                "latency_ms": round((time.monotonic() - started) * 1000, 1),
-            })  # fmt: skip
+        batch = [entry for entry in await self._next_batch() if not entry.future.done()]
+        if not batch:  # every instance's request stopped waiting while the batch gathered
+            return
+        started = time.monotonic()
+        try:
+            results = await loop.run_in_executor(
+                self.model_thread, self.forward, [w.item for w in batch], batch[0].parameters
+            )
+            if len(results) != len(batch):
+                raise RuntimeError(f"{len(results)} predictions for {len(batch)} instances")
+        except Exception as error:  # noqa: BLE001 - every request of the batch is told
+            results = None
+            hand_out(batch, [error] * len(batch))
+        else:
+            hand_out(batch, results)
+        self.model_free_at = time.monotonic()
+        self.last_forward = self.model_free_at - started
+        self.log({
+            "message": "prediction batch",
+            "severity": "INFO" if results is not None else "ERROR",
+            "batch_size": len(batch),
+            "queue_wait_ms": round((started - batch[0].queued_at) * 1000, 1),
+            "latency_ms": round((time.monotonic() - started) * 1000, 1),
+        })  # fmt: skip
 
     async def _next_batch(self) -> list[Waiting]:
-        first = self.held_back.pop(0) if self.held_back else await self.queue.get()
+        first = await self._first()
         idle = IDLE_SHARE * self.last_forward
         if first.queued_at < self.model_free_at:  # it waited for the model: window from then
             deadline = self.model_free_at + min(self.max_wait, idle)
@@ -166,7 +201,10 @@ class Batcher:
         None when there is nothing more to wait for."""
         while True:
             if not self.queue.empty():
-                return self.queue.get_nowait()
+                entry = self.queue.get_nowait()
+                if entry.future.done():  # its request stopped waiting: not worth a slot
+                    continue
+                return entry
             now = time.monotonic()
             if now < deadline:
                 timeout = deadline - now
@@ -175,14 +213,25 @@ class Batcher:
             else:
                 return None
             try:
-                return await asyncio.wait_for(self.queue.get(), timeout)
+                entry = await asyncio.wait_for(self.queue.get(), timeout)
             except asyncio.TimeoutError:
                 continue
+            if not entry.future.done():
+                return entry
 
     def _on_their_way(self, key: str, deadline: float) -> bool:
         return any(arrival.key == key and arrival.at <= deadline for arrival in self.arrivals)
 
+    async def _first(self) -> Waiting:
+        """The instance a batch starts with: one held back, else the next queued, skipping
+        those whose request stopped waiting."""
+        while True:
+            first = self.held_back.pop(0) if self.held_back else await self.queue.get()
+            if not first.future.done():
+                return first
+
     def _held_back_like(self, key: str) -> Waiting | None:
+        self.held_back = [entry for entry in self.held_back if not entry.future.done()]
         for index, entry in enumerate(self.held_back):
             if entry.key == key:
                 return self.held_back.pop(index)

@@ -110,6 +110,10 @@ class ClassificationPredictor(Predictor):
     reference_columns = ("label",)
     """Training's `--label_column_name` default."""
 
+    def label_names(self) -> list[str]:
+        id2label = self.pipe.model.config.id2label
+        return [id2label[index] for index in sorted(id2label)]
+
     @abstractmethod
     def best_label(self, answer: dict) -> str:
         """The likeliest label's name in one of this task's answers."""

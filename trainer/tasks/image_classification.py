@@ -80,6 +80,7 @@ def ranked_labels(labels: list[str], scores: list[float]) -> dict:
 class ImagePredictor(ClassificationPredictor):
     pipeline_task = "image-classification"
     media_key = IMAGE
+    raw_media_types = ("image/",)
     parameter_types = {"top_k": int}
     labelled_by_folder = True
 

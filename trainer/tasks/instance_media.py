@@ -1,7 +1,8 @@
 """An instance's media (a clip, an image) as bytes, from every form a Vertex AI request
 carries it in: `{"b64": ...}` (the convention for binary values, and how batch prediction's
 `file-list` input sends each file), a bare base64 string, a `data:` URI, or a `gs://` URI
-read with the server's own credentials through the project's storage layer."""
+read with the server's own credentials through the project's storage layer, only under the
+prefixes the server allows (a caller could otherwise read anything its account can)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ class InstanceError(ValueError):
     """This instance cannot be predicted; the message says why, for the response."""
 
 
-def media_bytes(value: object) -> bytes:
+def media_bytes(value: object, gcs_read_prefixes: tuple[str, ...] | None = None) -> bytes:
+    """The bytes `value` holds or names; a gs:// URI only under `gcs_read_prefixes` (None:
+    any)."""
     if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
         return _base64(value["b64"])
     if not isinstance(value, str) or not value:
@@ -31,8 +34,17 @@ def media_bytes(value: object) -> bytes:
             raise InstanceError("a data: URI needs a comma before its data")
         return _base64(data) if header.endswith(";base64") else unquote_to_bytes(data)
     if value.startswith("gs://"):
-        return _gcs_object(value)
+        return _gcs_object(value, gcs_read_prefixes)
     return _base64(value)
+
+
+def readable(uri: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether gs:// `uri` lies under one of `prefixes` (each a bucket or a folder, read as
+    ending in `/`); a URI with a `.` or `..` segment never does."""
+    segments = uri.removeprefix("gs://").split("/")
+    if any(segment in (".", "..") for segment in segments):
+        return False
+    return any(uri.startswith(prefix.rstrip("/") + "/") for prefix in prefixes)
 
 
 def file_instance(path: Path) -> Callable[[], dict]:
@@ -64,9 +76,13 @@ def _base64(text: str) -> bytes:
         raise InstanceError("not valid base64") from None
 
 
-def _gcs_object(uri: str) -> bytes:
+def _gcs_object(uri: str, gcs_read_prefixes: tuple[str, ...] | None) -> bytes:
     from trainer.storage.store import open_store
 
+    if gcs_read_prefixes is not None and not readable(uri, gcs_read_prefixes):
+        raise InstanceError(
+            f"{uri} is not under a prefix this server reads for its callers (--gcs_read_prefixes)"
+        )
     parent, _, name = uri.rpartition("/")
     if not name or parent == "gs:/":
         raise InstanceError(f"{uri} names no object")

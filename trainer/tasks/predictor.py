@@ -20,6 +20,7 @@ re-written here, and the predictions are those of a plain `pipeline()`.
 from __future__ import annotations
 
 import base64
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,15 @@ class Predictor(ABC):
     labelled_by_folder: ClassVar[bool] = False
     """Whether a test folder's media in one folder per class (`DIR/CLASS/x.png`) are
     referenced by that folder's name, as `datasets`' imagefolder labels them."""
+    raw_media_types: ClassVar[tuple[str, ...]] = ()
+    """The Content-Types (`audio/`: any audio type) of a request body that is the media
+    itself, one instance (Vertex AI's rawPredict); the body is then `media(bytes)`."""
+    source: str | None = None
+    """Where the model was served from (a gs:// URI or a folder), for its description; None:
+    the folder it was loaded from."""
+    gcs_read_prefixes: tuple[str, ...] | None = None
+    """The gs:// prefixes an instance may name (the server sets them: its callers read with
+    its credentials); None: any (`python -m trainer.predict`, run by the data's owner)."""
 
     def __init__(self, pipe, task: str) -> None:
         self.pipe = pipe
@@ -99,14 +109,46 @@ class Predictor(ABC):
                 raise InstanceError(f"parameter {name!r} must be {wanted.__name__}")
         return parameters
 
+    def description(self) -> dict[str, Any]:
+        """What the page shows of the served model: where it came from, its architecture,
+        its base checkpoint (a merged LoRA model's adapter names it; a full fine-tune's
+        folder records none), its labels (a classifier's), and how an instance is sent."""
+        folder = Path(self.pipe.model.name_or_path)
+        adapter = folder / "adapter" / "adapter_config.json"  # lora_adapters.ADAPTER_DIRNAME
+        try:
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            base = None
+        architectures = self.pipe.model.config.architectures or [type(self.pipe.model).__name__]
+        return {
+            "name": self.source or str(folder),
+            "architecture": ", ".join(architectures),
+            "base_model": base,
+            "labels": self.label_names(),
+            "media_key": self.media_key,
+            "raw_media_types": list(self.raw_media_types),
+        }
+
+    def label_names(self) -> list[str] | None:
+        """The names of the model's labels, best known; None for a task without labels."""
+        return None
+
+    def takes_raw(self, media_type: str) -> bool:
+        """Whether a body of this Content-Type (no parameters) is this task's media."""
+        return any(media_type == kind or (kind.endswith("/") and media_type.startswith(kind))
+                   for kind in self.raw_media_types)  # fmt: skip
+
     def media(self, instance: object) -> bytes:
         """The instance's media bytes: `{media_key: ...}`, or the media itself (batch
-        prediction's file-list sends each file as `{"b64": ...}`)."""
+        prediction's file-list sends each file as `{"b64": ...}`; a raw body is its bytes).
+        Other fields beside `media_key` (a batch job's key) are left alone."""
+        if isinstance(instance, bytes):
+            return instance
         if isinstance(instance, dict) and self.media_key in instance:
-            return media_bytes(instance[self.media_key])
+            return media_bytes(instance[self.media_key], self.gcs_read_prefixes)
         if isinstance(instance, dict) and set(instance) != {"b64"}:
             raise InstanceError(f"an instance needs {self.media_key!r} (or is {{'b64': ...}})")
-        return media_bytes(instance)
+        return media_bytes(instance, self.gcs_read_prefixes)
 
     def prepare(self, instance: object) -> Prepared:
         """The instance decoded and pre-processed, off the model's thread."""

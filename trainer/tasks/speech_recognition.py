@@ -121,6 +121,7 @@ def transcription(text: str, segments: list[dict] | None = None) -> dict:
 class SpeechPredictor(Predictor):
     pipeline_task = "automatic-speech-recognition"
     media_key = "audio"
+    raw_media_types = ("audio/",)
     parameter_types = {"language": str, "task": str, "return_timestamps": bool}
     call_kwargs = {"chunk_length_s": CHUNK_SECONDS, "ignore_warning": True}
     reference_columns = ("text", "sentence", "transcription")

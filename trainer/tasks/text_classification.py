@@ -143,6 +143,7 @@ class TextPredictor(ClassificationPredictor):
     pipeline_task = "text-classification"
     media_key = "text"
     call_kwargs = {"truncation": True}
+    raw_media_types = ("text/plain",)
 
     def __init__(self, pipe, task: str) -> None:
         super().__init__(pipe, task)
@@ -162,21 +163,33 @@ class TextPredictor(ClassificationPredictor):
         return lambda: {key: value for key, value in text.items() if value is not None}
 
     def decoded(self, instance: object) -> str | dict:
-        if isinstance(instance, str):
-            instance = {"text": instance}
-        elif isinstance(instance, dict) and set(instance) == {"b64"}:
-            try:
-                instance = {"text": self.media(instance).decode()}
-            except UnicodeDecodeError:
-                raise InstanceError("the b64 text is not UTF-8") from None
+        instance = self.fields(instance)
         if not isinstance(instance, dict) or not isinstance(instance.get("text"), str):
             raise InstanceError('an instance needs "text" (a string)')
-        extra = set(instance) - {"text", "text_pair"}
-        if extra or not isinstance(instance.get("text_pair", ""), str):
-            raise InstanceError('an instance holds "text" and, for a pair, "text_pair" strings')
+        # Other fields are left alone (a batch job's key beside the instance), but not one
+        # that looks like a misspelt text_pair: a pair model would score half the pair.
+        misspelt = sorted(key for key in set(instance) - {"text", "text_pair"}
+                          if key.startswith("text"))  # fmt: skip
+        if misspelt or not isinstance(instance.get("text_pair", ""), str):
+            raise InstanceError('an instance holds "text" and, for a pair, "text_pair" strings'
+                                + (f" (not {misspelt[0]!r})" if misspelt else ""))  # fmt: skip
         if instance.get("text_pair") is None:
             return instance["text"]
         return {"text": instance["text"], "text_pair": instance["text_pair"]}
+
+    def fields(self, instance: object) -> object:
+        """A bare string, a `{"b64": ...}` text or a raw body's bytes as `{"text": ...}`;
+        anything else as it is."""
+        if isinstance(instance, str):
+            return {"text": instance}
+        if isinstance(instance, bytes) or (isinstance(instance, dict) and set(instance) == {
+                "b64"}):  # fmt: skip
+            try:
+                return {"text": self.media(instance).decode()}
+            except UnicodeDecodeError:
+                raise InstanceError("the body is not UTF-8 text" if isinstance(instance, bytes)
+                                    else "the b64 text is not UTF-8") from None  # fmt: skip
+        return instance
 
     def prepared(self, pipeline_input: str | dict) -> Prepared:
         text, pair = (pipeline_input["text"], pipeline_input["text_pair"]) if isinstance(
