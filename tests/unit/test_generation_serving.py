@@ -3,9 +3,14 @@ through `GenerationPredictor`, the object the server and `trainer.predict` call.
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
 import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
+from tests.support.served_app import serve, wait_ready
 from trainer.tasks.generation_serving import (
     MAX_NEW_TOKENS_LIMIT,
     GenerationPredictor,
@@ -153,3 +158,59 @@ def test_a_model_without_a_chat_template_takes_prompts_only(predictor):
         assert predictor.prepare({"prompt": "Hello"}).model_inputs
     finally:
         predictor.pipe.tokenizer.chat_template = template
+
+
+@pytest.fixture(scope="module")
+def endless(tmp_path_factory):
+    """A small Llama whose generation config names no end-of-turn token: every answer is as
+    long as asked."""
+    from transformers import pipeline
+
+    folder = save_family_model(FAMILIES["llama"], tmp_path_factory.mktemp("endless"))
+    pipe = pipeline("text-generation", model=str(folder))
+    pipe.model.generation_config.eos_token_id = None
+    return GenerationPredictor(pipe, "text-generation")
+
+
+def test_clients_asking_for_different_lengths_share_the_server_each_with_its_own(endless, capsys):
+    prompts = [f"Tell me a joke number {i}" for i in range(8)]
+    wanted = [3 if i % 2 else 17 for i in range(8)]
+    alone = [endless.predict([endless.prepare(p)], {"max_new_tokens": n, "temperature": 0})[0]
+             for p, n in zip(prompts, wanted, strict=True)]  # fmt: skip
+    capsys.readouterr()
+    with serve(endless, max_wait=0.3) as url:
+        wait_ready(url)
+
+        def ask(i: int) -> dict:
+            body = {"instances": [{"prompt": prompts[i]}],
+                    "parameters": {"max_new_tokens": wanted[i], "temperature": 0}}  # fmt: skip
+            return httpx.post(url + "/predict", json=body, timeout=120).json()["predictions"][0]
+
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(ask, range(8)))
+    assert together == alone
+    assert [answer["completion_tokens"] for answer in together] == wanted
+    batches = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+               if line.startswith("{")]  # fmt: skip
+    sizes = [b["batch_size"] for b in batches if b.get("message") == "prediction batch"]
+    assert sum(sizes) == 8 and max(sizes) > 1, sizes  # the same lengths shared passes
+
+
+def test_bad_generation_requests_are_400_and_cost_no_forward_pass(endless, capsys):
+    with serve(endless) as url:
+        wait_ready(url)
+        capsys.readouterr()
+        for parameters, named in [({"max_new_tokens": 0}, "max_new_tokens"),
+                                  ({"temperature": -1}, "temperature"),
+                                  ({"stop": 5}, "stop")]:  # fmt: skip
+            answer = httpx.post(url + "/predict", json={"instances": [{"prompt": "Hi"}],
+                                                       "parameters": parameters})  # fmt: skip
+            assert answer.status_code == 400 and repr(named) in answer.json()["error"]
+        chat = {"instances": [{"messages": [{"role": "user", "content": "Hi"}]}],
+                "parameters": {"max_new_tokens": 4}}  # fmt: skip
+        answer = httpx.post(url + "/predict", json=chat, timeout=60)
+        assert answer.status_code == 200
+        assert answer.json()["predictions"][0]["completion_tokens"] == 4
+    forward_passes = [line for line in capsys.readouterr().out.splitlines()
+                      if '"prediction batch"' in line]  # fmt: skip
+    assert len(forward_passes) == 1  # the chat's only
