@@ -16,9 +16,13 @@ Models, built in a temporary folder with random weights from their configs (no d
   with a head of `IMAGE_LABELS` labels;
 - `text`: BERT-base (`BertConfig()`'s defaults) with a 2-label head and a small WordPiece
   tokenizer trained on the request sentences (as tests/support/tiny_assets.py does).
+- `chat`: a small Llama (`LlamaConfig`, 4 layers of 256) with a byte-level BPE tokenizer
+  carrying Llama 3.1's special tokens and chat template (tests/support/chat_models.py); every
+  request generates exactly `CHAT_TOKENS` tokens greedily (its generation config names no
+  end-of-turn token, so no answer ends early), so tokens/s is `CHAT_TOKENS` x requests/s.
 
-Instances: 3 s WAV clips (16 kHz tones over noise), 224x224 PNG images, one-sentence texts
-(a few of each, cycled); every request holds one instance.
+Instances: 3 s WAV clips (16 kHz tones over noise), 224x224 PNG images, one-sentence texts,
+the same sentences as prompts (a few of each, cycled); every request holds one instance.
 
 Per task, one after the other:
 - **one at a time**: a fresh process (`OMP_NUM_THREADS=--cores`) runs
@@ -54,14 +58,14 @@ least one each); requests/s is the requests answered over the time from the firs
 the last answer. `--requests` or `--duration` take `N` for every task or `TASK=N` for one;
 a task with a request count is measured by count. p50/p99 are nearest-rank percentiles.
 
-    python bench/serve.py [--tasks demo speech image text] [--clients 1 4 16]
+    python bench/serve.py [--tasks demo speech image text chat] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
                           [--max_batch_size N ...] [--max_wait_ms MS ...] [--cores N]
                           [--report FILE] [--server_log FILE] [--skip_baseline]
 
 The targets (checked in the last table): at 16 clients at least 1.5x the one-at-a-time
-requests/s for image and text and above it for speech; p99 at 4 clients under twice the
-server's p50 at 1 client.
+requests/s for image and text, 2x for chat, and above it for speech; p99 at 4 clients under
+twice the server's p50 at 1 client.
 """
 
 from __future__ import annotations
@@ -107,8 +111,10 @@ SENTENCES = (
     "The company said it expects its full-year revenue to remain stable compared to last year.",
     "The share price jumped after the quarterly results beat analysts' expectations.",
 )
+CHAT_TOKENS = 32
+"""Tokens each chat request generates."""
 TASK_MODELS = {"demo": "demo tiny Whisper", "speech": "whisper-small", "image": "ViT-base",
-               "text": "BERT-base"}  # fmt: skip
+               "text": "BERT-base", "chat": "small Llama"}  # fmt: skip
 BASELINE = "pipeline(), one at a time"
 FORWARD = "forward pass alone"
 FORWARD_BATCHES = (1, 4)
@@ -116,7 +122,7 @@ FORWARD_BATCHES = (1, 4)
 1 (a lone request) and 4 (four clients' requests sharing a batch)."""
 FORWARD_REPEATS = 5
 """Timed calls per batch size (the fastest counts), fewer once they add up to a minute."""
-TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5}
+TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5, "chat": 2.0}
 """At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
 and whisper-small) or reach (image, text) this."""
 P99_LIMIT = 2.0
@@ -206,11 +212,32 @@ def build_bert_base(model_dir: Path) -> None:
     tokenizer.save_pretrained(model_dir)
 
 
+def build_small_llama(model_dir: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.support.chat_models import FAMILIES, family_tokenizer
+
+    tokenizer = family_tokenizer(FAMILIES["llama"], list(SENTENCES))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=None, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    model.generation_config.update(max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=None)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "demo": build_demo,
     "speech": build_whisper_small,
     "image": build_vit_base,
     "text": build_bert_base,
+    "chat": build_small_llama,
 }
 
 
@@ -256,6 +283,8 @@ def instances(task: str) -> list[dict]:
     if task == "image":
         return [{"image": {"b64": base64.b64encode(png_bytes(i)).decode()}}
                 for i in range(INPUTS_PER_TASK)]  # fmt: skip
+    if task == "chat":
+        return [{"prompt": sentence} for sentence in SENTENCES[:INPUTS_PER_TASK]]
     return [{"text": sentence} for sentence in SENTENCES[:INPUTS_PER_TASK]]
 
 
@@ -298,6 +327,8 @@ def one_at_a_time(task: str, model_dir: str, payload: list[dict], budget: dict) 
         if "image" in instance:
             raw = base64.b64decode(instance["image"]["b64"])
             return pipe(Image.open(io.BytesIO(raw)).convert("RGB"))
+        if "prompt" in instance:  # the model's generation config: CHAT_TOKENS, greedy
+            return pipe(instance["prompt"], return_full_text=False)
         return pipe(instance["text"])
 
     call(payload[0])  # warm-up, untimed: the server warms up before it answers health too
@@ -568,18 +599,19 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
 def table(rows: list[dict]) -> str:
     baseline = {row["task"]: row for row in rows if row["path"] == BASELINE}
     lines = [
-        "| model | path | clients | requests | requests/s | vs one at a time | p50 (ms) "
-        "| p99 (ms) | mean batch |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | path | clients | requests | requests/s | tokens/s | vs one at a time "
+        "| p50 (ms) | p99 (ms) | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if row["path"] == FORWARD:
             continue
         base = baseline.get(row["task"])
         ratio = f"{row['per_second'] / base['per_second']:.2f}x" if base else "-"
+        tokens = f"{row['per_second'] * CHAT_TOKENS:.1f}" if row["task"] == "chat" else "-"
         lines.append(
             f"| {TASK_MODELS[row['task']]} | {row['path']} | {row['clients']} | "
-            f"{row['requests']} | {row['per_second']:.2f} | {ratio} | "
+            f"{row['requests']} | {row['per_second']:.2f} | {tokens} | {ratio} | "
             f"{row['p50_ms']:,.0f} | {row['p99_ms']:,.0f} | {row['mean_batch']:.2f} |"
         )
     return "\n".join(lines)
@@ -646,7 +678,7 @@ def targets(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", choices=tuple(BUILDERS),
-                        default=["demo", "speech", "image", "text"])  # fmt: skip
+                        default=["demo", "speech", "image", "text", "chat"])  # fmt: skip
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--duration", nargs="+", default=["10"],
                         help="seconds per level: N, or TASK=N for one task")  # fmt: skip

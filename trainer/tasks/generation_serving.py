@@ -1,0 +1,256 @@
+"""How a delivered causal language model serves: a chat (`{"messages": [...]}`, rendered with
+the model's own chat template) or a prompt (`{"prompt": "..."}`) in, the generated text out,
+with why it ended and how many tokens it took.
+
+Requests sent together share forward passes: the server's batcher (trainer/serve/batching.py)
+groups instances whose parameters are equal, and `predict` left-pads their prompts into one
+`generate()` call, so each row's positions and attention ignore the padding and its text is the
+one it would get alone (tests/unit/test_generation_serving.py compares them). Requests with
+other parameters (another `max_new_tokens`) go in other batches: a long generation holds up a
+short one by at most its own forward passes, never by sharing one.
+
+The decoding is transformers' own `generate()` with the model's `generation_config.json` as
+the defaults a request's parameters override: sampling (`temperature` > 0), `top_p`, `top_k`,
+`stop` strings (`stop_strings`), the end-of-turn tokens the config names. Every parameter is
+checked before the instance is queued, so a bad value is a 400 that costs no forward pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.predictor import Predictor, Prepared
+
+DEFAULT_MAX_NEW_TOKENS = 256
+"""Tokens generated when neither the request nor the model's generation_config.json says."""
+MAX_NEW_TOKENS_LIMIT = 8192
+"""The most one request may ask for: a larger value is a 400, not an hour on the GPU."""
+MAX_STOP_STRINGS = 8
+
+FINISHED_BY_STOP = "stop"
+"""The model ended its turn (an end-of-sequence token) or wrote one of the `stop` strings."""
+FINISHED_BY_LENGTH = "length"
+"""`max_new_tokens` were generated first."""
+
+
+def generated(text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The task's answer: what the server, `--do_predict` and `trainer.predict` write."""
+    return {
+        "text": text,
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def checked_generation_parameters(parameters: object) -> dict[str, Any]:
+    """The request's generation parameters, or InstanceError naming the first bad one."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise InstanceError("parameters must be an object")
+    unknown = sorted(set(parameters) - set(PARAMETER_CHECKS))
+    if unknown:
+        known = ", ".join(PARAMETER_CHECKS)
+        raise InstanceError(f"unknown parameter {unknown[0]!r} (known: {known})")
+    for name, value in parameters.items():
+        problem = PARAMETER_CHECKS[name](value)
+        if problem:
+            raise InstanceError(f"parameter {name!r} {problem}")
+    return dict(parameters)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _stop_problem(value: object) -> str | None:
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings):
+        return "must be a non-empty string or a list of them"
+    if not 1 <= len(strings) <= MAX_STOP_STRINGS:
+        return f"must hold 1 to {MAX_STOP_STRINGS} strings"
+    return None
+
+
+PARAMETER_CHECKS: dict[str, Callable[[object], str | None]] = {
+    "max_new_tokens": lambda v: None if _is_int(v) and 1 <= v <= MAX_NEW_TOKENS_LIMIT
+    else f"must be an integer from 1 to {MAX_NEW_TOKENS_LIMIT}",
+    "temperature": lambda v: None if _is_number(v) and 0 <= v <= 100
+    else "must be a number from 0 (greedy) to 100",
+    "top_p": lambda v: None if _is_number(v) and 0 < v <= 1 else "must be a number in (0, 1]",
+    "top_k": lambda v: None if _is_int(v) and v >= 0 else "must be an integer of at least 0",
+    "stop": _stop_problem,
+    "seed": lambda v: None if _is_int(v) and 0 <= v < 2**63 else "must be a non-negative integer",
+}  # fmt: skip
+"""Each parameter a request may give, and what is wrong with a value (None: nothing)."""
+
+
+class GenerationPredictor(Predictor):
+    pipeline_task = "text-generation"
+    media_key = "prompt"
+    reference_columns = ("completion", "reference")
+    raw_media_types = ("text/plain",)
+
+    def __init__(self, pipe, task: str) -> None:
+        super().__init__(pipe, task)
+        self.tokenizer_lock = threading.Lock()
+        """One tokenizer call at a time (a fast tokenizer is not safe across the
+        pre-processing threads)."""
+
+    @classmethod
+    def media_extensions(cls) -> frozenset[str]:
+        return frozenset({".txt"})
+
+    @classmethod
+    def row_instance(cls, row: dict) -> Callable[[], object]:
+        """A saved dataset's row as a request: its conversation up to its last assistant
+        turn, or its prompt."""
+        messages = row.get("messages")
+        if messages:
+            asked = list(messages)
+            while asked and asked[-1].get("role") == "assistant":
+                asked.pop()
+            return lambda: {"messages": asked}
+        return lambda: {"prompt": row.get("prompt")}
+
+    def checked_parameters(self, parameters: object) -> dict[str, Any]:
+        return checked_generation_parameters(parameters)
+
+    def decoded(self, instance: object) -> tuple[str, bool]:
+        """(the text the model continues, whether it is a rendered chat)."""
+        if isinstance(instance, str):
+            return instance, False
+        if isinstance(instance, bytes) or (isinstance(instance, dict) and set(instance) == {
+                "b64"}):  # fmt: skip
+            try:
+                return self.media(instance).decode(), False
+            except UnicodeDecodeError:
+                raise InstanceError("the prompt is not UTF-8 text") from None
+        if isinstance(instance, dict) and "messages" in instance:
+            return self.rendered_chat(instance["messages"]), True
+        if isinstance(instance, dict) and isinstance(instance.get("prompt"), str):
+            return instance["prompt"], False
+        raise InstanceError('an instance needs "messages" (a chat) or "prompt" (a string)')
+
+    def rendered_chat(self, messages: object) -> str:
+        """The chat in the model's own template, ending where the assistant's turn begins."""
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in messages
+        ):  # fmt: skip
+            raise InstanceError('"messages" must be a non-empty list of {"role", "content"} '
+                                "strings")  # fmt: skip
+        tokenizer = self.pipe.tokenizer
+        if not tokenizer.chat_template:
+            raise InstanceError('this model has no chat template: send {"prompt": ...}')
+        try:
+            with self.tokenizer_lock:
+                return tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
+        except Exception as error:  # noqa: BLE001 - the template's own complaint, e.g. roles
+            raise InstanceError(f"the chat template refused the messages: {error}") from None
+
+    def prepared(self, pipeline_input: tuple[str, bool]) -> Prepared:
+        text, chat = pipeline_input
+        with self.tokenizer_lock:
+            # A rendered chat holds its special tokens already (the template writes them).
+            ids = self.pipe.tokenizer(text, add_special_tokens=not chat)["input_ids"]
+        if not ids:
+            raise InstanceError("the prompt is empty")
+        limit = getattr(self.pipe.model.config, "max_position_embeddings", None)
+        if limit and len(ids) >= limit:
+            raise InstanceError(f"the prompt is {len(ids)} tokens; the model takes fewer than "
+                                f"{limit} in all")  # fmt: skip
+        return Prepared([{"input_ids": ids}])
+
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+        """One `generate()` over the batch, its prompts left-padded."""
+        import torch
+
+        tokenizer, model = self.pipe.tokenizer, self.pipe.model
+        prompts = [prepared.model_inputs[0]["input_ids"] for prepared in batch]
+        width = max(len(ids) for ids in prompts)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_ids()[0]
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+        kwargs = self.generate_kwargs(parameters, pad)
+        if "seed" in parameters:
+            torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
+        with torch.inference_mode():
+            out = model.generate(input_ids=input_ids.to(model.device),
+                                 attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
+        stops = _stop_strings(parameters)
+        return [self.answer(row[width:], len(ids), stops)
+                for row, ids in zip(out.tolist(), prompts, strict=True)]  # fmt: skip
+
+    def generate_kwargs(self, parameters: dict[str, Any], pad: int) -> dict[str, Any]:
+        """`generate()`'s arguments: the model's generation config, overridden by the request."""
+        config = self.pipe.model.generation_config
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": parameters.get("max_new_tokens")
+            or config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+            "pad_token_id": pad,
+        }  # fmt: skip
+        temperature = parameters.get("temperature")
+        if temperature == 0:
+            kwargs |= {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        elif temperature is not None or "top_p" in parameters or "top_k" in parameters:
+            kwargs["do_sample"] = True
+            kwargs |= {name: parameters[name] for name in ("temperature", "top_p", "top_k")
+                       if name in parameters}  # fmt: skip
+        stops = _stop_strings(parameters)
+        if stops:
+            kwargs |= {"stop_strings": stops, "tokenizer": self.pipe.tokenizer}
+        return kwargs
+
+    def end_ids(self) -> list[int]:
+        """The token ids that end the model's turn (generation_config's, else the tokenizer's)."""
+        eos = self.pipe.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.pipe.tokenizer.eos_token_id
+        return list(eos) if isinstance(eos, list | tuple) else [eos]
+
+    def answer(self, new_ids: list[int], prompt_tokens: int, stops: list[str]) -> dict:
+        """One row's continuation: cut at its end-of-turn token or stop string."""
+        ends = set(self.end_ids())
+        length = next((i for i, token in enumerate(new_ids) if token in ends), None)
+        finish = FINISHED_BY_STOP if length is not None else FINISHED_BY_LENGTH
+        kept = new_ids if length is None else new_ids[:length]
+        pad = self.pipe.tokenizer.pad_token_id
+        while kept and kept[-1] == pad:  # a row that met a stop string before the others ended
+            kept = kept[:-1]
+        text = self.pipe.tokenizer.decode(kept, skip_special_tokens=True)
+        at = min((text.find(stop) for stop in stops if stop in text), default=-1)
+        if at >= 0:
+            text, finish = text[:at], FINISHED_BY_STOP
+        produced = len(kept) + (length is not None)
+        return generated(text, finish, prompt_tokens, produced)
+
+    def warm_up_input(self) -> tuple[str, bool]:
+        return "Hello", False
+
+    def warm_up(self) -> None:
+        """Two tokens of one prompt: the first call's costs, not a long generation."""
+        self.predict([self.prepared(self.warm_up_input())], {"max_new_tokens": 2})
+
+    def score(self, scored: list[tuple[Any, dict]], parameters: dict) -> dict[str, float]:
+        """The share of answers equal to their reference (whitespace at the ends aside), and
+        the mean tokens generated."""
+        exact = [str(reference).strip() == answer["text"].strip() for reference, answer in scored]
+        tokens = [answer["completion_tokens"] for _, answer in scored]
+        return {"exact_match": sum(exact) / len(exact),
+                "mean_completion_tokens": sum(tokens) / len(tokens)}  # fmt: skip
+
+
+def _stop_strings(parameters: dict[str, Any]) -> list[str]:
+    stop = parameters.get("stop")
+    return [stop] if isinstance(stop, str) else list(stop or [])
