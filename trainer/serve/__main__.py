@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     app = make_app(
         contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
+        model_location=location,
     )  # fmt: skip
     port = args.port or contract.port
     server = uvicorn.Server(

@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from trainer.serve.batching import Batcher, QueueFull
 from trainer.serve.contract import Contract
+from trainer.serve.load_failure import load_failure_line
 from trainer.serve.media import InstanceError
 from trainer.serve.predictors import Predictor
 
@@ -44,18 +45,20 @@ def log_line(record: dict) -> None:
 
 class ModelState:
     """The predictor once loaded (on a thread of its own: the port is open meanwhile), or
-    the reason it could not be."""
+    the reason it could not be: one line (trainer/serve/load_failure.py), which looks into
+    the model's folder when `location` is a local one."""
 
-    def __init__(self, load: Callable[[], Predictor]) -> None:
+    def __init__(self, load: Callable[[], Predictor], location: str | None = None) -> None:
         self.predictor: Predictor | None = None
         self.failure: str | None = None
         self._load = load
+        self._folder = location if location and not location.startswith("gs://") else None
 
     def load(self) -> None:
         try:
             self.predictor = self._load()
         except Exception as error:  # noqa: BLE001 - said in the log and by the health route
-            self.failure = f"{type(error).__name__}: {error}"
+            self.failure = load_failure_line(error, self._folder)
             print(f"error: the model did not load: {self.failure}", file=sys.stderr, flush=True)
 
 
@@ -67,8 +70,9 @@ def make_app(
     max_request_bytes: int,
     queue_size: int,
     on_load_failure: Callable[[], None] = lambda: None,
+    model_location: str | None = None,
 ) -> FastAPI:
-    state = ModelState(load)
+    state = ModelState(load, model_location)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
 
