@@ -20,6 +20,8 @@ from tests.support.image_build import (
     CHECK_STACK,
     CLOUDBUILD,
     DOCKERFILE,
+    PIP_CHECK,
+    RAY_DOCKERFILE,
     constraint_pins,
     final_stage_env,
     instructions,
@@ -41,7 +43,7 @@ def targets(pip_args: list[str]) -> list[str]:
     for word in pip_args:
         if skip:
             skip = False
-        elif word in ("--constraint", "-c", "--requirement", "-r"):
+        elif word in ("--constraint", "-c", "--requirement", "-r", "--build-constraint"):
             skip = True
         elif not word.startswith("-"):
             found.append(word)
@@ -78,10 +80,12 @@ def install_steps(installs: list[list[str]]) -> list[tuple[str, bool, bool, bool
 
 
 def makefile_installs() -> list[list[str]]:
+    """The Makefile's installs: `$(PIP)` (the pinned set, build dependencies too) or
+    `$(PIP_PINNED)` (the first, by the venv's own pip), in order, as pip arguments."""
     return [
-        shlex.split(line.split("$(PIP)", 1)[1])
+        shlex.split(re.split(r"\$\(PIP(?:_PINNED)?\)", line, maxsplit=1)[1])
         for line in (REPO_ROOT / "Makefile").read_text().splitlines()
-        if "$(PIP)" in line and not line.startswith("PIP ")
+        if re.search(r"\$\(PIP(?:_PINNED)?\)", line) and not line.startswith("PIP")
     ]
 
 
@@ -104,13 +108,13 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     copies = [rest for keyword, rest in instructions() if keyword == "COPY"]
     assert copies[0] == "constraints.txt ./", "constraints.txt is copied in before any install"
 
-    # The Makefile's steps, in its order: torch; deepspeed without build isolation; the
-    # package (`.[test]` there; in the image its dependencies, read from pyproject.toml, at
-    # that point and its code last); openai-whisper without dependencies.
+    # The Makefile's steps, in its order: pip, setuptools and wheel; torch; deepspeed without
+    # build isolation; the package (`.[test]` there; in the image its dependencies, read from
+    # pyproject.toml, at that point and its code last); openai-whisper without dependencies.
     steps = install_steps
     project = [step for step in steps(docker) if step[0] != "."]
     assert [step for step in steps(make) if step[0] != "."] == project
-    assert [step[0] for step in steps(make)].index(".") == 2
+    assert [step[0] for step in steps(make)].index(".") == 3
     assert steps(docker)[-1][0] == "."
     requirements = next(i for i, a in enumerate(docker) if "--requirement" in a)
     whisper = next(i for i, a in enumerate(docker) if targets(a) == ["openai-whisper"])
@@ -122,6 +126,58 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     pins = constraint_pins()
     for package, *_ in project:
         assert requirement_name(package) in pins, f"{package} is not pinned in constraints.txt"
+
+
+BUILD_TOOLS = ["pip", "setuptools", "wheel"]
+
+
+def test_every_environment_installs_the_pinned_pip_setuptools_and_wheel_first():
+    """pip freeze leaves these three out unless told (--all); unpinned, setuptools (the build
+    backend of DeepSpeed's wheel and of this package) was whatever was newest that day."""
+    pins = constraint_pins()
+    assert all(tool in pins for tool in BUILD_TOOLS), "constraints.txt pins them"
+    assert "pip freeze --all " in (REPO_ROOT / "constraints.txt").read_text()
+    for stage in (stage_named("builder"), stage_named("serve")):  # the stages that make a venv
+        assert targets(stage_pip_installs(stage)[0]) == BUILD_TOOLS, stage[0]
+    assert targets(makefile_installs()[0]) == BUILD_TOOLS
+    first = next(line for line in CHECK_STACK.read_text().splitlines()
+                 if line.startswith("pip install"))  # fmt: skip
+    assert first == "pip install --constraint constraints.txt pip setuptools wheel"
+    ray = re.findall(r"pip install ([^&\n]*)", RAY_DOCKERFILE.read_text())
+    assert ray[0].split()[:5] == ["--constraint", "constraints.txt", *BUILD_TOOLS]
+    # What pip builds in an isolated environment (an sdist dependency, the Ray image's
+    # package) gets the pinned setuptools too.
+    for args in pip_installs():
+        if "--requirement" in args:
+            assert args[args.index("--build-constraint") + 1] == "constraints.txt", args
+    assert '--build-constraint constraints.txt ".[ray]"' in RAY_DOCKERFILE.read_text()
+    assert "PIP := $(PIP_PINNED) --build-constraint constraints.txt" in (
+        REPO_ROOT / "Makefile").read_text()  # fmt: skip
+
+
+@pytest.mark.parametrize(("image", "stage"), [("training", None), ("serve", "serve")])
+def test_pip_check_is_held_to_the_listed_exceptions_in_the_last_layer(image, stage):
+    """docker/pip-check.txt lists what `pip check` reports in each image on purpose; the
+    layer that installs the package runs docker/check-pip.sh on it, so a new unmet
+    requirement fails the build. Each listed line is one the Dockerfile explains: a package
+    installed without its dependencies, or DeepSpeed, which the serving image leaves out."""
+    instructions_ = stages()[-1] if stage is None else stage_named(stage)
+    last = [rest for keyword, rest in instructions_ if keyword == "RUN"][-1]
+    assert shell_commands(last)[-1] == ["./check-pip.sh", image, "pip-check.txt"]
+    copied = [rest.split()[:-1] for keyword, rest in instructions_ if keyword == "COPY"]
+    assert any({"docker/check-pip.sh", "docker/pip-check.txt"} <= set(c) for c in copied)
+    listed = [line.split(": ", 1)[1] for line in PIP_CHECK.read_text().splitlines()
+              if line.startswith(f"{image}: ")]  # fmt: skip
+    assert listed, f"pip-check.txt lists nothing for {image}"
+    without_deps = {targets(args)[0] for args in stage_pip_installs(
+        stage_named("builder") + instructions_) if "--no-deps" in args}  # fmt: skip
+    for line in listed:
+        package, version = line.split()[:2]
+        if package == "vertex-hf-trainer":
+            assert image == "serve" and line.endswith("requires deepspeed, which is not installed.")
+        else:
+            assert package in without_deps, f"{line}: not a --no-deps install of {image}"
+            assert constraint_pins()[requirement_name(package)] == version, line
 
 
 @pytest.mark.parametrize("target", ["training", "serve"])
