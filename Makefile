@@ -64,5 +64,18 @@ bench: install
 image-check:
 	PYTHON=$(PYTHON) docker/check-stack.sh
 
+# The three images built and run as Cloud Build and their users run them
+# (docker/image-test.sh): their smoke tests, the demo trained in the training image, its model
+# served by the serving image and by google-cloud-aiplatform's LocalModel. Needs a Docker
+# engine; slow (cold builds take about 25 minutes on 2 cores); never part of `make test`. Run
+# it when docker/, cloudbuild.yaml, pyproject.toml or constraints.txt change. On a machine that
+# pulls from no registry: make image-test DOCKER=... CUDA_BASE=<a stand-in base>
+DOCKER ?= docker
+CUDA_BASE ?=
+RAY_BASE ?=
+image-test: install
+	DOCKER="$(DOCKER)" CUDA_BASE="$(CUDA_BASE)" RAY_BASE="$(RAY_BASE)" PYTHON=$(BIN)/python \
+		docker/image-test.sh
+
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

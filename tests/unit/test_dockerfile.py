@@ -248,6 +248,76 @@ def test_image_check_is_a_make_target_of_its_own():
     assert not re.search(r"^test:.*image-check", makefile, re.M), "not run by every CI run"
 
 
+def test_image_test_is_a_make_target_taking_the_engine_and_base_it_is_given():
+    """`make image-test` is the same target on a workstation (docker, the real base) and on a
+    machine that pulls from no registry (DOCKER=..., CUDA_BASE=<a stand-in>)."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(r"^DOCKER \?= docker$", makefile, re.M)
+    assert re.search(r"^CUDA_BASE \?=$", makefile, re.M), "empty: the Dockerfile's own base"
+    assert re.search(
+        r'^image-test: install\n\tDOCKER="\$\(DOCKER\)" CUDA_BASE="\$\(CUDA_BASE\)" '
+        r'RAY_BASE="\$\(RAY_BASE\)" PYTHON=\$\(BIN\)/python \\\n\t\tdocker/image-test\.sh$',
+        makefile,
+        re.M,
+    )
+    assert not re.search(r"^test(-all)?:.*image-test", makefile, re.M), "too long for CI"
+    script = (REPO_ROOT / "docker" / "image-test.sh").read_text()
+    assert "default_base=$(sed -n 's/^ARG CUDA_BASE=//p' docker/Dockerfile)" in script
+    assert "CUDA_BASE=${CUDA_BASE:-$default_base}" in script
+    assert re.search(r"^ARG RAY_BASE=\S+\nFROM \$\{RAY_BASE\}$", RAY_DOCKERFILE.read_text(), re.M)
+
+
+IMAGES = ("vertex-hf-trainer", "vertex-hf-trainer-serve")
+SHELL_OPERATORS = {"|", ">", "2>&1", "&&", ";"}
+
+
+def docker_runs(lines: list[str]) -> list[list[str]]:
+    """The `docker run` commands of these lines (backslash continuations joined), as words;
+    the engine's name is dropped, so that `docker` and `"$DOCKER"` read alike."""
+    text = "\n".join(lines).replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if re.match(r'^("\$DOCKER"|docker) run ', line):
+            found.append(shlex.split(line, comments=True)[1:])
+    return found
+
+
+def image_and_arguments(words: list[str]) -> tuple[str, list[str], list[str]]:
+    """A `docker run`'s image, the arguments after it (up to a shell operator) and its mounts."""
+    at = next(i for i, word in enumerate(words) if word in IMAGES)
+    arguments = []
+    for word in words[at + 1 :]:
+        if word in SHELL_OPERATORS:
+            break
+        arguments.append(word)
+    mounts = [words[i + 1] for i, word in enumerate(words[:at]) if word == "-v"]
+    return words[at], arguments, mounts
+
+
+def test_every_documented_docker_run_is_one_that_make_image_test_runs():
+    """The Dockerfile's header and docs/deploy.md's local runs are run by `make image-test`
+    as written: the same image, arguments and mounts (its own port, detach and GPU flags
+    aside). The one exception needs what no test machine has: the Hub and a token."""
+    header = DOCKERFILE.read_text().split("\n\n")[0]
+    header = [line.removeprefix("#") for line in header.splitlines()]
+    deploy = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", deploy, re.S)
+    documented = docker_runs(header) + docker_runs("\n".join(blocks).splitlines())
+    needs_the_hub = [run for run in documented if "-e" in run and "HF_TOKEN" in run]
+    assert len(needs_the_hub) == 1, needs_the_hub
+    script = (REPO_ROOT / "docker" / "image-test.sh").read_text().splitlines()
+    tested = [image_and_arguments(run) for run in docker_runs(script)
+              if any(word in IMAGES for word in run)]  # fmt: skip
+    assert len(documented) >= 6, documented
+    for run in documented:
+        if run in needs_the_hub:
+            continue
+        image, arguments, mounts = image_and_arguments(run)
+        assert any(image == t_image and arguments == t_arguments and set(mounts) <= set(t_mounts)
+                   for t_image, t_arguments, t_mounts in tested), shlex.join(run)  # fmt: skip
+
+
 def test_the_entrypoint_is_the_launcher_with_no_default_arguments():
     entrypoints = [rest for keyword, rest in stages()[-1] if keyword == "ENTRYPOINT"]
     assert entrypoints == ['["python", "-m", "trainer"]']
