@@ -55,6 +55,9 @@ cp -r "$repo/constraints.txt" "$repo/pyproject.toml" "$repo/README.md" "$repo/tr
     "$dest/context/"
 cd "$dest/context"
 
+step "pip, setuptools and wheel at constraints.txt's versions"
+pip install --constraint constraints.txt pip setuptools wheel
+
 step "torch (the CUDA build from PyPI)"
 pip install --constraint constraints.txt torch
 python -c "import torch; assert torch.version.cuda, f'{torch.__version__} is a CPU build'; \
@@ -96,7 +99,8 @@ step "the package's dependencies, openai-whisper, the package"
 python -c "import tomllib; \
 print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
     > requirements.txt
-pip install --constraint constraints.txt --requirement requirements.txt
+pip install --constraint constraints.txt --build-constraint constraints.txt \
+    --requirement requirements.txt
 pip install --no-deps --no-warn-conflicts --constraint constraints.txt openai-whisper
 pip install --user --no-deps --no-build-isolation --constraint constraints.txt .
 
@@ -111,7 +115,7 @@ def name(text):
 pinned = {name(line.split("==")[0]) for line in open("constraints.txt")
           if "==" in line and not line.startswith("#")}
 extra = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()
-               if name(d.metadata["Name"]) not in pinned | {"pip", "vertex-hf-trainer"})
+               if name(d.metadata["Name"]) not in pinned | {"vertex-hf-trainer"})
 print("\n".join(extra) or "none")
 PY
 

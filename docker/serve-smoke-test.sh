@@ -10,7 +10,7 @@
 # Vertex AI's environment (port, routes, the model in AIP_STORAGE_URI), health polled until
 # 200, and one prediction of one clip sent as {"b64": ...}, which ffmpeg decodes.
 set -euo pipefail
-export HF_HUB_OFFLINE=1
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1  # no bar while the tiny Whisper is saved
 cd "$(mktemp -d)"
 
 echo "--- the image's stack"

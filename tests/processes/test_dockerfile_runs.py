@@ -248,7 +248,43 @@ def test_the_reduction_server_plugin_is_optional_and_off_by_default():
     assert result.returncode == 0 and not result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("name", ["smoke-test.sh", "serve-smoke-test.sh"])
+def test_check_pip_passes_on_exactly_the_listed_lines_and_names_any_other(tmp_path):
+    """docker/check-pip.sh with this environment's own pip: the list of what its `pip check`
+    reports passes; a line it does not report, or one it reports and the list lacks, fails
+    the build and is named."""
+    pip_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{pip_dir}:{os.environ['PATH']}"}
+    reported = subprocess.run([os.path.join(pip_dir, "pip"), "check"], env=env,
+                              capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    reported = [line for line in reported if not line.startswith("No broken requirements")]
+    script = str(REPO_ROOT / "docker" / "check-pip.sh")
+
+    def check(lines: list[str]) -> subprocess.CompletedProcess:
+        listed = tmp_path / "pip-check.txt"
+        listed.write_text("# a comment\n" + "".join(f"here: {line}\n" for line in lines)
+                          + "elsewhere: b 1 requires c, which is not installed.\n")  # fmt: skip
+        return subprocess.run([script, "here", str(listed)], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+
+    passed = check(reported)
+    assert passed.returncode == 0, passed.stderr
+    assert passed.stdout == (
+        f"pip check: only the {len(reported)} unmet requirement(s) that pip-check.txt lists for "
+        "here (packages installed without their dependencies on purpose)\n"
+    )
+    extra = "a 1 requires b, which is not installed."
+    failed = check([*reported[1:], extra])
+    assert failed.returncode == 1
+    wanted = ["error: pip check differs from what pip-check.txt lists for here",
+              f"  listed, no longer reported: {extra}"]  # fmt: skip
+    if reported:
+        wanted.append(f"  reported, not listed: {reported[0]}")
+    assert sorted(failed.stderr.splitlines()[1:]) == sorted(wanted[1:])
+    assert failed.stderr.splitlines()[0] == wanted[0]
+
+
+@pytest.mark.parametrize("name", ["smoke-test.sh", "serve-smoke-test.sh", "check-pip.sh",
+                                  "image-test.sh"])  # fmt: skip
 def test_the_smoke_test_script_is_valid_bash(name):
     script = REPO_ROOT / "docker" / name
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

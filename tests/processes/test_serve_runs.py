@@ -8,6 +8,8 @@ nothing secret in any response or log line; SIGTERM stops it cleanly."""
 from __future__ import annotations
 
 import base64
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,3 +87,30 @@ def test_the_server_downloads_its_model_batches_16_clients_and_answers_each_righ
     assert f"serving gs://{BUCKET}/serving/model on 0.0.0.0:{port}" in output
     assert f"instances may name gs:// objects under: gs://{BUCKET}/;" in output
     assert "model ready: speech-recognition on cpu in torch.float32" in output
+
+
+def test_a_model_the_server_may_not_read_is_one_error_line_naming_the_file(
+    tmp_path, demo_assets, demo_cache
+):
+    """A model saved by root and served by another user (the training image runs as root, the
+    serving image as uid 10001): the weights file unreadable to the server, which ends with
+    exit 1 and one line that names the file and why, not transformers' "No such file" under
+    four tracebacks (one per model class its pipeline tried). Mode 000, and as root the server
+    runs without the capabilities that let root read it (tests/support/unreadable_files.py)."""
+    from tests.support.unreadable_files import unprivileged
+
+    model = tmp_path / "model"
+    shutil.copytree(demo_assets.model_dir, model)
+    os.chmod(model / "model.safetensors", 0)
+    server = subprocess.run(
+        unprivileged([sys.executable, "-m", "trainer.serve", str(model), "--port",
+                      str(free_port())]),
+        env=trainer_env(demo_cache), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert server.returncode == 1, server.stdout + server.stderr
+    assert server.stderr.splitlines() == [
+        f"error: the model did not load: cannot read {model}/model.safetensors: permission "
+        f"denied; this process runs as uid {os.geteuid()}: make the model's files readable to "
+        "it (chmod -R a+rX, on the host for a mounted folder)"
+    ]
+    assert len(server.stderr.splitlines()[0]) <= 300

@@ -2,7 +2,7 @@
 (tests/unit/test_dockerfile.py, tests/processes/test_dockerfile_runs.py, the two
 test_dockerfile_ray.py and the two test_gcloud.py modules):
 
-- where they are: `DOCKERFILE`, `RAY_DOCKERFILE`, `CHECK_STACK`, `CLOUDBUILD`;
+- where they are: `DOCKERFILE`, `RAY_DOCKERFILE`, `CHECK_STACK`, `CLOUDBUILD`, `PIP_CHECK`;
 - docker/Dockerfile read as Docker reads it: `instructions`, `stages`, `final_stage_env`,
   the shell commands of a RUN line (`shell_commands`) and its `pip install`s
   (`pip_installs`);
@@ -21,6 +21,7 @@ DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 RAY_DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile.ray"
 CHECK_STACK = REPO_ROOT / "docker" / "check-stack.sh"
 CLOUDBUILD = REPO_ROOT / "cloudbuild.yaml"
+PIP_CHECK = REPO_ROOT / "docker" / "pip-check.txt"
 
 
 def instructions() -> list[tuple[str, str]]:

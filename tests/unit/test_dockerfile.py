@@ -20,6 +20,8 @@ from tests.support.image_build import (
     CHECK_STACK,
     CLOUDBUILD,
     DOCKERFILE,
+    PIP_CHECK,
+    RAY_DOCKERFILE,
     constraint_pins,
     final_stage_env,
     instructions,
@@ -41,7 +43,7 @@ def targets(pip_args: list[str]) -> list[str]:
     for word in pip_args:
         if skip:
             skip = False
-        elif word in ("--constraint", "-c", "--requirement", "-r"):
+        elif word in ("--constraint", "-c", "--requirement", "-r", "--build-constraint"):
             skip = True
         elif not word.startswith("-"):
             found.append(word)
@@ -78,10 +80,12 @@ def install_steps(installs: list[list[str]]) -> list[tuple[str, bool, bool, bool
 
 
 def makefile_installs() -> list[list[str]]:
+    """The Makefile's installs: `$(PIP)` (the pinned set, build dependencies too) or
+    `$(PIP_PINNED)` (the first, by the venv's own pip), in order, as pip arguments."""
     return [
-        shlex.split(line.split("$(PIP)", 1)[1])
+        shlex.split(re.split(r"\$\(PIP(?:_PINNED)?\)", line, maxsplit=1)[1])
         for line in (REPO_ROOT / "Makefile").read_text().splitlines()
-        if "$(PIP)" in line and not line.startswith("PIP ")
+        if re.search(r"\$\(PIP(?:_PINNED)?\)", line) and not line.startswith("PIP")
     ]
 
 
@@ -104,13 +108,13 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     copies = [rest for keyword, rest in instructions() if keyword == "COPY"]
     assert copies[0] == "constraints.txt ./", "constraints.txt is copied in before any install"
 
-    # The Makefile's steps, in its order: torch; deepspeed without build isolation; the
-    # package (`.[test]` there; in the image its dependencies, read from pyproject.toml, at
-    # that point and its code last); openai-whisper without dependencies.
+    # The Makefile's steps, in its order: pip, setuptools and wheel; torch; deepspeed without
+    # build isolation; the package (`.[test]` there; in the image its dependencies, read from
+    # pyproject.toml, at that point and its code last); openai-whisper without dependencies.
     steps = install_steps
     project = [step for step in steps(docker) if step[0] != "."]
     assert [step for step in steps(make) if step[0] != "."] == project
-    assert [step[0] for step in steps(make)].index(".") == 2
+    assert [step[0] for step in steps(make)].index(".") == 3
     assert steps(docker)[-1][0] == "."
     requirements = next(i for i, a in enumerate(docker) if "--requirement" in a)
     whisper = next(i for i, a in enumerate(docker) if targets(a) == ["openai-whisper"])
@@ -122,6 +126,58 @@ def test_the_image_installs_the_ci_pinned_set_in_the_makefiles_order():
     pins = constraint_pins()
     for package, *_ in project:
         assert requirement_name(package) in pins, f"{package} is not pinned in constraints.txt"
+
+
+BUILD_TOOLS = ["pip", "setuptools", "wheel"]
+
+
+def test_every_environment_installs_the_pinned_pip_setuptools_and_wheel_first():
+    """pip freeze leaves these three out unless told (--all); unpinned, setuptools (the build
+    backend of DeepSpeed's wheel and of this package) was whatever was newest that day."""
+    pins = constraint_pins()
+    assert all(tool in pins for tool in BUILD_TOOLS), "constraints.txt pins them"
+    assert "pip freeze --all " in (REPO_ROOT / "constraints.txt").read_text()
+    for stage in (stage_named("builder"), stage_named("serve")):  # the stages that make a venv
+        assert targets(stage_pip_installs(stage)[0]) == BUILD_TOOLS, stage[0]
+    assert targets(makefile_installs()[0]) == BUILD_TOOLS
+    first = next(line for line in CHECK_STACK.read_text().splitlines()
+                 if line.startswith("pip install"))  # fmt: skip
+    assert first == "pip install --constraint constraints.txt pip setuptools wheel"
+    ray = re.findall(r"pip install ([^&\n]*)", RAY_DOCKERFILE.read_text())
+    assert ray[0].split()[:5] == ["--constraint", "constraints.txt", *BUILD_TOOLS]
+    # What pip builds in an isolated environment (an sdist dependency, the Ray image's
+    # package) gets the pinned setuptools too.
+    for args in pip_installs():
+        if "--requirement" in args:
+            assert args[args.index("--build-constraint") + 1] == "constraints.txt", args
+    assert '--build-constraint constraints.txt ".[ray]"' in RAY_DOCKERFILE.read_text()
+    assert "PIP := $(PIP_PINNED) --build-constraint constraints.txt" in (
+        REPO_ROOT / "Makefile").read_text()  # fmt: skip
+
+
+@pytest.mark.parametrize(("image", "stage"), [("training", None), ("serve", "serve")])
+def test_pip_check_is_held_to_the_listed_exceptions_in_the_last_layer(image, stage):
+    """docker/pip-check.txt lists what `pip check` reports in each image on purpose; the
+    layer that installs the package runs docker/check-pip.sh on it, so a new unmet
+    requirement fails the build. Each listed line is one the Dockerfile explains: a package
+    installed without its dependencies, or DeepSpeed, which the serving image leaves out."""
+    instructions_ = stages()[-1] if stage is None else stage_named(stage)
+    last = [rest for keyword, rest in instructions_ if keyword == "RUN"][-1]
+    assert shell_commands(last)[-1] == ["./check-pip.sh", image, "pip-check.txt"]
+    copied = [rest.split()[:-1] for keyword, rest in instructions_ if keyword == "COPY"]
+    assert any({"docker/check-pip.sh", "docker/pip-check.txt"} <= set(c) for c in copied)
+    listed = [line.split(": ", 1)[1] for line in PIP_CHECK.read_text().splitlines()
+              if line.startswith(f"{image}: ")]  # fmt: skip
+    assert listed, f"pip-check.txt lists nothing for {image}"
+    without_deps = {targets(args)[0] for args in stage_pip_installs(
+        stage_named("builder") + instructions_) if "--no-deps" in args}  # fmt: skip
+    for line in listed:
+        package, version = line.split()[:2]
+        if package == "vertex-hf-trainer":
+            assert image == "serve" and line.endswith("requires deepspeed, which is not installed.")
+        else:
+            assert package in without_deps, f"{line}: not a --no-deps install of {image}"
+            assert constraint_pins()[requirement_name(package)] == version, line
 
 
 @pytest.mark.parametrize("target", ["training", "serve"])
@@ -190,6 +246,76 @@ def test_image_check_is_a_make_target_of_its_own():
         r"^image-check:\n\tPYTHON=\$\(PYTHON\) docker/check-stack\.sh$", makefile, re.M
     )
     assert not re.search(r"^test:.*image-check", makefile, re.M), "not run by every CI run"
+
+
+def test_image_test_is_a_make_target_taking_the_engine_and_base_it_is_given():
+    """`make image-test` is the same target on a workstation (docker, the real base) and on a
+    machine that pulls from no registry (DOCKER=..., CUDA_BASE=<a stand-in>)."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(r"^DOCKER \?= docker$", makefile, re.M)
+    assert re.search(r"^CUDA_BASE \?=$", makefile, re.M), "empty: the Dockerfile's own base"
+    assert re.search(
+        r'^image-test: install\n\tDOCKER="\$\(DOCKER\)" CUDA_BASE="\$\(CUDA_BASE\)" '
+        r'RAY_BASE="\$\(RAY_BASE\)" PYTHON=\$\(BIN\)/python \\\n\t\tdocker/image-test\.sh$',
+        makefile,
+        re.M,
+    )
+    assert not re.search(r"^test(-all)?:.*image-test", makefile, re.M), "too long for CI"
+    script = (REPO_ROOT / "docker" / "image-test.sh").read_text()
+    assert "default_base=$(sed -n 's/^ARG CUDA_BASE=//p' docker/Dockerfile)" in script
+    assert "CUDA_BASE=${CUDA_BASE:-$default_base}" in script
+    assert re.search(r"^ARG RAY_BASE=\S+\nFROM \$\{RAY_BASE\}$", RAY_DOCKERFILE.read_text(), re.M)
+
+
+IMAGES = ("vertex-hf-trainer", "vertex-hf-trainer-serve")
+SHELL_OPERATORS = {"|", ">", "2>&1", "&&", ";"}
+
+
+def docker_runs(lines: list[str]) -> list[list[str]]:
+    """The `docker run` commands of these lines (backslash continuations joined), as words;
+    the engine's name is dropped, so that `docker` and `"$DOCKER"` read alike."""
+    text = "\n".join(lines).replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if re.match(r'^("\$DOCKER"|docker) run ', line):
+            found.append(shlex.split(line, comments=True)[1:])
+    return found
+
+
+def image_and_arguments(words: list[str]) -> tuple[str, list[str], list[str]]:
+    """A `docker run`'s image, the arguments after it (up to a shell operator) and its mounts."""
+    at = next(i for i, word in enumerate(words) if word in IMAGES)
+    arguments = []
+    for word in words[at + 1 :]:
+        if word in SHELL_OPERATORS:
+            break
+        arguments.append(word)
+    mounts = [words[i + 1] for i, word in enumerate(words[:at]) if word == "-v"]
+    return words[at], arguments, mounts
+
+
+def test_every_documented_docker_run_is_one_that_make_image_test_runs():
+    """The Dockerfile's header and docs/deploy.md's local runs are run by `make image-test`
+    as written: the same image, arguments and mounts (its own port, detach and GPU flags
+    aside). The one exception needs what no test machine has: the Hub and a token."""
+    header = DOCKERFILE.read_text().split("\n\n")[0]
+    header = [line.removeprefix("#") for line in header.splitlines()]
+    deploy = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", deploy, re.S)
+    documented = docker_runs(header) + docker_runs("\n".join(blocks).splitlines())
+    needs_the_hub = [run for run in documented if "-e" in run and "HF_TOKEN" in run]
+    assert len(needs_the_hub) == 1, needs_the_hub
+    script = (REPO_ROOT / "docker" / "image-test.sh").read_text().splitlines()
+    tested = [image_and_arguments(run) for run in docker_runs(script)
+              if any(word in IMAGES for word in run)]  # fmt: skip
+    assert len(documented) >= 6, documented
+    for run in documented:
+        if run in needs_the_hub:
+            continue
+        image, arguments, mounts = image_and_arguments(run)
+        assert any(image == t_image and arguments == t_arguments and set(mounts) <= set(t_mounts)
+                   for t_image, t_arguments, t_mounts in tested), shlex.join(run)  # fmt: skip
 
 
 def test_the_entrypoint_is_the_launcher_with_no_default_arguments():

@@ -31,5 +31,22 @@ def test_the_base_is_vertex_ais_ray_gpu_image_of_the_pinned_ray_and_python():
 
 def test_every_pip_install_takes_the_pinned_set():
     installs = re.findall(r"pip install ([^&\n]*)", DOCKERFILE.read_text())
-    assert len(installs) == 4, installs
+    assert len(installs) == 5, installs
     assert all("--constraint constraints.txt" in args for args in installs), installs
+
+
+def test_deepspeed_installs_without_a_cuda_compiler_with_the_images_gpu_list():
+    """Without TORCH_CUDA_ARCH_LIST, DeepSpeed's setup.py on a machine with no GPU asks nvcc
+    for the architectures, and fails where the base has none (the stand-in `make image-test`
+    builds on); the list is docker/ds-build.env's, the one the training image compiles for."""
+    text = DOCKERFILE.read_text()
+    install = re.search(r"^    && (TORCH_CUDA_ARCH_LIST=.*) \\\n +(pip install .* deepspeed)$",
+                        text, re.MULTILINE)  # fmt: skip
+    assert install, "DeepSpeed's install names the architectures"
+    assert install.group(1) == (
+        'TORCH_CUDA_ARCH_LIST=$(. ./ds-build.env && echo "$TORCH_CUDA_ARCH_LIST") DS_BUILD_OPS=0'
+    )
+    copy = next(line for line in text.splitlines() if line.startswith("COPY constraints.txt"))
+    assert "docker/ds-build.env" in copy.split()
+    assert re.search(r'^TORCH_CUDA_ARCH_LIST="[\d.;]+"$',
+                     (REPO_ROOT / "docker" / "ds-build.env").read_text(), re.MULTILINE)  # fmt: skip

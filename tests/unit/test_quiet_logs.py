@@ -56,3 +56,30 @@ def test_listed_warnings_are_hidden_and_others_still_show():
     assert [str(w.message) for w in caught] == ["something new is deprecated"]
     assert printed.getvalue() == "a real problem\na real DeepSpeed problem\n"
     assert all(noise.reason for noise in quiet.ALLOWED)
+
+
+def test_bitsandbytes_cpu_kernels_and_torchs_cuda_home_notes_are_hidden_whoever_prints_them():
+    """Seen in the training image's smoke test (a CPU run): bitsandbytes' note at import, on
+    a logger with no handler (Python's last resort prints it), and torch's extension
+    builder's, through torch's own handler. Other messages of those loggers still show."""
+    import io
+    import logging
+
+    quiet.silence_known_noise()
+    for name, noise in [
+        ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from "
+         "kernels-community: No module named 'kernels'. Please make sure you already `pip "
+         "install kernels` and the kernels >= 0.11.1"),
+        ("torch.utils.cpp_extension",
+         "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'"),
+    ]:  # fmt: skip
+        printed = io.StringIO()
+        handler = logging.StreamHandler(printed)
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        try:
+            logger.warning(noise)
+            logger.warning("a real problem")
+        finally:
+            logger.removeHandler(handler)
+        assert printed.getvalue() == "a real problem\n", name

@@ -71,7 +71,22 @@ ALLOWED = [
         "python -m trainer.serve calls the task's pipeline once per batch on purpose: the "
         "batching across requests is its own (trainer/serve/batching.py)",
     ),
+    KnownNoise(
+        r"Failed to load CPU gemm_4bit_forward from kernels-community",
+        "bitsandbytes 0.50 (the image's `gpu` extra) looks for the optional `kernels` package "
+        "when it is imported on a CPU with AVX-512 BF16, for 4-bit matrix products on the CPU; "
+        "this project quantizes to 8 bits, on GPUs only (--load_in_8bit)",
+    ),
+    KnownNoise(
+        r"No CUDA runtime is found, using CUDA_HOME=",
+        "torch's extension builder, compiling DeepSpeed's CPU shared-memory op in a CPU run of "
+        "the CUDA image (whose base has /usr/local/cuda); that op has no CUDA code",
+    ),
 ]
+
+NOISY_LOGGERS = ("bitsandbytes.backends.cpu.ops", "torch.utils.cpp_extension")
+"""Loggers that print one of the ALLOWED messages through handlers of their own library
+(torch's) or none at all (Python's last resort): the filter sits on the logger itself."""
 
 DEEPSPEED_LOGGER = "DeepSpeed"
 """The logger deepspeed.utils.logging creates (propagating nowhere)."""
@@ -108,13 +123,15 @@ def _filter_library_logs() -> None:
     """transformers logs through its own handler on the `transformers` logger: a filter on the
     emitting loggers would miss child loggers' records, so it sits on the handlers
     (transformers' and the root's). DeepSpeed logs on one logger, "DeepSpeed", whose handler is
-    made when DeepSpeed is imported (later, in a training process): the filter sits on it."""
+    made when DeepSpeed is imported (later, in a training process): the filter sits on it, as
+    on the NOISY_LOGGERS."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.get_logger()  # makes sure transformers' handler exists
     noise_filter = _KnownNoiseFilter()
     for target in [*logging.getLogger("transformers").handlers, *logging.getLogger().handlers,
-                    logging.getLogger(DEEPSPEED_LOGGER)]:  # fmt: skip
+                    logging.getLogger(DEEPSPEED_LOGGER),
+                    *(logging.getLogger(name) for name in NOISY_LOGGERS)]:  # fmt: skip
         if not any(isinstance(f, _KnownNoiseFilter) for f in target.filters):
             target.addFilter(noise_filter)
 

@@ -24,6 +24,7 @@ from trainer.common.errors import StorageUnavailable, UserError, exit_with_error
 from trainer.predict.examples import input_kind, read_examples
 from trainer.settings.data_flags import DEFAULT_MAX_BAD_EXAMPLES, max_bad
 from trainer.storage.store import GcsStore, Store, open_store
+from trainer.tasks.load_failure import load_failure_line
 from trainer.tasks.registry import task_spec
 from trainer.tasks.served_model import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -128,7 +129,7 @@ def predict(request: Request, args: argparse.Namespace) -> None:
     try:
         predictor = load_predictor(folder)
     except Exception as error:  # noqa: BLE001 - said in one line, as the server says it
-        exit_with_error(f"the model did not load: {type(error).__name__}: {error}", 1)
+        exit_with_error(f"the model did not load: {load_failure_line(error, folder)}", 1)
     try:
         parameters = predictor.checked_parameters(request.parameters)
     except InstanceError as error:

@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
         request_timeout=args.request_timeout_s or None, gcs_read_prefixes=prefixes,
+        model_location=location,
     )  # fmt: skip
     port = args.port or contract.port
     server = uvicorn.Server(

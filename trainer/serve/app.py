@@ -33,6 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from trainer.serve.batching import Batcher, QueueFull
 from trainer.serve.contract import Contract
 from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.load_failure import load_failure_line
 from trainer.tasks.predictor import Predictor
 
 RAW_MEDIA_FAMILIES = ("audio/", "image/", "video/", "text/plain")
@@ -70,18 +71,20 @@ class Dropped(Exception):
 
 class ModelState:
     """The predictor once loaded (on a thread of its own: the port is open meanwhile), or
-    the reason it could not be."""
+    the reason it could not be: one line (trainer/tasks/load_failure.py), which looks into
+    the model's folder when `location` is a local one."""
 
-    def __init__(self, load: Callable[[], Predictor]) -> None:
+    def __init__(self, load: Callable[[], Predictor], location: str | None = None) -> None:
         self.predictor: Predictor | None = None
         self.failure: str | None = None
         self._load = load
+        self._folder = location if location and not location.startswith("gs://") else None
 
     def load(self) -> None:
         try:
             self.predictor = self._load()
         except Exception as error:  # noqa: BLE001 - said in the log and by the health route
-            self.failure = f"{type(error).__name__}: {error}"
+            self.failure = load_failure_line(error, self._folder)
             print(f"error: the model did not load: {self.failure}", file=sys.stderr, flush=True)
 
 
@@ -96,11 +99,13 @@ def make_app(
     *,
     request_timeout: float | None = None,
     gcs_read_prefixes: tuple[str, ...] = (),
+    model_location: str | None = None,
 ) -> FastAPI:
     """The app. `request_timeout` (seconds; None: none) bounds how long a request may wait
     for its predictions; `gcs_read_prefixes` are the only gs:// prefixes an instance may name
-    (the server reads them with its own credentials)."""
-    state = ModelState(load)
+    (the server reads them with its own credentials); `model_location`, when a local folder,
+    is where a load failure's cause is looked for."""
+    state = ModelState(load, model_location)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
     description: dict = {}

@@ -28,6 +28,7 @@ import google_crc32c
 
 from trainer.common.errors import StorageUnavailable, UserError
 from trainer.storage.failure_kinds import brief, permanent, refused, unavailable
+from trainer.storage.file_modes import make_files_readable
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +258,7 @@ class LocalStore(Store):
                 continue  # the store is where the files already are (e.g. a hard link)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
+        make_files_readable(self.root, files)  # whatever the umask: trainer/storage/file_modes.py
 
     def _get(self, names: list[str], local_root: Path) -> None:
         for name in names:

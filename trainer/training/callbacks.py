@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 
 from trainer.common.step_time import stop_advice
 from trainer.storage.checkpoints import CheckpointUploader
+from trainer.storage.file_modes import make_readable
 from trainer.storage.store import Store
 from trainer.training.failures import RunFailed
 from trainer.training.preemption import EvaluationStopped, StopRequest, agree
@@ -113,9 +114,11 @@ class CheckpointSyncCallback(TrainerCallback):
         # Every rank writes its own files (optimizer shard, RNG state) and the Trainer does
         # not wait for the others before this callback: wait here, then snapshot.
         PartialState().wait_for_everyone()
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if PartialState().is_local_main_process:  # readable to all, as kept and as uploaded
+            make_readable(checkpoint)
         if self.uploader is not None:
             best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
-            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             obsolete = self.uploader.submit(checkpoint, best)
             if obsolete and not self._warned:
                 self._warned = True

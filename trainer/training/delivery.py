@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainer.storage.checkpoints import MANIFEST, publish_model
 from trainer.storage.failure_kinds import brief, disk_full, disk_line
+from trainer.storage.file_modes import make_readable
 from trainer.storage.store import open_store
 from trainer.training.adapter_merge import merge_delivered_adapter
 from trainer.training.failures import RunFailed
@@ -31,6 +32,8 @@ def deliver_model(run) -> str:
         run.trainer.save_model(str(final_dir))
         if run.place.is_global_main:
             merge_delivered_adapter(run.task, final_dir, run.trainer.args)
+        if run.trainer.args.should_save:  # the process that wrote it (safetensors: 0600)
+            make_readable(final_dir)
     except Exception as error:
         what = (
             disk_line(final_dir, "writing the final model")

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.data.example_ids import EXAMPLE_ID
+from trainer.storage.file_modes import make_files_readable
 from trainer.storage.store import open_store
 
 PREDICTIONS = "predictions.jsonl"
@@ -51,6 +52,7 @@ def predict_test(run) -> None:
     local = Path(trainer.args.output_dir)
     values = task.predicted_values(output.predictions, processor)
     write_predictions(local / PREDICTIONS, test[EXAMPLE_ID], task.references(test), values)
+    make_files_readable(local, [PREDICTIONS, RESULTS])
     destination = test_location(run.config.locations.model)
     open_store(destination).upload(local, [PREDICTIONS, RESULTS])
     print(f"test predictions: {len(test)} examples of split {task.data_args.test_split_name}; "
