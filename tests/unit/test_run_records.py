@@ -270,6 +270,11 @@ def disk_full() -> OSError:
         pytest.param(RunFailed("uploading checkpoint-4 failed"), False, id="unknown-cause"),
         pytest.param(RuntimeError("Connection closed by peer"), False, id="lost-peer"),
         pytest.param(disk_full(), False, id="disk-full"),
+        pytest.param(
+            RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0"),
+            False,
+            id="disk-full-at-torch-save",
+        ),  # fmt: skip
     ],
 )
 def test_only_failures_a_restart_cannot_cure_are_recorded(error, repeats):
