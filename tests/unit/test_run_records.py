@@ -217,8 +217,8 @@ def test_a_restart_after_a_failure_that_would_repeat_stops_with_its_line(
 
     code, out, err = launcher("111", outputs)
     assert (code, out) == (exit_code, "")
-    assert err.count("\n") == 1 and err.startswith(f"error: {line} [an earlier attempt")
-    assert "ended so with checkpoint-3, still the newest complete one" in err
+    assert err.count("\n") == 1 and err.startswith(f"error: {line} [so ended an earlier attempt")
+    assert "(job 111), with checkpoint-3, still the newest complete one" in err
 
     complete_checkpoint(outputs, 6)  # progress since the failure: the restart resumes
     assert launcher("111", outputs)[0] is None
