@@ -94,9 +94,10 @@ def test_a_failing_rank_is_reported_once_and_the_other_node_says_where_the_cause
     assert "a corrupt clip on rank one" in Path(kept).read_text()
     errors1 = error_lines(log1)
     assert len(errors1) == 1 and errors1[0].startswith(
-        "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
+        "error: rank 2 of 4 (node 1, local rank 0) stopped: another node's process or machine "
+        "failed"
     ), log1[-3000:]
-    assert errors1[0].endswith("the cause is in that node's log; there is no complete "
+    assert errors1[0].endswith("that node's log says why; there is no complete "
                                "checkpoint in out"), errors1  # fmt: skip
     assert "Traceback" not in log1, log1[-4000:]
     for log in (log0, log1):

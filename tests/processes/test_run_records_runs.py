@@ -119,9 +119,9 @@ def test_a_restarted_job_whose_failure_would_repeat_stops_at_once_with_its_line(
     for rank, (code, log) in enumerate(restart):
         assert code == 1, f"node {rank}:\n{log[-3000:]}"
         assert error_lines(log) == [
-            f"{chief_line} [an earlier attempt of this job (job 4242, trial 1) ended so with "
-            "checkpoint-2, still the newest complete one: a restart would fail the same way, "
-            "so nothing was started; fix the cause and submit a new job "
+            f"{chief_line.split('; the newest complete checkpoint is ')[0]} [so ended an "
+            "earlier attempt of this job (job 4242, trial 1), with checkpoint-2, still the "
+            "newest complete one: nothing was started; fix the cause in a new job "
             "(--resume_from_output_dir continues this run)]"
         ], log[-3000:]
         assert not STEP_LINE.search(log) and "resuming from" not in log, "it trained again"

@@ -102,7 +102,8 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     monkeypatch.setenv("LOCAL_RANK", "0")
     report_failure(echo, keep_in(tmp_path), sleep=waits.append)
     assert capsys.readouterr().err.startswith(
-        "error: rank 2 of 4 (node 1, local rank 0) stopped: a process on another node failed"
+        "error: rank 2 of 4 (node 1, local rank 0) stopped: another node's process or machine "
+        "failed"
     )
     assert len(waits) == 2
 
@@ -136,7 +137,7 @@ def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypat
     echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
     echo.add_note(kept)
     line = report_failure(echo, keep_in(tmp_path), sleep=lambda seconds: None)
-    assert line.endswith(f"the cause is in that node's log; {kept}"), line
+    assert line.endswith(f"that node's log says why; {kept}"), line
     assert capsys.readouterr().err == f"error: {line}\n"
 
     crash = ValueError("a NaN on this rank")

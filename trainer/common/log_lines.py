@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import sys
 
+MAX_LINE = 300
+"""The longest line that ends a run or warns (without its `error: ` or `warning: ` prefix):
+what failed and what to do, each long location named once."""
+
 
 def write_whole_lines() -> None:
     """Line-buffer stdout and stderr (where they are plain text streams)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
+from trainer.common.log_lines import MAX_LINE
 from trainer.data.shard_index import KEY_COLUMN
 from trainer.settings.data_flags import max_bad
 
@@ -70,7 +71,9 @@ def screen(
         return dataset, measured
     names = first_names(dataset, column, bad)
     limit = check_limit(len(bad), len(dataset), f"{noun} in {where}", spec, names)
-    skipped = f"{noun} in {where} that could not be decoded (first: {names})"
+    head = f"{noun} in {where} that could not be decoded (first: "
+    room = MAX_LINE - len(skip_line(bad, len(dataset), f"{head})", spec, limit))
+    skipped = f"{head}{first_names(dataset, column, bad, room)})"
     good = skip_counted(len(dataset), bad, skipped, spec, limit, where if training else None)
     return dataset.select(good), [measured[index] for index in good]
 
@@ -82,20 +85,42 @@ def skip_counted(
     `limit`, checked): one warning line naming what was `skipped`, and their count kept for
     the progress lines when they belong to the `training` split (its description)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        print(
-            f"warning: skipped {len(bad)} of {total} {skipped}; --max_bad_examples {spec} "
-            f"allows {limit}",
-            flush=True,
-        )
+        print(f"warning: {skip_line(bad, total, skipped, spec, limit)}", flush=True)
     if training is not None:
         _skipped[training] = len(bad)
     return sorted(set(range(total)) - set(bad))
 
 
-def first_names(dataset: Dataset, column: str, bad: list[int]) -> str:
+def skip_line(bad: list[int], total: int, skipped: str, spec: str, limit: int) -> str:
+    return f"skipped {len(bad)} of {total} {skipped}; --max_bad_examples {spec} allows {limit}"
+
+
+def first_names(dataset: Dataset, column: str, bad: list[int], room: int | None = None) -> str:
     """The first bad examples' file names (or row numbers), for the line about them."""
-    names = ", ".join(_name(dataset[index][column], index) for index in bad[:NAMES_SHOWN])
-    return names + (", ..." if len(bad) > NAMES_SHOWN else "")
+    names = [_name(dataset[index][column], index) for index in bad[:NAMES_SHOWN]]
+    return shown(names, len(bad) > NAMES_SHOWN, room)
+
+
+LONG_FOLDER = 30
+"""A common folder at least this long is named once, after the names."""
+
+
+def shown(names: list[str], more: bool, room: int | None = None) -> str:
+    """`names` for a line, their common folder named once: `a.wav, b.wav, ... in /data/clips/`
+    (files of a dataset share long folders: three full paths made a line of 377 characters);
+    the folder's start is cut (`…/clips/`) where the names would not fit `room` otherwise."""
+    prefix = os.path.commonprefix(names) if len(names) > 1 else ""
+    folder = prefix[: prefix.rfind("/") + 1]
+    if len(folder) < LONG_FOLDER:  # a shard's `train/`: the names as they are
+        folder = ""
+    listed = ", ".join(name[len(folder) :] for name in names) + (", ..." if more else "")
+    if not folder:
+        return listed
+    over = len(f"{listed} in {folder}") - room if room is not None else 0
+    if over > 0:  # its last two folders kept at least
+        least = len(folder) - folder.rstrip("/").rsplit("/", 2)[0].__len__()
+        folder = "…" + folder[-max(len(folder) - over - 1, least) :]
+    return f"{listed} in {folder}"
 
 
 def check_limit(
@@ -271,6 +296,14 @@ class StreamSkips:
             return f" of the shard index's {self.rows}"
         return f" of {max(self.read, MIN_STREAM_BASIS)}: those read, at least {MIN_STREAM_BASIS}"
 
-    def first_names(self) -> str:
+    def first_warning(self) -> str:
+        """The line when the first undecodable examples are skipped (at a progress line,
+        which counts them from then on)."""
+        head = f"skipped undecodable examples in the training stream ({self.where}): "
+        tail = f"; --max_bad_examples {self.spec} allows {self.limit()}"
+        names = self.first_names(MAX_LINE - len(head) - len(tail))
+        return f"warning: {head}{names}{tail}"
+
+    def first_names(self, room: int | None = None) -> str:
         names = list(self.names)
-        return ", ".join(names[:NAMES_SHOWN]) + (", ..." if len(names) > NAMES_SHOWN else "")
+        return shown(names[:NAMES_SHOWN], len(names) > NAMES_SHOWN, room)

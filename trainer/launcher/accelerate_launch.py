@@ -115,8 +115,8 @@ def unsaved_stop() -> str:
     waited = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")  # set by the launcher's plan
     waited = f" ({waited} s: --stop_grace_seconds + 5)" if waited else ""
     return (
-        f"SIGTERM on node {node}: the training processes were killed before they saved the "
-        f"step in flight, which outlasted what torchrun waits{waited}{what_is_kept()}"
+        f"SIGTERM on node {node}: torchrun killed the training processes after its "
+        f"wait{waited}, before they saved the step in flight{what_is_kept()}"
     )
 
 

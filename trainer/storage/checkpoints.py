@@ -87,17 +87,21 @@ def complete_checkpoints(store: Store) -> list[str]:
     return [name for name, entries in zip(names, manifests, strict=True) if entries is not None]
 
 
+NEWEST_COMPLETE = "the newest complete checkpoint is "
+
+
 def newest_complete_line(checkpoints: str, why: str = "", why_none: str | None = None) -> str:
     """Where the newest complete checkpoint in `checkpoints` is, read from the store, or that
     there is none: the end of every line a run that stops early prints. `why` (" (...)")
-    says what was still behind; `why_none`, when given, replaces it if there is none."""
+    says what was still behind; `why_none`, when given, replaces it if there is none. The
+    ending of other lines: a storage error that stops the listing is cut short."""
     try:
         complete = complete_checkpoints(open_store(checkpoints))
     except Exception as error:  # noqa: BLE001 - the line says the store is unreadable
-        return f"the checkpoints in {checkpoints} cannot be listed ({brief(error)})"
+        return f"the checkpoints in {checkpoints} cannot be listed ({brief(error, 80)})"
     if complete:
         return (
-            f"the newest complete checkpoint is {checkpoints.rstrip('/')}/{complete[-1]}, "
+            f"{NEWEST_COMPLETE}{checkpoints.rstrip('/')}/{complete[-1]}, "
             f"where a restart resumes{why}"
         )
     if why_none is not None:

@@ -103,9 +103,9 @@ CLIENT_STATUS_TUPLE = re.compile(r":? \('Request failed with status code'.*\)$")
 BRIEF_LIMIT = 160
 
 
-def brief(error: BaseException) -> str:
+def brief(error: BaseException, limit: int = BRIEF_LIMIT) -> str:
     """`Type: message`, on one line and short enough for a report of at most a few hundred
-    characters: without request URLs or the client's status tuple, cut at BRIEF_LIMIT."""
+    characters: without request URLs or the client's status tuple, cut at `limit`."""
     text = CLIENT_STATUS_TUPLE.sub("", REQUEST_URL.sub("", " ".join(str(error).split())))
     text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return text if len(text) <= BRIEF_LIMIT else text[: BRIEF_LIMIT - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

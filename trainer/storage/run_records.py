@@ -26,7 +26,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from trainer.common.errors import UserError
-from trainer.storage.checkpoints import checkpoint_step, complete_checkpoints, read_manifest
+from trainer.common.log_lines import MAX_LINE
+from trainer.storage.checkpoints import (
+    NEWEST_COMPLETE,
+    checkpoint_step,
+    complete_checkpoints,
+    read_manifest,
+)
 from trainer.storage.store import Store, open_store
 
 RECORDS_DIRNAME = ".run"
@@ -165,19 +171,30 @@ def how_it_ended(checkpoints: str, records: Store, identity: RunIdentity) -> Run
         failure = read_json(records, name)
         if identity_of(failure) != identity or failure["checkpoint_step"] < newest:
             continue
-        at = (
-            f"checkpoint-{failure['checkpoint_step']}, still the newest complete one"
-            if failure["checkpoint_step"] >= 0
-            else "no complete checkpoint, and there is none yet"
-        )
         return RunAlreadyEnded(
-            f"error: {failure['line']} [an earlier attempt of this job ({identity.describe()}) "
-            f"ended so with {at}: a restart would fail the same way, so nothing was started; "
-            f"fix the cause and submit a new job (--resume_from_output_dir continues this "
-            "run)]",
+            repeated_line(failure["line"], identity, failure["checkpoint_step"]),
             failure["exit_code"],
         )
     return None
+
+
+def repeated_line(line: str, identity: RunIdentity, step: int) -> str:
+    """The restart's line for a failure that would repeat: the earlier attempt's line without
+    its end about the checkpoint (said anew), cut to what is left of MAX_LINE."""
+    at = (
+        f"checkpoint-{step}, still the newest complete one"
+        if step >= 0
+        else "no complete checkpoint, and there is none yet"
+    )
+    note = (
+        f" [so ended an earlier attempt of this job ({identity.describe()}), with {at}: "
+        "nothing was started; fix the cause in a new job (--resume_from_output_dir "
+        "continues this run)]"
+    )
+    earlier = line.split(f"; {NEWEST_COMPLETE}")[0]
+    room = max(MAX_LINE - len(note), 60)
+    cut = earlier if len(earlier) <= room else f"{earlier[: room - 1]}…"
+    return f"error: {cut}{note}"
 
 
 def record_model(checkpoints: str, identity: RunIdentity, model: str, step: int) -> None:

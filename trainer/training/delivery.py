@@ -18,7 +18,11 @@ FINAL_MODEL_DIRNAME = "model"
 
 
 class ModelNotDelivered(RunFailed):
-    """Saving or uploading the final model failed; the message says what is left where."""
+    """Saving or uploading the final model failed; the message says what is left where. Its
+    cause may be cut short (the storage error's type and status come first; its whole text
+    is in the traceback file the line before names)."""
+
+    cause_kept = 30
 
 
 def deliver_model(run) -> str:
@@ -46,14 +50,27 @@ def deliver_model(run) -> str:
     try:
         publish_model(open_store(destination), final_dir)
     except Exception as error:
-        raise ModelNotDelivered(
-            f"uploading the final model to {destination} failed ({brief(error)}); the "
-            f"model there is incomplete (no {MANIFEST}); this node's copy at {final_dir} is "
-            "gone when the job ends"
-        ) from error
+        raise upload_failed(destination, run.config.locations.checkpoints, error) from error
     print(
         f"final model and processor saved to {destination} (load with from_pretrained)", flush=True
     )
     # a restart of this job then stops before launch, saying the model is there
     remember_delivery(run.config.locations.checkpoints, destination, run.trainer.state.global_step)
     return destination
+
+
+def upload_failed(destination: str, checkpoints: str, error: Exception) -> ModelNotDelivered:
+    """The model's upload failed: it is incomplete where it went (no manifest)."""
+    where = named_beside(destination, checkpoints)
+    return ModelNotDelivered(f"uploading the final model to {where} failed (", brief(error),
+                             f"): incomplete there (no {MANIFEST})")  # fmt: skip
+
+
+def named_beside(location: str, checkpoints: str) -> str:
+    """`location` as the line ending with the newest complete checkpoint names it: by its
+    last folder when it is beside the checkpoints (Vertex AI's `model/` and `checkpoints/`
+    under `baseOutputDirectory`), whose long location that ending names already."""
+    parent, name = location.rstrip("/").rpartition("/")[::2]
+    if parent and parent == checkpoints.rstrip("/").rpartition("/")[0]:
+        return f"{name}/ beside the checkpoints"
+    return location

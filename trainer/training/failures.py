@@ -12,24 +12,39 @@ import sys
 import time
 from collections.abc import Callable
 
+from trainer.common.log_lines import MAX_LINE
 from trainer.common.secrets import mask, secret_values
+
+MIN_CAUSE = 60
+"""What is kept of an exception however long the rest of the line is."""
 
 
 class RunFailed(Exception):
     """A failure whose message is the whole report: what failed, and where the newest complete
     checkpoint and the model are (or why there is none). Exit 1 (no tuning trial or pipeline
-    may count it a success); printed by local rank 0, unless `rank_local` (this rank's alone)."""
+    may count it a success); printed by local rank 0, unless `rank_local` (this rank's alone).
+    A message made of `head`, `cause` and `rest` can be cut in its cause alone (`within`),
+    when what is kept is added after it."""
 
     rank_local = False
+    cause_kept = MIN_CAUSE
+    """What `within` keeps of the cause at least."""
+
+    def __init__(self, head: str, cause: str = "", rest: str = "") -> None:
+        super().__init__(f"{head}{cause}{rest}")
+        self.parts = (head, cause, rest)
+
+    def within(self, room: int) -> str:
+        """The message in at most `room` characters if cutting its cause can make it so
+        (`cause_kept` characters of it at least)."""
+        head, cause, rest = self.parts
+        return head + cut(cause, room - len(head) - len(rest), self.cause_kept) + rest
 
 
 def root_cause(error: BaseException) -> BaseException | None:
     """What a report's traceback shows: a RunFailed's own cause, or the error itself."""
     return error.__cause__ if isinstance(error, RunFailed) else error
 
-
-MAX_LINE = 300
-"""The longest `error:` line (without the prefix) report_failure makes by cutting the cause."""
 
 KeepTraceback = Callable[[BaseException], "str | None"]
 """Writes an error's traceback to a file and returns where (trainer/training/tracebacks.py)."""
@@ -76,9 +91,9 @@ def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> s
     if is_peer_failure(error):
         sleep(PEER_FAILURE_GRACE_SECONDS)
         line = fitted(error, lambda cause: (
-            f"{place} stopped: a process on another node failed or its machine went away "
-            f"({cause}); the cause is in that node's log{kept}"
-        ))  # fmt: skip
+            f"{place} stopped: another node's process or machine failed ({cause}); that "
+            f"node's log says why{kept}"
+        ), least=ECHO_KEPT)  # fmt: skip
         if env.get("LOCAL_RANK", "0") == "0":
             print(f"error: {line}", file=sys.stderr, flush=True)
         return line
@@ -88,16 +103,22 @@ def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> s
     return line
 
 
-MIN_CAUSE = 60
-"""What is kept of an exception however long the rest of the line is."""
+def cut(text: str, room: int, least: int = MIN_CAUSE) -> str:
+    """`text` cut with an ellipsis to `room` characters, `least` of them kept at least."""
+    room = max(room, least)
+    return text if len(text) <= room else text[: room - 1] + "…"
 
 
-def fitted(error: BaseException, line_with: Callable[[str], str]) -> str:
+ECHO_KEPT = 24
+"""What is kept at least of a broken collective's error, an echo of the cause (its type, the
+start of its message): the line that names where the cause is, and what is kept, comes first."""
+
+
+def fitted(error: BaseException, line_with: Callable[[str], str], least: int = MIN_CAUSE) -> str:
     """`line_with(cause)`, the cause (`Type: message` on one line, secrets masked) cut with an
-    ellipsis so that the line fits MAX_LINE, keeping MIN_CAUSE characters of it at least."""
+    ellipsis so that the line fits MAX_LINE, keeping `least` characters of it at least."""
     cause = f"{type(error).__name__}: {' '.join(without_secrets(str(error)).split())}"
-    room = max(MAX_LINE - len(line_with("")), MIN_CAUSE)
-    return line_with(cause if len(cause) <= room else cause[: room - 1] + "…")
+    return line_with(cut(cause, MAX_LINE - len(line_with("")), least))
 
 
 def without_secrets(text: str) -> str:

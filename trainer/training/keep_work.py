@@ -95,11 +95,11 @@ class SaveFailed(RunFailed):
     rank_local = True
 
     def __init__(self, checkpoint: Path, error: BaseException) -> None:
-        if disk_full(error):
-            what = disk_line(checkpoint, f"writing {checkpoint.name}")
+        if disk_full(error):  # the line says it all; the error would name the path again
+            super().__init__(disk_line(checkpoint, f"writing {checkpoint.name}"))
         else:
-            what = f"writing {checkpoint.name} to {checkpoint} failed"
-        super().__init__(f"{what} ({brief(error)})")
+            super().__init__(f"writing {checkpoint.name} to {checkpoint} failed (", brief(error),
+                             ")")  # fmt: skip
 
 
 class KeepWorkMixin:

@@ -15,7 +15,7 @@ from trainer.common.errors import UserError
 from trainer.storage.checkpoints import CheckpointUploader, newest_complete_line
 from trainer.storage.failure_kinds import brief
 from trainer.training.callbacks import SaveOnStopOrInterval
-from trainer.training.failures import RunFailed, is_peer_failure, root_cause
+from trainer.training.failures import MAX_LINE, RunFailed, is_peer_failure, root_cause
 from trainer.training.preemption import EvaluationStopped, Stopped, StopRequest, stop_cause
 
 
@@ -181,8 +181,14 @@ class WhatIsKept:
 
     def failed(self, error: Exception, what: str | None = None) -> RunFailed:
         """`error` (or `what` failed, because of `error`) as a RunFailed saying what is
-        kept; raise it `from root_cause(error)`."""
-        head = str(error) if what is None else f"{what} failed ({brief(error)})"
-        failure = RunFailed(f"{head}; {self.line()}")
+        kept; raise it `from root_cause(error)`. The error's cause is cut to the room what is
+        kept leaves of MAX_LINE."""
+        kept = self.line()
+        room = MAX_LINE - len(kept) - 2
+        if what is not None:
+            head = RunFailed(f"{what} failed (", brief(error), ")").within(room)
+        else:
+            head = error.within(room) if isinstance(error, RunFailed) else str(error)
+        failure = RunFailed(f"{head}; {kept}")
         failure.rank_local = getattr(error, "rank_local", False)
         return failure

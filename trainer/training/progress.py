@@ -169,7 +169,7 @@ class ProgressLogCallback(TrainerCallback):
         """Every rank's stream skips, counted together at each training line (a collective:
         every rank takes part); the first ones get a line of their own."""
         if self._stream_skips.agree(self._gather) and state.is_world_process_zero:
-            print(self._first_skips_line(), flush=True)
+            print(self._stream_skips.first_warning(), flush=True)
 
     def _line(self, state, logs: dict) -> str | None:
         if any(key.startswith("eval_") for key in logs):
@@ -239,14 +239,6 @@ class ProgressLogCallback(TrainerCallback):
             return [f"skipped {count} undecodable of {skips.read} streamed"] if count else []
         skipped = skipped_per_epoch()
         return [f"skipped {skipped} bad examples per epoch"] if skipped else []
-
-    def _first_skips_line(self) -> str:
-        skips = self._stream_skips
-        return (
-            f"warning: skipped undecodable examples in the training stream ({skips.where}): "
-            f"{skips.first_names()}; --max_bad_examples {skips.spec} allows {skips.limit()} "
-            "(the count is on every progress line)"
-        )
 
 
 def _headline_number(value: object) -> str:

@@ -21,7 +21,7 @@ from google.auth.exceptions import GoogleAuthError
 
 from trainer.common.errors import UserError
 from trainer.settings.run_config import RunConfig
-from trainer.storage.failure_kinds import causes
+from trainer.storage.failure_kinds import causes, disk_full
 from trainer.storage.run_records import RunIdentity, record_failure, record_model
 from trainer.storage.store import TransferError
 from trainer.training.failures import RunFailed, is_peer_failure
@@ -35,6 +35,8 @@ def would_repeat(error: BaseException) -> bool:
     if isinstance(error, UserError):
         return True
     if isinstance(error, RunFailed) and error.__cause__ is None:
+        return False
+    if disk_full(error):  # torch's zip writer says so in a RuntimeError ("unexpected pos")
         return False
     return not any(
         isinstance(cause, CURABLE) or (isinstance(cause, Exception) and is_peer_failure(cause))
