@@ -26,21 +26,23 @@ EIGHT_BIT_CAPABILITY = (7, 5)
 
 
 def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int | None) -> None:
-    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports and weights ZeRO-3 leaves whole (it
-    cannot shard int8); checked before importing bitsandbytes (on CPU: pages of CUDA probing)."""
-    if not model.load_in_8bit:
+    """`--load_in_8bit` and `--load_in_4bit` need a CUDA GPU bitsandbytes supports and weights
+    ZeRO-3 leaves whole (it cannot shard them here); checked before importing bitsandbytes (on
+    CPU: pages of CUDA probing)."""
+    if not model.quantized:
         return
+    given = "--load_in_8bit" if model.load_in_8bit else "--load_in_4bit"
     capability = hardware.compute_capability
     if hardware.gpu_count == 0 or capability is None or capability < EIGHT_BIT_CAPABILITY:
         raise UserError(
-            f"--load_in_8bit needs a CUDA GPU of compute capability 7.5+ (T4, L4, A100, "
+            f"{given} needs a CUDA GPU of compute capability 7.5+ (T4, L4, A100, "
             f"H100); this is {hardware.gpu_name or 'a CPU-only node'}: leave it out (LoRA "
             "alone trains on any node)."
         )
     if zero_stage is not None and zero_stage >= 3:
         raise UserError(
-            "--load_in_8bit with --deepspeed zero3: DeepSpeed cannot partition 8-bit weights; "
-            "use zero2 or no --deepspeed."
+            f"{given} with --deepspeed zero3: DeepSpeed cannot partition quantized weights "
+            "here; use zero2 or no --deepspeed."
         )
 
 

@@ -18,7 +18,6 @@ CSV files (one per split), or a shard set.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
+from trainer.common.step_time import encoder_forward_flops
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
@@ -159,8 +159,6 @@ class ChatTask(Task):
         return full, config.num_hidden_layers * s * h + layer + logits
 
     def forward_flops_per_sample(self, model: PreTrainedModel):
-        from trainer.common.step_time import encoder_forward_flops
-
         return encoder_forward_flops(model, self.options.max_seq_length)
 
     # -- the data ------------------------------------------------------------------------------
@@ -208,21 +206,26 @@ class ChatTask(Task):
         where = f"split {spec} of {self.data_args.dataset_name or FILES}"
         found = self.source_format(dataset, where)
         encoded = self.encoded(dataset, found, spec, where)
-        bad = [(index, why) for index, why in enumerate(encoded["bad"]) if why]
-        keep = list(range(len(encoded)))
-        if bad:
-            names = ", ".join(f"row {index} ({why})" for index, why in bad[:NAMES_SHOWN])
-            names += ", ..." if len(bad) > NAMES_SHOWN else ""
-            allowed = self.data_args.max_bad_examples
-            limit = check_limit(len(bad), len(encoded), f"rows of {where}", allowed, names,
-                                "are no chat, pair or text", "is one")  # fmt: skip
-            skipped = f"rows of {where} (first: {names})"
-            keep = skip_counted(len(encoded), [i for i, _ in bad], skipped, allowed, limit,
-                                where if training else None)  # fmt: skip
+        keep = self.without_bad_rows(encoded["bad"], where, training)
         learnt = encoded["learnt"]
         self.report_long(encoded["truncated"], learnt, keep, where)
         kept = [i for i in keep if learnt[i]]
         return encoded.select(kept).select_columns(list(TOKENISED))
+
+    def without_bad_rows(self, verdicts: list[str], where: str, training: bool) -> list[int]:
+        """The rows to keep: all but the bad ones, counted in one line (UserError past
+        --max_bad_examples)."""
+        bad = [(index, why) for index, why in enumerate(verdicts) if why]
+        if not bad:
+            return list(range(len(verdicts)))
+        names = ", ".join(f"row {index} ({why})" for index, why in bad[:NAMES_SHOWN])
+        names += ", ..." if len(bad) > NAMES_SHOWN else ""
+        allowed = self.data_args.max_bad_examples
+        limit = check_limit(len(bad), len(verdicts), f"rows of {where}", allowed, names,
+                            "are no chat, pair or text", "is one")  # fmt: skip
+        skipped = f"rows of {where} (first: {names})"
+        return skip_counted(len(verdicts), [i for i, _ in bad], skipped, allowed, limit,
+                            where if training else None)  # fmt: skip
 
     def encoded(self, dataset: Dataset, found: str, spec: str, where: str) -> Dataset:
         """Each row's ids, labels and verdicts (chat_examples.py): masked by the template's
@@ -323,18 +326,24 @@ def _encoded(tokenizer, found: str, options: ChatArguments, marked: str | None, 
 def prompt_and_reference(row: dict, found: str | None) -> tuple[Any, str] | None:
     """A row's prompt (text, or turns up to the last assistant turn) and the answer it has."""
     if found == "conversational":
-        messages = row.get("messages")
-        if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
-            return None
-        if messages[-1].get("role") != "assistant" or len(messages) < 2:
-            return None
-        return list(messages[:-1]), str(messages[-1].get("content"))
+        return _chat_prompt(row.get("messages"))
     if found == "prompt-completion":
-        prompt, completion = row.get("prompt"), row.get("completion")
-        if isinstance(completion, list) and completion:
-            completion = completion[-1].get("content") if isinstance(completion[-1], dict) else ""
-        return prompt, str(completion)
+        completion = row.get("completion")
+        if isinstance(completion, list):
+            last = completion[-1] if completion else None
+            completion = last.get("content") if isinstance(last, dict) else ""
+        return row.get("prompt"), str(completion)
     return None
+
+
+def _chat_prompt(messages: Any) -> tuple[list, str] | None:
+    """A chat's turns before its last (an assistant turn) and that turn's text."""
+    if not isinstance(messages, list) or len(messages) < 2:
+        return None
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return None
+    return list(messages[:-1]), str(last.get("content"))
 
 
 def has_chat_template(model_dir: Path) -> bool:
@@ -354,7 +363,3 @@ def has_chat_template(model_dir: Path) -> bool:
 def no_template_line(model: str | None) -> str:
     return (f"{model} has no chat template (a base model): give one with --chat_template "
             "FILE.jinja, or train on plain text (--dataset_text_field).")  # fmt: skip
-
-
-def perplexity_of(loss: float) -> float:
-    return math.exp(min(loss, 50.0))

@@ -147,11 +147,24 @@ def completion_span(tokenizer, prompt: Any, completion: Any) -> tuple[str, list[
     raise BadRow("prompt and completion are not two texts, nor two lists of turns")
 
 
+def chat_spans(tokenizer, messages: list[dict], assistant_only: bool):
+    """A chat's text and its spans with loss: the assistant's turns, or all of it."""
+    if assistant_only:
+        return assistant_spans(tokenizer, messages)
+    text = render(tokenizer, messages)
+    return text, [(0, len(text))]
+
+
 def plain_text(tokenizer, text: Any) -> tuple[str, list[tuple[int, int]]]:
+    """A text with the end-of-sequence token after it, and the beginning-of-sequence token
+    before it where the tokenizer has one (as its own special tokens would add it)."""
     if not isinstance(text, str) or not text.strip():
         raise BadRow("no text")
     text = text + (tokenizer.eos_token or "")
-    return text, [(0, len(text))]
+    start = tokenizer.bos_token or ""
+    if start and text.startswith(start):
+        start = ""
+    return start + text, [(len(start), len(start) + len(text))]
 
 
 def labelled(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
@@ -179,20 +192,13 @@ def encode_row(
         if options.assistant_only_loss and marked is not None:
             ids, labels = masked_by_markers(tokenizer, messages, marked)
             return cut(ids, labels, options.max_seq_length)
-        if options.assistant_only_loss:
-            text, spans = assistant_spans(tokenizer, messages)
-        else:
-            text = render(tokenizer, messages)
-            spans = [(0, len(text))]
+        text, spans = chat_spans(tokenizer, messages, options.assistant_only_loss)
     elif data_format == "prompt-completion":
         text, spans = completion_span(tokenizer, row.get("prompt"), row.get("completion"))
         if not options.completion_only_loss:
             spans = [(0, len(text))]
     else:
         text, spans = plain_text(tokenizer, row.get(options.dataset_text_field))
-        if tokenizer.bos_token and not text.startswith(tokenizer.bos_token):
-            text = tokenizer.bos_token + text  # as the tokenizer's own special tokens would
-            spans = [(len(tokenizer.bos_token), len(text))]
     ids, labels = labelled(tokenizer, text, spans)
     return cut(ids, labels, options.max_seq_length)
 

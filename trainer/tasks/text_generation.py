@@ -6,7 +6,6 @@ mask: trainer/tasks/chat_examples.py)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,10 +151,7 @@ class ChatPredictor(Predictor):
         if isinstance(instance, dict) and isinstance(instance.get("prompt"), str):
             return instance["prompt"]
         messages = instance.get("messages") if isinstance(instance, dict) else None
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages
-        ) or not messages:  # fmt: skip
+        if not _are_turns(messages):
             raise InstanceError('an instance needs "prompt" (a string) or "messages" (a list '
                                 "of {role, content} strings)")  # fmt: skip
         return messages
@@ -182,8 +178,11 @@ class ChatPredictor(Predictor):
         return {"exact_match": sum(same) / max(len(same), 1)}
 
 
-def perplexity(loss: float) -> float:
-    return math.exp(min(loss, 50.0))
+def _are_turns(messages: Any) -> bool:
+    return bool(messages) and isinstance(messages, list) and all(
+        isinstance(turn, dict) and isinstance(turn.get("role"), str)
+        and isinstance(turn.get("content"), str) for turn in messages
+    )  # fmt: skip
 
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
