@@ -75,9 +75,14 @@ LAUNCHER_FLAGS = """nproc_per_node nnodes node_rank master_addr master_port rdzv
     num_gpus num_nodes hostfile include exclude launcher deepspeed deepspeed_config
     no_local_rank force_multi local_rank"""
 SEED_RECIPE_FLAGS = "model_size use_gpu num_workers max_input_length epochs batch_size"
+# trl sft's command line: SFTConfig's data and loss fields, ModelConfig's model and PEFT ones
+TRL_SFT_FLAGS = """dataset_text_field max_length max_seq_length packing assistant_only_loss
+    completion_only_loss use_peft lora_r lora_alpha lora_dropout lora_target_modules
+    load_in_4bit dtype torch_dtype attn_implementation use_liger_kernel chat_template_path"""
 
 ALL_FOREIGN_SOURCES = [SEQ2SEQ_FLAGS, EVENT_FLAGS, IMAGE_FLAGS, GLUE_FLAGS, CLASSIFICATION_FLAGS,
-                       TRANSFORMERS_4_FLAGS, LAUNCHER_FLAGS, SEED_RECIPE_FLAGS]  # fmt: skip
+                       TRANSFORMERS_4_FLAGS, LAUNCHER_FLAGS, SEED_RECIPE_FLAGS,
+                       TRL_SFT_FLAGS]  # fmt: skip
 
 
 def test_every_flag_users_bring_is_ours_or_answered():
@@ -576,3 +581,59 @@ def test_the_issues_dataset_lines_point_the_right_way(line, said, bert_and_table
         assert code == 2 and err.startswith(said) and err.count("\n") == 1, err
     else:
         assert code == 0 and said in err.splitlines(), err
+
+
+@pytest.fixture(scope="module")
+def llama_and_chats(tmp_path_factory):
+    """A tiny Llama (LlamaConfig's real shape, shrunk; a local BPE tokenizer with Llama 3.1's
+    special tokens and chat template) and a folder of chats."""
+    from tests.support.chat_models import FAMILIES, save_family_model
+
+    root = tmp_path_factory.mktemp("trl-lines")
+    save_family_model(FAMILIES["llama"], root / "llama")
+    chat = {"messages": [{"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}]}  # fmt: skip
+    (root / "chats").mkdir()
+    (root / "chats" / "train.jsonl").write_text("\n".join([json.dumps(chat)] * 4))
+    (root / "template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return root
+
+
+def test_a_trl_sft_command_line_runs_as_typed(llama_and_chats, capsys):
+    """trl sft's flags as users copy them: each is ours, or read as ours with one notice."""
+    root = llama_and_chats
+    line = (f"--model_name_or_path {root / 'llama'} --dataset_name {root / 'chats'} "
+            "--dataset_text_field text --max_length 512 --packing --completion_only_loss false "
+            "--assistant_only_loss true --use_peft --lora_r 8 --lora_alpha 16 "
+            "--lora_dropout 0.0 --lora_target_modules q_proj,v_proj --dtype float32 "
+            f"--attn_implementation eager --chat_template_path {root / 'template.jinja'} "
+            "--eval_strategy no")  # fmt: skip
+    code, config, err = dry_run(shlex.split(line), capsys)
+    assert code == 0, err
+    flags = config["flags"]
+    assert config["flags"]["task"] == "text-generation"
+    assert flags["task_options"]["max_seq_length"] == 512 and flags["task_options"]["packing"]
+    assert flags["task_options"]["chat_template"] == str(root / "template.jinja")
+    assert flags["model"]["peft"] == "lora" and flags["model"]["lora_r"] == 8
+    assert not flags["training"]["bf16"]  # float32: as the CPU computes anyway
+    for typed in ("--max_length", "--use_peft", "--dtype", "--chat_template_path"):
+        assert len([ln for ln in err.splitlines() if ln.startswith(typed)]) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("--load_in_4bit --use_peft", "--load_in_4bit needs a CUDA GPU"),
+        ("--use_liger_kernel", "--use_liger_kernel: Liger's kernels"),
+        ("--chat_template_path {llama}", "give the template file itself as --chat_template"),
+        ("--load_in_4bit", "--load_in_4bit needs --peft lora"),
+        ("--torch_dtype bfloat16", "--bf16 needs an Ampere or newer GPU"),
+    ],
+)
+def test_trl_flags_that_cannot_run_here_are_one_line(given, said, llama_and_chats, capsys):
+    root = llama_and_chats
+    args = ["--model_name_or_path", root / "llama", "--dataset_name", root / "chats",
+            "--eval_strategy", "no", *shlex.split(given.format(llama=root / "llama"))]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(lines) == 1 and said in lines[0], err

@@ -104,6 +104,15 @@ class ChatTask(Task):
             raise UserError(no_template_line(path))
 
     @classmethod
+    def check_training_values(cls, training: Mapping[str, Any]) -> None:
+        """--use_liger_kernel without Liger installed would fail every training process."""
+        import importlib.util
+
+        if training.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
+            raise UserError("--use_liger_kernel: Liger's kernels (pip install liger-kernel, CUDA "
+                            "only) are not installed here; leave it out.")  # fmt: skip
+
+    @classmethod
     def required_training_arguments(cls, training: Mapping[str, Any]) -> dict[str, Any]:
         # the loss is all an evaluation keeps (a language model's logits are vocabulary-wide)
         return {"prediction_loss_only": True}
