@@ -255,23 +255,27 @@ SPEECH_LINE = ["--task", "speech-recognition", "--model_name_or_path", "openai/w
 """A speech line that gives its --task (no download: --dry-run --skip_hub_check)."""
 
 
+BOTH_TEXT_TASKS = "--task text-classification or --task text-generation"
+
+
 @pytest.mark.parametrize(
-    ("typed", "named"),
+    ("typed", "named", "tasks"),
     [
         # run_glue_no_trainer.py's --max_length (today: "--max_seq_length: ...; add --task ...")
-        ("--max_length 128", "--max_length (read as --max_seq_length)"),
+        ("--max_length 128", "--max_length (read as --max_seq_length)", BOTH_TEXT_TASKS),
         # run_classification.py's --text_column_names (today: named --joined_text_columns)
-        ("--text_column_names title,body", "--text_column_names (read as --joined_text_columns)"),
-        ("--max_seq_length 128", "--max_seq_length"),
+        ("--text_column_names title,body", "--text_column_names (read as --joined_text_columns)",
+         "--task text-classification"),
+        ("--max_seq_length 128", "--max_seq_length", BOTH_TEXT_TASKS),
     ],
 )  # fmt: skip
-def test_another_tasks_flag_is_named_as_typed_and_asks_no_second_task(typed, named, capsys):
+def test_another_tasks_flag_is_named_as_typed_and_asks_no_second_task(typed, named, tasks, capsys):
     """A text flag on a speech line that gives --task: named as the user typed it, and not
     "add --task text-classification", which a second --task would refuse as given twice."""
     code, _, err = dry_run([*SPEECH_LINE, *shlex.split(typed)], capsys)
     assert (code, err) == (2, (
-        f"error: {named}: flag(s) of --task text-classification, not of --task "
-        "speech-recognition, the --task given: give --task text-classification in its place, "
+        f"error: {named}: flag(s) of {tasks}, not of --task "
+        f"speech-recognition, the --task given: give {tasks} in its place, "
         "or leave them out (see python -m trainer --help).\n"))  # fmt: skip
     code, _, err = dry_run([*SPEECH_LINE, "--task", "text-classification", *shlex.split(typed)],
                            capsys)  # fmt: skip

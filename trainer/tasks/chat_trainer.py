@@ -17,6 +17,8 @@ reference and output (one line each, cut) and writing them to TensorBoard as tex
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from typing import Any
@@ -32,21 +34,28 @@ SHOWN_CHARACTERS = 160
 
 
 def sft_config(args, chat: ChatArguments) -> SFTConfig:
-    """`args` (the run's TrainingArguments) as TRL's config, with the task's settings."""
-    values = args.to_dict()
-    values["hub_token"] = args.hub_token  # to_dict hides it (scrubbed already)
-    values.pop("push_to_hub_token", None)
-    values.update(
-        max_length=chat.max_seq_length,
-        packing=chat.packing,
-        packing_strategy="bfd",
-        padding_free=False,  # TRL turns it on with bfd packing
-        eval_packing=False,
-        assistant_only_loss=False,  # the labels carry the mask (chat_examples.py)
-        completion_only_loss=False,
-        dataset_kwargs=None,
-    )
-    return SFTConfig(**values)
+    """`args` (the run's TrainingArguments, as built and checked) as TRL's config: the same
+    object's values, copied, with SFTConfig's own fields set from the task's flags. Not
+    `SFTConfig(**args.to_dict())` (what SFTTrainer does with plain arguments): that builds the
+    arguments again, DeepSpeed's config and the process's distributed state with them, and the
+    rebuilt DeepSpeed batch sizes no longer agreed with the world size (ZeRO-3, 2 processes)."""
+    config = copy.copy(args)
+    config.__class__ = SFTConfig
+    for field in dataclasses.fields(SFTConfig):
+        if not hasattr(config, field.name):
+            factory = field.default_factory
+            default = field.default if factory is dataclasses.MISSING else factory()
+            setattr(config, field.name, default)
+    config.max_length = chat.max_seq_length
+    config.packing = chat.packing
+    config.packing_strategy = "bfd"  # TRL makes it padding-free
+    config.padding_free = False
+    config.eval_packing = False
+    config.pad_to_multiple_of = None  # SFTConfig's "auto" outside Neuron
+    config.assistant_only_loss = False  # the labels carry the mask (chat_examples.py)
+    config.completion_only_loss = False
+    config.dataset_kwargs = None
+    return config
 
 
 class ChatTrainer(SFTTrainer):
