@@ -147,7 +147,9 @@ class ChatTask(Task):
             self.model_args.model_name_or_path,
             cache_dir=self.model_args.cache_dir,
             attn_implementation=self.model_args.attn_implementation,
-            dtype=torch.float32,  # master weights; --bf16 computes in 16 bits
+            # fp32 master weights (--bf16 computes in 16 bits); with 4-bit frozen weights the
+            # rest (embeddings, norms, head) in bf16, as QLoRA does
+            dtype=torch.bfloat16 if self.model_args.load_in_4bit else torch.float32,
             **kwargs,
         )
 
