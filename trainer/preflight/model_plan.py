@@ -43,8 +43,9 @@ def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int |
         )
     if zero_stage is not None and zero_stage >= 3:
         raise UserError(
-            f"{given} with --deepspeed zero3: DeepSpeed cannot partition quantized weights "
-            "here; use zero2 or no --deepspeed."
+            f"{given} with --deepspeed zero3: DeepSpeed cannot partition "
+            f"{'8' if model.load_in_8bit else '4'}-bit weights here; use zero2 or no "
+            "--deepspeed."
         )
 
 

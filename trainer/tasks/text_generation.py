@@ -202,5 +202,9 @@ TEXT_GENERATION = TaskSpec(
         },
         "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     },  # fmt: skip
-    recipes=(),
+    recipes=(
+        "llama-3.1-8b-qlora-l4.yaml",
+        "llama-3.1-8b-full-a3.yaml",
+        "llama-3.1-70b-full-a3.yaml",
+    ),
 )
