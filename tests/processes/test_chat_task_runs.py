@@ -118,3 +118,18 @@ def test_a_run_stopped_mid_run_resumes_to_the_uninterrupted_weights(
     assert expected.keys() == resumed.keys()
     for name, weight in expected.items():
         torch.testing.assert_close(resumed[name], weight, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_built_in_chat_demo_learns_the_capitals_it_can_only_learn_from_data(tmp_path):
+    """`python -m trainer --task text-generation` with no model and no data: the tiny Qwen2
+    answers nothing before training and each country's capital after it; the eval loss falls
+    from about 6 to under 0.5 (the closing before -> after line)."""
+    args = ["--task", "text-generation", "--nproc_per_node", "1", "--deepspeed", "none",
+            "--report_to", "none"]  # fmt: skip
+    code, output = run_trainer(args, tmp_path, trainer_env(tmp_path / "cache"))
+    assert code == 0, output[-3000:]
+    before, after = re.search(r"result: loss ([\d.]+) before training -> ([\d.]+)", output).groups()
+    assert float(before) > 4 and float(after) < 0.5, output[-2000:]
+    last = re.findall(r"sample (\d) at step 300: (reference|output): (.*)", output)
+    pairs = {(number, kind): text for number, kind, text in last}
+    assert all(pairs[(n, "output")] == pairs[(n, "reference")] for n in "012"), last

@@ -206,5 +206,8 @@ TEXT_GENERATION = TaskSpec(
         "llama-3.1-8b-qlora-l4.yaml",
         "llama-3.1-8b-full-a3.yaml",
         "llama-3.1-70b-full-a3.yaml",
+        "chat-demo.yaml",
     ),
+    demo="trainer.tasks.chat_demo:build_chat_demo",
+    demo_recipe="chat-demo.yaml",
 )
