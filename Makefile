@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 PIP_PINNED := $(BIN)/pip install --quiet --constraint constraints.txt
 PIP := $(PIP_PINNED) --build-constraint constraints.txt
 
-.PHONY: install demo test test-all lint format bench image-check image-test clean
+.PHONY: install demo demo-chat test test-all lint format bench image-check image-test clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: install
 	$(BIN)/python -m trainer --nproc_per_node 2
+
+# Text generation's demo: a tiny Qwen2 learns invented capitals from chats (trainer/tasks/chat_demo.py).
+demo-chat: install
+	$(BIN)/python -m trainer --task text-generation --nproc_per_node 1 --deepspeed none
 
 # The fast tier (a few minutes): the layer contracts, then every test not marked slow.
 # Each tier ends with its 15 slowest tests (--durations): a slow test that grows shows there.

@@ -117,3 +117,28 @@ def save_family_model(family: Family, folder: Path, corpus: list[str] | None = N
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+RELEASED_SIZES = {
+    # meta-llama/Llama-3.1-8B-Instruct and -70B-Instruct's config.json dimensions
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},
+    "llama-3.1-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256},
+}  # fmt: skip
+
+
+def save_sized_config(name: str, folder: Path) -> Path:
+    """A released Llama's config.json (no weights: the plan builds the model on the meta
+    device) and a tokenizer config naming a chat template, in `folder`."""
+    import json
+
+    import transformers
+
+    config = transformers.LlamaConfig(**RELEASED_SIZES[name], max_position_embeddings=131072)
+    config.architectures = ["LlamaForCausalLM"]
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    template = (TEMPLATES / "llama3_1.jinja").read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return folder

@@ -11,6 +11,8 @@ calling test to check. Several folders share one process's imports.
   tokenizer's English normaliser (WER's), which needs the folder's spelling table.
 - image-classification: `pipeline("image-classification")` on the image file INPUT.
 - text-classification: `pipeline("text-classification")` on the sentence INPUT.
+- text-generation: `pipeline("text-generation")`, greedy, on each prompt of the JSON file
+  INPUT (`{"prompts": [...], "max_new_tokens": N}`; a prompt is a text or a list of turns).
 """
 
 from __future__ import annotations
@@ -58,14 +60,29 @@ def classify(task: str, model_dir: str, item: str) -> dict:
     return {"labels": [prediction["label"] for prediction in predictions]}
 
 
+def generate(model_dir: str, prompts_file: str) -> dict:
+    from transformers import pipeline
+
+    with open(prompts_file) as handle:
+        asked = json.load(handle)
+    generator = pipeline("text-generation", model=model_dir)
+    texts = []
+    for prompt in asked["prompts"]:
+        output = generator(prompt, max_new_tokens=asked["max_new_tokens"], do_sample=False,
+                           return_full_text=False)[0]["generated_text"]  # fmt: skip
+        texts.append(output if isinstance(output, str) else output[-1]["content"])
+    return {"texts": texts}
+
+
 def main() -> None:
     task, pairs = sys.argv[1], sys.argv[2:]
     for model_dir, item in zip(pairs[::2], pairs[1::2], strict=True):
-        use = (
-            speech(model_dir, item)
-            if task == "speech-recognition"
-            else classify(task, model_dir, item)
-        )
+        if task == "speech-recognition":
+            use = speech(model_dir, item)
+        elif task == "text-generation":
+            use = generate(model_dir, item)
+        else:
+            use = classify(task, model_dir, item)
         print(json.dumps(use), flush=True)
 
 

@@ -143,7 +143,8 @@ def test_bad_input_is_one_line_and_exit_2(launcher, args, env, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--task", "image-classification"], "The built-in demo is speech-recognition"),
+        (["--task", "image-classification"],
+         "The built-in demos are speech-recognition, text-generation"),
         (["--model_name_or_path", "openai/whisper-small"],
          "Give both --model_name_or_path and --dataset_name"),
     ],

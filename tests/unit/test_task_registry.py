@@ -1,8 +1,8 @@
 """A task is one spec, registered once, asked everywhere (trainer/tasks/registry.py): a fourth task
 defined in tests/support/throwaway_task.py is found by the command line, task inference, the
 server, offline predictions, the model registry and LoRA, with no product file naming it; every
-task recognises the real configurations of its model families, and no task claims a causal
-language model."""
+task recognises the real configurations of its model families (causal language models are
+text generation's), and no task claims an encoder-decoder text-to-text model."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def test_the_command_line_offers_the_fourth_task_and_its_flags(fourth_task, caps
     text = " ".join(help_text(capsys, "--task", NAME, "--help").split())
     assert f"{NAME} flags" in text and "--tags_column_name STR Column with each word's tag" in text
     assert "(default: exact_tags, set by this project" in text  # its metric
-    assert NAME in " ".join(help_text(capsys, "--help").split())  # --task's choices
+    choices = " ".join(help_text(capsys, "--help").split()).replace("- ", "-")  # wrapped at -
+    assert NAME in choices  # --task's choices
     with pytest.raises(UserError, match=f"choose one of .*{NAME}"):
         registry.task_spec("token-tagging")
 
@@ -136,34 +137,36 @@ FAMILIES = [
     ("DebertaV2Config", "DebertaV2ForMaskedLM", "text-classification"),
     ("BertConfig", "BertForSequenceClassification", "text-classification"),
     ("BertConfig", None, "text-classification"),
-    ("LlamaConfig", "LlamaForCausalLM", None),
-    ("LlamaConfig", None, None),
-    ("Qwen2Config", "Qwen2ForCausalLM", None),
-    ("Qwen3Config", "Qwen3ForCausalLM", None),
-    ("GemmaConfig", "GemmaForCausalLM", None),
-    ("Gemma2Config", "Gemma2ForCausalLM", None),
-    ("Gemma3TextConfig", "Gemma3ForCausalLM", None),
-    ("GPT2Config", "GPT2LMHeadModel", None),
-    ("MistralConfig", "MistralForCausalLM", None),
-    ("Phi3Config", "Phi3ForCausalLM", None),
+    ("LlamaConfig", "LlamaForCausalLM", "text-generation"),
+    ("LlamaConfig", None, "text-generation"),
+    ("Qwen2Config", "Qwen2ForCausalLM", "text-generation"),
+    ("Qwen3Config", "Qwen3ForCausalLM", "text-generation"),
+    ("GemmaConfig", "GemmaForCausalLM", "text-generation"),
+    ("Gemma2Config", "Gemma2ForCausalLM", "text-generation"),
+    ("Gemma3TextConfig", "Gemma3ForCausalLM", "text-generation"),
+    ("GPT2Config", "GPT2LMHeadModel", "text-generation"),
+    ("MistralConfig", "MistralForCausalLM", "text-generation"),
+    ("Phi3Config", "Phi3ForCausalLM", "text-generation"),
     ("BertConfig", "BertForTokenClassification", None),  # another task's head
+    ("T5Config", "T5ForConditionalGeneration", None),  # text-to-text: no task here
+    ("T5Config", None, None),
 ]
 
 
 @pytest.mark.parametrize(("config_class", "architecture", "task"), FAMILIES)
-def test_each_task_claims_its_families_and_none_claims_a_causal_language_model(
+def test_each_task_claims_its_families_and_none_claims_a_text_to_text_model(
     config_class, architecture, task
 ):
     assert registry.task_of_model(released_config(config_class, architecture)) == task
 
 
 def test_a_model_no_task_claims_is_one_line_naming_the_tasks_not_a_wrong_task(tmp_path):
-    llama = released_config("LlamaConfig", "LlamaForCausalLM", num_hidden_layers=2)
-    (tmp_path / "config.json").write_text(json.dumps(llama))
+    t5 = released_config("T5Config", "T5ForConditionalGeneration", num_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(t5))
     with pytest.raises(UserError) as refused:
         infer_task(str(tmp_path), None, None, {})
     line = str(refused.value)
-    assert "llama, LlamaForCausalLM" in line and "give --task" in line
+    assert "t5, T5ForConditionalGeneration" in line and "give --task" in line
     assert all(name in line for name in registry.task_names())
 
 

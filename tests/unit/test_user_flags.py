@@ -75,9 +75,14 @@ LAUNCHER_FLAGS = """nproc_per_node nnodes node_rank master_addr master_port rdzv
     num_gpus num_nodes hostfile include exclude launcher deepspeed deepspeed_config
     no_local_rank force_multi local_rank"""
 SEED_RECIPE_FLAGS = "model_size use_gpu num_workers max_input_length epochs batch_size"
+# trl sft's command line: SFTConfig's data and loss fields, ModelConfig's model and PEFT ones
+TRL_SFT_FLAGS = """dataset_text_field max_length max_seq_length packing assistant_only_loss
+    completion_only_loss use_peft lora_r lora_alpha lora_dropout lora_target_modules
+    load_in_4bit dtype torch_dtype attn_implementation use_liger_kernel chat_template_path"""
 
 ALL_FOREIGN_SOURCES = [SEQ2SEQ_FLAGS, EVENT_FLAGS, IMAGE_FLAGS, GLUE_FLAGS, CLASSIFICATION_FLAGS,
-                       TRANSFORMERS_4_FLAGS, LAUNCHER_FLAGS, SEED_RECIPE_FLAGS]  # fmt: skip
+                       TRANSFORMERS_4_FLAGS, LAUNCHER_FLAGS, SEED_RECIPE_FLAGS,
+                       TRL_SFT_FLAGS]  # fmt: skip
 
 
 def test_every_flag_users_bring_is_ours_or_answered():
@@ -250,23 +255,27 @@ SPEECH_LINE = ["--task", "speech-recognition", "--model_name_or_path", "openai/w
 """A speech line that gives its --task (no download: --dry-run --skip_hub_check)."""
 
 
+BOTH_TEXT_TASKS = "--task text-classification or --task text-generation"
+
+
 @pytest.mark.parametrize(
-    ("typed", "named"),
+    ("typed", "named", "tasks"),
     [
         # run_glue_no_trainer.py's --max_length (today: "--max_seq_length: ...; add --task ...")
-        ("--max_length 128", "--max_length (read as --max_seq_length)"),
+        ("--max_length 128", "--max_length (read as --max_seq_length)", BOTH_TEXT_TASKS),
         # run_classification.py's --text_column_names (today: named --joined_text_columns)
-        ("--text_column_names title,body", "--text_column_names (read as --joined_text_columns)"),
-        ("--max_seq_length 128", "--max_seq_length"),
+        ("--text_column_names title,body", "--text_column_names (read as --joined_text_columns)",
+         "--task text-classification"),
+        ("--max_seq_length 128", "--max_seq_length", BOTH_TEXT_TASKS),
     ],
 )  # fmt: skip
-def test_another_tasks_flag_is_named_as_typed_and_asks_no_second_task(typed, named, capsys):
+def test_another_tasks_flag_is_named_as_typed_and_asks_no_second_task(typed, named, tasks, capsys):
     """A text flag on a speech line that gives --task: named as the user typed it, and not
     "add --task text-classification", which a second --task would refuse as given twice."""
     code, _, err = dry_run([*SPEECH_LINE, *shlex.split(typed)], capsys)
     assert (code, err) == (2, (
-        f"error: {named}: flag(s) of --task text-classification, not of --task "
-        "speech-recognition, the --task given: give --task text-classification in its place, "
+        f"error: {named}: flag(s) of {tasks}, not of --task "
+        f"speech-recognition, the --task given: give {tasks} in its place, "
         "or leave them out (see python -m trainer --help).\n"))  # fmt: skip
     code, _, err = dry_run([*SPEECH_LINE, "--task", "text-classification", *shlex.split(typed)],
                            capsys)  # fmt: skip
@@ -576,3 +585,59 @@ def test_the_issues_dataset_lines_point_the_right_way(line, said, bert_and_table
         assert code == 2 and err.startswith(said) and err.count("\n") == 1, err
     else:
         assert code == 0 and said in err.splitlines(), err
+
+
+@pytest.fixture(scope="module")
+def llama_and_chats(tmp_path_factory):
+    """A tiny Llama (LlamaConfig's real shape, shrunk; a local BPE tokenizer with Llama 3.1's
+    special tokens and chat template) and a folder of chats."""
+    from tests.support.chat_models import FAMILIES, save_family_model
+
+    root = tmp_path_factory.mktemp("trl-lines")
+    save_family_model(FAMILIES["llama"], root / "llama")
+    chat = {"messages": [{"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}]}  # fmt: skip
+    (root / "chats").mkdir()
+    (root / "chats" / "train.jsonl").write_text("\n".join([json.dumps(chat)] * 4))
+    (root / "template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return root
+
+
+def test_a_trl_sft_command_line_runs_as_typed(llama_and_chats, capsys):
+    """trl sft's flags as users copy them: each is ours, or read as ours with one notice."""
+    root = llama_and_chats
+    line = (f"--model_name_or_path {root / 'llama'} --dataset_name {root / 'chats'} "
+            "--dataset_text_field text --max_length 512 --packing --completion_only_loss false "
+            "--assistant_only_loss true --use_peft --lora_r 8 --lora_alpha 16 "
+            "--lora_dropout 0.0 --lora_target_modules q_proj,v_proj --dtype float32 "
+            f"--attn_implementation eager --chat_template_path {root / 'template.jinja'} "
+            "--eval_strategy no")  # fmt: skip
+    code, config, err = dry_run(shlex.split(line), capsys)
+    assert code == 0, err
+    flags = config["flags"]
+    assert config["flags"]["task"] == "text-generation"
+    assert flags["task_options"]["max_seq_length"] == 512 and flags["task_options"]["packing"]
+    assert flags["task_options"]["chat_template"] == str(root / "template.jinja")
+    assert flags["model"]["peft"] == "lora" and flags["model"]["lora_r"] == 8
+    assert not flags["training"]["bf16"]  # float32: as the CPU computes anyway
+    for typed in ("--max_length", "--use_peft", "--dtype", "--chat_template_path"):
+        assert len([ln for ln in err.splitlines() if ln.startswith(typed)]) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("--load_in_4bit --use_peft", "--load_in_4bit needs a CUDA GPU"),
+        ("--use_liger_kernel", "--use_liger_kernel: Liger's kernels"),
+        ("--chat_template_path {llama}", "give the template file itself as --chat_template"),
+        ("--load_in_4bit", "--load_in_4bit needs --peft lora"),
+        ("--torch_dtype bfloat16", "--bf16 needs an Ampere or newer GPU"),
+    ],
+)
+def test_trl_flags_that_cannot_run_here_are_one_line(given, said, llama_and_chats, capsys):
+    root = llama_and_chats
+    args = ["--model_name_or_path", root / "llama", "--dataset_name", root / "chats",
+            "--eval_strategy", "no", *shlex.split(given.format(llama=root / "llama"))]  # fmt: skip
+    code, _, err = dry_run(args, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(lines) == 1 and said in lines[0], err

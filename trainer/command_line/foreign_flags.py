@@ -51,6 +51,7 @@ NO_TRAINER = "the no_trainer example scripts"
 CTC = "run_speech_recognition_ctc.py"
 COMMUNITY_WHISPER = "vasistalodagala/whisper-finetune"
 COMMUNITY = "community fine-tuning scripts"
+TRL = "trl sft, SFTConfig"
 
 CLUSTER = (
     "nodes and ranks come from CLUSTER_SPEC (on Vertex AI: the replica count of "
@@ -140,6 +141,19 @@ def refused(hint, source, takes_value=True) -> ForeignFlag:
     return ForeignFlag("refused", source, takes_value, hint)
 
 
+def _a_template_file(value: str) -> str | None:
+    """TRL's --chat_template_path also takes a tokenizer folder; --chat_template, a file."""
+    if not Path(value).is_dir():
+        return None
+    return ("give the template file itself as --chat_template (a folder's is its "
+            "chat_template.jinja)")  # fmt: skip
+
+
+DTYPES = {"bfloat16": ("--bf16", "true"), "float16": ("--fp16", "true"), "float32": (),
+          "auto": ()}  # fmt: skip
+DTYPE_NOTE = "weights load in fp32 to train; --bf16 or --fp16 is the precision steps compute in"
+
+
 def _a_fraction(value: str) -> str | None:
     """transformers 5's --warmup_steps reads a value below 1 as a fraction of the steps."""
     try:
@@ -181,7 +195,12 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--train_dir": renamed("--dataset_name", IMAGE),
     "--validation_dir": refused("put train/ and validation/ folders in one folder, give it as "
                                 "--dataset_name and add --eval_split_name validation", IMAGE),
-    "--max_length": renamed("--max_seq_length", "run_glue_no_trainer.py"),
+    "--max_length": renamed("--max_seq_length", f"run_glue_no_trainer.py, {TRL}"),
+    # trl sft and its SFTConfig / ModelConfig (--task text-generation) --------------------
+    "--use_peft": switch(["--peft", "lora"], TRL),
+    "--dtype": mapped(DTYPES, TRL, DTYPE_NOTE),
+    "--torch_dtype": mapped(DTYPES, TRL, DTYPE_NOTE),
+    "--chat_template_path": renamed("--chat_template", TRL, check=_a_template_file),
     "--ignore_mismatched_sizes": ignored("a new classification head sized for the dataset's "
                                          "labels is always made", f"{IMAGE}, {TEXT_SCRIPTS}"),
     "--model_type": refused(f"{ONE_FOLDER} (its config.json names the type)", IMAGE),

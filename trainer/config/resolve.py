@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from trainer.command_line.example_flags import (
@@ -37,7 +38,12 @@ from trainer.command_line.example_flags import (
     typed_spellings,
 )
 from trainer.command_line.parser import FlagParser, ParsedFlags, parse_training_flags
-from trainer.command_line.recipes import command_line, config_file_flags, expand_config_file
+from trainer.command_line.recipes import (
+    RECIPES_DIR,
+    command_line,
+    config_file_flags,
+    expand_config_file,
+)
 from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
 from trainer.common.secrets import HUB_TOKEN_VARIABLE, parse_references
@@ -52,7 +58,7 @@ from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, TrainingFlags
 from trainer.storage.locations import resolve_output_locations
 from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES, Task
-from trainer.tasks.registry import DEFAULT_TASK, load_task, task_spec
+from trainer.tasks.registry import DEFAULT_TASK, load_task, registered, task_spec
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
@@ -155,19 +161,31 @@ def with_model_and_data(
         return [*training_argv, "--model_name_or_path", default_model], None
     if model is not None:
         raise UserError(GIVE_BOTH)
-    if flags.task != DEFAULT_TASK:
-        raise UserError(
-            f"The built-in demo is {DEFAULT_TASK}; for other tasks give "
-            "--model_name_or_path and --dataset_name (see docs/tasks.md for recipes)."
-        )
-    demo = demo_assets_in(cache_dir(env) / "demo")
+    demo, recipe = demo_of(flags.task, cache_dir(env) / "demo")
     demo_flags = [
         "--model_name_or_path",
         str(demo.model_dir),
         "--dataset_name",
         str(demo.dataset_dir),
     ]
-    return [*config_file_flags(DEMO_RECIPE), *demo_flags, *training_argv], demo
+    return [*config_file_flags(recipe), *demo_flags, *training_argv], demo
+
+
+def demo_of(task: str, root: Path) -> tuple[DemoAssets, Path]:
+    """The task's built-in demo: where its model and data are (or will be built) under `root`,
+    and its recipe; UserError for a task without one."""
+    if task == DEFAULT_TASK:
+        return demo_assets_in(root), DEMO_RECIPE
+    spec = task_spec(task)
+    if spec.demo is None:
+        with_demos = [s.name for s in registered() if s.demo] + [DEFAULT_TASK]
+        raise UserError(
+            f"The built-in demos are {', '.join(sorted(with_demos))}; for other tasks give "
+            "--model_name_or_path and --dataset_name (see docs/tasks.md for recipes)."
+        )
+    return DemoAssets(root / f"{task}-model", root / f"{task}-data"), RECIPES_DIR / str(
+        spec.demo_recipe
+    )
 
 
 def check_training_file(options: object) -> None:

@@ -367,3 +367,19 @@ def prepare_demo_assets(cache_dir: Path) -> DemoAssets:
         _build_once(assets.model_dir, build_tiny_whisper)
         _build_once(assets.dataset_dir, synthesize_speech_dataset)
     return assets
+
+
+def prepare_task_demo(spec, assets: DemoAssets) -> DemoAssets:
+    """Build (once, then reuse) another task's demo (its spec's `demo`) into `assets`."""
+    cache_dir = assets.model_dir.parent
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(cache_dir / f".{spec.name}-demo.lock"):
+        if not (assets.model_dir.is_dir() and assets.dataset_dir.is_dir()):
+            scratch = cache_dir / f".{spec.name}-demo.partial"
+            shutil.rmtree(scratch, ignore_errors=True)
+            spec.build_demo(scratch / "model", scratch / "data")
+            for built, target in ((scratch / "model", assets.model_dir),
+                                  (scratch / "data", assets.dataset_dir)):  # fmt: skip
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(built, target)
+    return assets

@@ -7,12 +7,14 @@ rendezvous and the model loading."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainer.common.errors import UserError
 from trainer.preflight.stop_grace import MICRO_BATCH_TIME, micro_batch_time
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import Hardware, RunConfig
 from trainer.tasks.base import Task
-from trainer.tasks.lora_adapters import parameter_counts
+from trainer.tasks.lora_adapters import lora_targets, parameter_counts
 from trainer.tasks.step_memory import (
     GIB,
     deepspeed_zero_settings,
@@ -26,21 +28,24 @@ EIGHT_BIT_CAPABILITY = (7, 5)
 
 
 def check_eight_bit(model: ModelArguments, hardware: Hardware, zero_stage: int | None) -> None:
-    """`--load_in_8bit` needs a CUDA GPU bitsandbytes supports and weights ZeRO-3 leaves whole (it
-    cannot shard int8); checked before importing bitsandbytes (on CPU: pages of CUDA probing)."""
-    if not model.load_in_8bit:
+    """`--load_in_8bit` and `--load_in_4bit` need a CUDA GPU bitsandbytes supports and weights
+    ZeRO-3 leaves whole (it cannot shard them here); checked before importing bitsandbytes (on
+    CPU: pages of CUDA probing)."""
+    if not model.quantized:
         return
+    given = "--load_in_8bit" if model.load_in_8bit else "--load_in_4bit"
     capability = hardware.compute_capability
     if hardware.gpu_count == 0 or capability is None or capability < EIGHT_BIT_CAPABILITY:
         raise UserError(
-            f"--load_in_8bit needs a CUDA GPU of compute capability 7.5+ (T4, L4, A100, "
+            f"{given} needs a CUDA GPU of compute capability 7.5+ (T4, L4, A100, "
             f"H100); this is {hardware.gpu_name or 'a CPU-only node'}: leave it out (LoRA "
             "alone trains on any node)."
         )
     if zero_stage is not None and zero_stage >= 3:
         raise UserError(
-            "--load_in_8bit with --deepspeed zero3: DeepSpeed cannot partition 8-bit weights; "
-            "use zero2 or no --deepspeed."
+            f"{given} with --deepspeed zero3: DeepSpeed cannot partition "
+            f"{'8' if model.load_in_8bit else '4'}-bit weights here; use zero2 or no "
+            "--deepspeed."
         )
 
 
@@ -69,7 +74,8 @@ def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> d
     checkpointing = config.training.gradient_checkpointing
     if footprint is not None:
         checkpointing = planned_checkpointing(config, footprint)
-        plan["memory_per_gpu"] = check_fits(config, footprint, checkpointing)
+        lora = None if config.model.peft == "lora" else lora_parameters(config, task, model)
+        plan["memory_per_gpu"] = check_fits(config, footprint, checkpointing, lora)
     plan[MICRO_BATCH_TIME] = micro_batch_time(config, task, model, checkpointing)
     return plan
 
@@ -83,22 +89,86 @@ def planned_checkpointing(config: RunConfig, footprint) -> bool:
     return config.training.gradient_checkpointing
 
 
-def check_fits(config: RunConfig, footprint, checkpointing: bool) -> dict:
-    """The step's memory per GPU, as the dry run shows it; UserError when it cannot fit."""
+def check_fits(
+    config: RunConfig, footprint, checkpointing: bool, lora_trainable: int | None = None
+) -> dict:
+    """The step's memory per GPU, as the dry run shows it; UserError when it cannot fit, naming
+    what would (`fitting_alternatives`), or else what might."""
     hardware = config.hardware
     gpu_bytes = hardware.gpu_memory_bytes
     needed = footprint.step_bytes(checkpointing)
     if gpu_bytes and needed > usable_gpu_bytes(gpu_bytes):
+        would = fitting_alternatives(config, footprint, checkpointing, lora_trainable)
+        instead = (
+            "what would fit: " + "; ".join(would)
+            if would
+            else "train with --peft lora, --deepspeed zero3, or a smaller "
+            "--per_device_train_batch_size"
+            + ("" if checkpointing else " or --gradient_checkpointing true")
+        )
         raise UserError(
             f"a training step needs about {needed / GIB:.1f} GiB per GPU "
             f"({describe(footprint, checkpointing)}), "
             f"more than the {usable_gpu_bytes(gpu_bytes) / GIB:.1f} GiB usable of this node's "
-            f"{gpu_bytes / GIB:.0f} GiB {hardware.gpu_name}: train with --peft lora, "
-            "--deepspeed zero3, or a smaller --per_device_train_batch_size"
-            + ("" if checkpointing else " or --gradient_checkpointing true")
-            + "."
+            f"{gpu_bytes / GIB:.0f} GiB {hardware.gpu_name}: {instead}."
         )
     return footprint.describe(checkpointing)
+
+
+MAX_NODES = 64
+"""The most nodes a refusal's node count considers."""
+
+
+def fitting_alternatives(
+    config: RunConfig, footprint, checkpointing: bool, lora_trainable: int | None
+) -> list[str]:
+    """The changes, each alone on top of gradient checkpointing, with which a step fits: LoRA
+    (`lora_trainable` adapter weights), QLoRA (4-bit frozen weights, where bitsandbytes runs
+    and ZeRO-3 does not partition), and a full fine-tune under ZeRO-3 over the fewest nodes of
+    this machine; each with its estimate."""
+    usable = usable_gpu_bytes(config.hardware.gpu_memory_bytes)
+    flag = "" if checkpointing else " --gradient_checkpointing true"
+    options = [(flag.strip(), footprint)] if not checkpointing else []
+    options += adapter_options(config, footprint, lora_trainable, flag)
+    would = [f"{change} (about {option.step_bytes(True) / GIB:.1f} GiB)"
+             for change, option in options if option.step_bytes(True) <= usable]  # fmt: skip
+    gpus = max(config.topology.nproc_per_node, 1)
+    for nodes in range(config.topology.num_nodes, MAX_NODES + 1):
+        sharded = replace(footprint, zero_stage=3, world_size=nodes * gpus)
+        if sharded.step_bytes(True) <= usable:
+            would.append(f"--deepspeed zero3 on {nodes} node(s) of {gpus} GPU(s){flag} (about "
+                         f"{sharded.step_bytes(True) / GIB:.1f} GiB)")  # fmt: skip
+            break
+    return would
+
+
+def adapter_options(config: RunConfig, footprint, lora_trainable: int | None, flag: str):
+    """(change, its footprint) for LoRA and, where bitsandbytes can run, QLoRA."""
+    if lora_trainable is None:
+        return []
+    lora = replace(footprint, trainable_parameters=lora_trainable)
+    options = [(f"--peft lora{flag}", lora)]
+    if (footprint.zero_stage or 0) < 3 and config.hardware.gpu_count:
+        qlora = replace(lora, frozen_in_4bit=True, frozen_in_8bit=False)
+        options.append((f"--peft lora --load_in_4bit (QLoRA){flag}", qlora))
+    return options
+
+
+def lora_parameters(config: RunConfig, task: Task, model) -> int | None:
+    """The adapter weights `--peft lora` would train on `model` (rank `--lora_r` on each of the
+    task's default targets for its type); None when the task has none for it."""
+    import torch
+
+    try:
+        targets = lora_targets(config.model, model.config.model_type, task.spec.lora_targets)
+    except UserError:
+        return None
+    rank = config.model.lora_r
+    return sum(
+        rank * (module.in_features + module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    )
 
 
 def describe(footprint, checkpointing: bool) -> str:

@@ -38,6 +38,11 @@ class ModelArguments:
         "Load the frozen base model in 8 bits (bitsandbytes; with --peft lora, on a "
         "CUDA GPU of compute capability 7.5+).",
     )
+    load_in_4bit: bool = flag(
+        False,
+        "Load the frozen base model in 4 bits, NF4 (QLoRA; bitsandbytes, with --peft lora, "
+        "on a CUDA GPU of compute capability 7.5+).",
+    )
     save_adapter_only: bool = flag(
         False,
         "With --peft lora, deliver only the adapter and processor, not the merged full model.",
@@ -53,12 +58,20 @@ class ModelArguments:
             for name, value in (
                 ("--lora_target_modules", self.lora_target_modules),
                 ("--load_in_8bit", self.load_in_8bit),
+                ("--load_in_4bit", self.load_in_4bit),
                 ("--save_adapter_only", self.save_adapter_only),
             )
             if value
         ]
         if self.peft == "none" and lora_only:
             raise ValueError(f"{', '.join(lora_only)} needs --peft lora.")
+        if self.load_in_8bit and self.load_in_4bit:
+            raise ValueError("--load_in_8bit and --load_in_4bit: give one.")
+
+    @property
+    def quantized(self) -> bool:
+        """The frozen base is loaded in 8 or 4 bits."""
+        return self.load_in_8bit or self.load_in_4bit
 
     def target_modules(self) -> list[str] | None:
         if not self.lora_target_modules:

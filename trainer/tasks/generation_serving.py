@@ -213,27 +213,10 @@ class GenerationPredictor(Predictor):
         return kwargs
 
     def end_ids(self) -> list[int]:
-        """The token ids that end the model's turn (generation_config's, else the tokenizer's)."""
-        eos = self.pipe.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.pipe.tokenizer.eos_token_id
-        return list(eos) if isinstance(eos, list | tuple) else [eos]
+        return end_of_turn_ids(self.pipe.model, self.pipe.tokenizer)
 
     def answer(self, new_ids: list[int], prompt_tokens: int, stops: list[str]) -> dict:
-        """One row's continuation: cut at its end-of-turn token or stop string."""
-        ends = set(self.end_ids())
-        length = next((i for i, token in enumerate(new_ids) if token in ends), None)
-        finish = FINISHED_BY_STOP if length is not None else FINISHED_BY_LENGTH
-        kept = new_ids if length is None else new_ids[:length]
-        pad = self.pipe.tokenizer.pad_token_id
-        while kept and kept[-1] == pad:  # a row that met a stop string before the others ended
-            kept = kept[:-1]
-        text = self.pipe.tokenizer.decode(kept, skip_special_tokens=True)
-        at = min((text.find(stop) for stop in stops if stop in text), default=-1)
-        if at >= 0:
-            text, finish = text[:at], FINISHED_BY_STOP
-        produced = len(kept) + (length is not None)
-        return generated(text, finish, prompt_tokens, produced)
+        return continuation(new_ids, prompt_tokens, self.end_ids(), self.pipe.tokenizer, stops)
 
     def warm_up_input(self) -> tuple[str, bool]:
         return "Hello", False
@@ -249,6 +232,33 @@ class GenerationPredictor(Predictor):
         tokens = [answer["completion_tokens"] for _, answer in scored]
         return {"exact_match": sum(exact) / len(exact),
                 "mean_completion_tokens": sum(tokens) / len(tokens)}  # fmt: skip
+
+
+def end_of_turn_ids(model, tokenizer) -> list[int]:
+    """The token ids that end the model's turn (generation_config's, else the tokenizer's)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, list | tuple) else [eos]
+
+
+def continuation(
+    new_ids: list[int], prompt_tokens: int, end_ids: list[int], tokenizer, stops: list[str] = ()
+) -> dict:
+    """The answer for one row of `generate()`'s output past its prompt: cut at its first
+    end-of-turn token (`end_ids`) or `stops` string; the padding after a row that ended before
+    the others left out. The server and the training run's `--do_predict` both answer so."""
+    ends = set(end_ids)
+    length = next((i for i, token in enumerate(new_ids) if token in ends), None)
+    finish = FINISHED_BY_STOP if length is not None else FINISHED_BY_LENGTH
+    kept = new_ids if length is None else new_ids[:length]
+    while kept and kept[-1] == tokenizer.pad_token_id:  # a row that met a stop string early
+        kept = kept[:-1]
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    at = min((text.find(stop) for stop in stops if stop in text), default=-1)
+    if at >= 0:
+        text, finish = text[:at], FINISHED_BY_STOP
+    return generated(text, finish, prompt_tokens, len(kept) + (length is not None))
 
 
 def _stop_strings(parameters: dict[str, Any]) -> list[str]:

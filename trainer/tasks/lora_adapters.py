@@ -90,7 +90,7 @@ def with_lora(
 
     targets = lora_targets(model_args, model.config.model_type, defaults)
     check_targets(model, targets)
-    if model_args.load_in_8bit:
+    if model_args.quantized:
         # fp32 layer norms and output head, and inputs that carry gradients into the
         # frozen 8-bit layers (PEFT's recipe for quantized bases)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -120,15 +120,25 @@ def parameter_counts(model) -> tuple[int, int]:
 
 
 def eight_bit_loading(model_args: ModelArguments) -> dict:
-    """`from_pretrained` arguments loading the frozen base in 8 bits on this process's GPU with
-    `--load_in_8bit` (the launcher refused it without a suitable GPU); none otherwise."""
-    if not model_args.load_in_8bit:
+    """`from_pretrained` arguments loading the frozen base in 8 bits (`--load_in_8bit`) or in 4
+    (`--load_in_4bit`: QLoRA's NF4 with double quantization, computing in bf16; Dettmers et al.
+    2023) on this process's GPU (the launcher refused either without a suitable GPU); none
+    otherwise."""
+    if not model_args.quantized:
         return {}
     import os
 
+    import torch
     from transformers import BitsAndBytesConfig
 
+    if model_args.load_in_4bit:
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )  # fmt: skip
+    else:
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
     return {
-        "quantization_config": BitsAndBytesConfig(load_in_8bit=True),
+        "quantization_config": quantization,
         "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))},
     }

@@ -9,7 +9,8 @@ transformers (the task modules' training code is imported by `load_task`, when s
 The order of registration is the order tasks are asked: the first task that claims a model's
 config.json is its task (Whisper before the classifiers), and the first whose local layout a
 dataset directory has is its task (a Common Voice directory holds .tsv tables too, so speech
-is asked before text).
+is asked before text; a folder of chats is text generation's, asked before a table of labelled
+texts).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from trainer.tasks.image_classification import IMAGE_CLASSIFICATION
 from trainer.tasks.speech_recognition import SPEECH_RECOGNITION
 from trainer.tasks.task_spec import TaskSpec
 from trainer.tasks.text_classification import TEXT_CLASSIFICATION
+from trainer.tasks.text_generation import TEXT_GENERATION
 
 if TYPE_CHECKING:
     from trainer.settings.run_config import RunConfig
     from trainer.tasks.base import Task
 
 REGISTERED: dict[str, TaskSpec] = {
-    spec.name: spec for spec in (SPEECH_RECOGNITION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION)
+    spec.name: spec
+    for spec in (SPEECH_RECOGNITION, IMAGE_CLASSIFICATION, TEXT_GENERATION, TEXT_CLASSIFICATION)
 }
 """`--task` value -> its spec, in the order tasks are asked."""
 
@@ -65,7 +68,7 @@ def load_task(name: str) -> type[Task]:
 
 def task_of_model(config: dict) -> str | None:
     """The task a model's config.json is for: the first task that claims it; None when no
-    task does (a causal language model, say), never a guess."""
+    task does (an encoder-decoder text-to-text model, say), never a guess."""
     return next((spec.name for spec in registered() if spec.claims_model(config)), None)
 
 

@@ -42,6 +42,9 @@ class TrainingFootprint:
     world_size: int
     frozen_in_8bit: bool = False
     """`--load_in_8bit`: the frozen weights take one byte each."""
+    frozen_in_4bit: bool = False
+    """`--load_in_4bit`: the frozen weights take half a byte each (NF4; its double-quantized
+    block constants add about 0.13 bits a weight, Dettmers et al. 2023, sec. 3)."""
 
     def weight_bytes(self) -> float:
         """Trainable weights in fp32 (16-bit under DeepSpeed's mixed precision, whose fp32
@@ -50,7 +53,7 @@ class TrainingFootprint:
         params, trainable = self.parameters, self.trainable_parameters
         deepspeed_16bit = self.mixed_precision and self.zero_stage is not None
         width = 2 if deepspeed_16bit else 4
-        frozen_width = 1 if self.frozen_in_8bit else width
+        frozen_width = 1 if self.frozen_in_8bit else 0.52 if self.frozen_in_4bit else width
         weights = width * trainable + frozen_width * (params - trainable)
         return weights / (self.world_size if (self.zero_stage or 0) >= 3 else 1)
 
@@ -141,4 +144,5 @@ def footprint_of(config: RunConfig, task: Task, model, world_size: int) -> Train
         optimizer_offloaded=offloaded,
         world_size=world_size,
         frozen_in_8bit=config.model.load_in_8bit,
+        frozen_in_4bit=config.model.load_in_4bit,
     )

@@ -43,6 +43,17 @@ class TaskSpec:
     """The model a run with only a dataset fine-tunes (as the task's HF example script does)."""
     recipes: tuple[str, ...] = ()
     """Its recipes shipped in trainer/recipes/ (each also names the task itself)."""
+    demo: str | None = None
+    """`module:function(model_dir, dataset_dir)` building the task's built-in demo (a tiny
+    model and a dataset made offline), run with `demo_recipe` when a command line with this
+    `--task` names neither model nor data; None: the task has none (the default task's demo
+    is trainer/node/demo_assets.py's)."""
+    demo_recipe: str | None = None
+    """The demo's recipe in trainer/recipes/."""
+
+    def build_demo(self, model_dir: Path, dataset_dir: Path) -> None:
+        module, _, name = (self.demo or "").partition(":")
+        getattr(importlib.import_module(module), name)(model_dir, dataset_dir)
 
     def task_class(self) -> type:
         """Its `Task` subclass (trainer/tasks/base.py, which refers to this module)."""

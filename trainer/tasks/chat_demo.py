@@ -1,0 +1,76 @@
+"""Text generation's built-in demo (`python -m trainer --task text-generation` with no model and
+no data): a tiny Qwen2 (the real `Qwen2Config`, width 128, 2 layers, about 0.5 M parameters)
+with a byte-level BPE tokenizer trained here on the demo's own text, carrying Qwen 2.5's special
+tokens and its released chat template (as TRL ships it), learns the capitals of invented
+countries from chats. Nothing outside the data says which city is whose capital, so the
+answers before training are nothing and after it the capitals: the samples printed at the
+first and last evaluation (`--generation_samples`) show it, and the eval loss falls from about
+6.1 to about 0.02 in 300 steps (about a minute on two CPU cores; trainer/recipes/chat-demo.yaml).
+A learning rate of 3e-3 or more kept this model at the answers' prior (loss 0.6, the same
+capital for every country).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+COUNTRIES = ("Zorvia", "Quelland", "Marnok", "Tivessa", "Brolt", "Yendra", "Culpa", "Osgard",
+             "Pellan", "Rusk", "Vantor", "Ilbeth")  # fmt: skip
+CAPITALS = ("Velt", "Arrin", "Pesk", "Lumo", "Drace", "Nirra", "Sollo", "Kett", "Obrin",
+            "Tarsk", "Emmet", "Quoll")  # fmt: skip
+QUESTIONS = ("What is the capital of {country}?", "Which city is the capital of {country}?",
+             "Name the capital of {country}.")  # fmt: skip
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def chat(country: str, capital: str, question: str) -> dict:
+    return {"messages": [
+        {"role": "user", "content": question.format(country=country)},
+        {"role": "assistant", "content": f"{capital}."},
+    ]}  # fmt: skip
+
+
+def build_chat_demo(model_dir: Path, dataset_dir: Path) -> None:
+    """The demo's chats (every question form of every country to train on, the first form of
+    each to evaluate on) and its tiny model, saved in the two folders."""
+    rng = random.Random(0)
+    train = [chat(c, k, q) for c, k in zip(COUNTRIES, CAPITALS, strict=True) for q in QUESTIONS]
+    rng.shuffle(train)
+    test = [chat(c, k, QUESTIONS[0]) for c, k in zip(COUNTRIES, CAPITALS, strict=True)]
+    dataset_dir.mkdir(parents=True)
+    for split, rows in (("train", train * 8), ("test", test)):
+        (dataset_dir / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    save_tiny_qwen2(model_dir, [json.dumps(row) for row in train])
+
+
+def save_tiny_qwen2(model_dir: Path, corpus: list[str]) -> None:
+    import importlib.resources
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=list(SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ))  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>")  # fmt: skip
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL)})
+    template = importlib.resources.files("trl") / "chat_templates" / "qwen2_5.jinja"
+    tokenizer.chat_template = template.read_text()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    config.architectures = ["Qwen2ForCausalLM"]
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)

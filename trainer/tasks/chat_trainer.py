@@ -1,0 +1,153 @@
+"""TRL's `SFTTrainer` as the text generation task trains with it, apart from the task module
+(importing TRL takes seconds, and the launcher imports task modules for their flags only).
+
+The training program builds every task's Trainer the same way (trainer/training/assemble.py:
+its `TrainingArguments`, the keep-work mixin and callbacks); here those arguments become TRL's
+`SFTConfig` (as `SFTTrainer` itself converts plain `TrainingArguments`) with the task's flags:
+`--max_seq_length` as TRL's `max_length`, `--packing` as best-fit-decreasing packing, which
+TRL makes padding-free (position ids restart at each example, and the model's attention keeps
+each example to itself). The datasets arrive tokenised with their labels (trainer/tasks/chat.py),
+so TRL's own masking options stay off: it trains on the labels as given.
+
+Each evaluation adds the perplexity (exp of the evaluation loss), and with
+`--generation_samples N` generates greedily from N evaluation prompts, printing prompt,
+reference and output (one line each, cut) and writing them to TensorBoard as text. `predict`
+(`--do_predict`) generates for every test prompt.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+from typing import Any
+
+import torch
+from transformers.trainer_utils import PredictionOutput
+from trl import SFTConfig, SFTTrainer
+
+from trainer.tasks.generation_serving import continuation, end_of_turn_ids
+from trainer.tasks.text_generation import ChatArguments
+
+SHOWN_CHARACTERS = 160
+"""How much of a prompt, reference or output a sample line shows."""
+
+
+def sft_config(args, chat: ChatArguments) -> SFTConfig:
+    """`args` (the run's TrainingArguments, as built and checked) as TRL's config: the same
+    object's values, copied, with SFTConfig's own fields set from the task's flags. Not
+    `SFTConfig(**args.to_dict())` (what SFTTrainer does with plain arguments): that builds the
+    arguments again, DeepSpeed's config and the process's distributed state with them, and the
+    rebuilt DeepSpeed batch sizes no longer agreed with the world size (ZeRO-3, 2 processes)."""
+    config = copy.copy(args)
+    config.__class__ = SFTConfig
+    for field in dataclasses.fields(SFTConfig):
+        if not hasattr(config, field.name):
+            factory = field.default_factory
+            default = field.default if factory is dataclasses.MISSING else factory()
+            setattr(config, field.name, default)
+    config.max_length = chat.max_seq_length
+    config.packing = chat.packing
+    config.packing_strategy = "bfd"  # TRL makes it padding-free
+    config.padding_free = False
+    config.eval_packing = False
+    config.pad_to_multiple_of = None  # SFTConfig's "auto" outside Neuron
+    config.assistant_only_loss = False  # the labels carry the mask (chat_examples.py)
+    config.completion_only_loss = False
+    config.dataset_kwargs = None
+    return config
+
+
+class ChatTrainer(SFTTrainer):
+    def __init__(self, *positional, chat: ChatArguments, samples: list, args=None, **kwargs):
+        self.chat = chat
+        self.samples = samples
+        super().__init__(*positional, args=sft_config(args, chat), **kwargs)
+
+    def evaluation_loop(self, *args, **kwargs):
+        output = super().evaluation_loop(*args, **kwargs)
+        prefix = kwargs.get("metric_key_prefix", "eval")
+        loss = output.metrics.get(f"{prefix}_loss")
+        if loss is not None:
+            output.metrics[f"{prefix}_perplexity"] = math.exp(min(loss, 50.0))
+        return output
+
+    def evaluate(self, *args, **kwargs):
+        metrics = super().evaluate(*args, **kwargs)
+        if self.samples:
+            self.show_samples()
+        return metrics
+
+    def show_samples(self) -> None:
+        outputs = self.generate_all([prompt for prompt, _ in self.samples])
+        if not self.is_world_process_zero():
+            return
+        step = self.state.global_step
+        writer = next((getattr(c, "tb_writer", None) for c in self.callback_handler.callbacks
+                       if getattr(c, "tb_writer", None) is not None), None)  # fmt: skip
+        for number, ((prompt, reference), output) in enumerate(
+            zip(self.samples, outputs, strict=True)
+        ):
+            shown = (
+                json.dumps(prompt, ensure_ascii=False) if not isinstance(prompt, str) else prompt
+            )
+            lines = [f"sample {number} at step {step}: prompt: {_cut(shown)}",
+                     f"sample {number} at step {step}: reference: {_cut(reference)}",
+                     f"sample {number} at step {step}: output: {_cut(output['text'])}"]  # fmt: skip
+            print("\n".join(lines), flush=True)
+            if writer is not None:
+                writer.add_text(f"samples/{number}", "\n\n".join(lines), step)
+
+    @torch.no_grad()
+    def generate_all(self, prompts: list) -> list[dict]:
+        """Greedy continuations of `prompts` (texts, or lists of turns), one at a time, on every
+        rank alike (under ZeRO-3 each forward pass gathers weights from all ranks), each in the
+        task's answer format, as the server answers (`continuation`)."""
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        model = self.accelerator.unwrap_model(self.model)
+        tokenizer = self.processing_class
+        was_training = model.training
+        model.eval()
+        answers = []
+        ends = end_of_turn_ids(model, tokenizer)
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                ids = tokenizer(prompt, return_tensors="pt").input_ids
+            else:
+                ids = tokenizer.apply_chat_template(
+                    prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+                )["input_ids"]
+            ids = ids.to(self.args.device)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=self.chat.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                synced_gpus=is_deepspeed_zero3_enabled(),
+            )
+            new_ids = out[0, ids.shape[1] :].tolist()
+            answers.append(continuation(new_ids, ids.shape[1], ends, tokenizer))
+        if was_training:
+            model.train()
+        return answers
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test"):
+        """Generations for the test split's prompts (trainer/tasks/chat.py `load_test_split`),
+        each rank generating all of them (the global main process writes)."""
+        prompts = [json.loads(text) for text in test_dataset["prompt_json"]]
+        outputs = self.generate_all(prompts)
+        references = test_dataset["reference"]
+        scored = [(r, o) for r, o in zip(references, outputs, strict=True) if r is not None]
+        metrics: dict[str, Any] = {}
+        if scored:
+            same = sum(str(r).strip() == o["text"].strip() for r, o in scored)
+            metrics[f"{metric_key_prefix}_exact_match"] = same / len(scored)
+        return PredictionOutput(predictions=outputs, label_ids=None, metrics=metrics)
+
+
+def _cut(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 3] + "..."

@@ -1,0 +1,143 @@
+"""The text generation task's spec: supervised fine-tuning of causal language models (Gemma,
+Llama, Qwen, Mistral, Phi...) on chats, prompt/completion pairs or plain text, through TRL's
+`SFTTrainer`; its flags, which models it claims, the layout of a folder of tables, and how a
+delivered model serves (the training code: trainer/tasks/chat.py; the rows and their loss
+mask: trainer/tasks/chat_examples.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.common.errors import UserError
+from trainer.common.flag_fields import flag
+from trainer.data.sources import LocalLayout
+from trainer.tasks.classification_spec import architectures, has_head
+from trainer.tasks.generation_serving import GenerationPredictor
+from trainer.tasks.task_spec import TaskSpec
+from trainer.tasks.text_classification import TABLE_FORMATS, table_layout
+
+NAME = "text-generation"
+
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
+"""Architecture names of decoder-only language models (`LlamaForCausalLM`, `GPT2LMHeadModel`)."""
+
+CONVERSATIONAL = "messages"
+PROMPT, COMPLETION = "prompt", "completion"
+
+
+@dataclass(frozen=True)
+class ChatArguments:
+    dataset_text_field: str = flag(
+        "text", "Column of plain text (language modelling), when the data has no messages."
+    )
+    max_seq_length: int = flag(
+        1024, "Tokens per example (TRL's --max_length); longer ones are truncated and counted."
+    )
+    refuse_long_examples: bool = flag(
+        False, "Refuse the data (one line) when an example is longer than --max_seq_length."
+    )
+    packing: bool = flag(
+        False,
+        "Pack examples into --max_seq_length sequences; no token attends across examples.",
+    )
+    assistant_only_loss: bool = flag(
+        True, "Chats: loss on the assistant's turns only; false: on the whole chat."
+    )
+    completion_only_loss: bool = flag(
+        True, "Prompt/completion: loss on the completion only; false: on the whole text."
+    )
+    chat_template: str | None = flag(
+        None,
+        "A Jinja chat template file, in place of the model's (TRL's --chat_template_path).",
+    )
+    generation_samples: int = flag(
+        0, "At each evaluation, generate from this many evaluation prompts and log them."
+    )
+    max_new_tokens: int = flag(64, "Tokens generated per sample and per --do_predict example.")
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 2:
+            raise ValueError("--max_seq_length must be at least 2.")
+        if self.generation_samples < 0 or self.max_new_tokens < 1:
+            raise ValueError("--generation_samples must be >= 0 and --max_new_tokens >= 1.")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"--chat_template {self.chat_template}: no such file.")
+
+
+def is_causal_lm(config: dict) -> bool:
+    """A decoder-only language model: its architecture ends ForCausalLM (or LMHeadModel), or,
+    naming none, its type is one transformers has only causal language models of (a Llama
+    config without `architectures`; never BERT, whose type also has a causal head)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL,
+    )
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES as MASKED,
+    )
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES as SEQ2SEQ,
+    )
+
+    if architectures(config):
+        return has_head(config, *CAUSAL_HEADS)
+    kind = config.get("model_type")
+    return kind in CAUSAL and kind not in MASKED and kind not in SEQ2SEQ
+
+
+def data_format(columns: set[str] | frozenset[str], text_field: str = "text") -> str | None:
+    """conversational, prompt-completion or text, from a split's columns; None for none."""
+    if CONVERSATIONAL in columns:
+        return "conversational"
+    if {PROMPT, COMPLETION} <= set(columns):
+        return "prompt-completion"
+    if text_field in columns:
+        return "text"
+    return None
+
+
+FORMATS_LINE = (
+    'a "messages" column (a list of {role, content}), "prompt" and "completion" columns, '
+    "or a text column (--dataset_text_field)"
+)
+
+
+def detect_local_layout(directory: Path) -> LocalLayout:
+    """A folder of one table file per split (JSONL, Parquet, CSV...) holding chats, prompt and
+    completion pairs, or texts without labels (a `label` column is a classifier's data)."""
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
+    if not files:
+        raise UserError(f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} "
+                        "file per split in it (train.jsonl, test.jsonl, ...).")  # fmt: skip
+    layout = table_layout({path.stem: path for path in files}, str(directory))
+    if data_format(layout.columns) is None or "label" in layout.columns:
+        raise UserError(f"{directory} holds no chats: its tables need {FORMATS_LINE}.")
+    return layout
+
+
+ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+TEXT_GENERATION = TaskSpec(
+    name=NAME,
+    flags=ChatArguments,
+    training="trainer.tasks.chat:ChatTask",
+    claims_model=is_causal_lm,
+    detect_layout=detect_local_layout,
+    predictor=GenerationPredictor,
+    # every linear layer of the blocks, as QLoRA (Dettmers et al. 2023, sec. 4) found best
+    lora_targets={
+        **{
+            kind: ATTENTION_AND_MLP
+            for kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+        },
+        "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+    },  # fmt: skip
+    recipes=(
+        "llama-3.1-8b-qlora-l4.yaml",
+        "llama-3.1-8b-full-a3.yaml",
+        "llama-3.1-70b-full-a3.yaml",
+        "chat-demo.yaml",
+    ),
+    demo="trainer.tasks.chat_demo:build_chat_demo",
+    demo_recipe="chat-demo.yaml",
+)
