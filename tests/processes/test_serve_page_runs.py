@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import wave
 from pathlib import Path
 
 import httpx
@@ -137,3 +138,70 @@ def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
     output = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in output, output[-3000:]
     assert output.count('"batch_size": 1,') == 2  # each of the page's clips, one forward pass
+
+
+def test_the_page_is_a_chat_with_a_served_language_model(tmp_path, monkeypatch):
+    """A tiny Qwen2 (tests/support/chat_models.py): the page shows the chat fields, sends the
+    conversation so far through the model's template, and shows each answer as the server's
+    own JSON answer for the same request has it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.support.chat_models import FAMILIES, save_family_model
+
+    model = save_family_model(FAMILIES["qwen2"], tmp_path / "model")
+    port = free_port()
+    env = trainer_env(tmp_path / "cache", AIP_HTTP_PORT=str(port), AIP_PREDICT_ROUTE=PREDICT,
+                      AIP_HEALTH_ROUTE=HEALTH)  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "trainer.serve", str(model)], env=env,
+                              cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    browser = None
+
+    def served(messages: list[dict]) -> dict:
+        body = {"instances": [{"messages": messages}], "parameters": {"max_new_tokens": 5}}
+        return httpx.post(url + PREDICT, json=body, timeout=60).json()["predictions"][0]
+
+    try:
+        wait_until_healthy(server, url + HEALTH, tmp_path / "serve.log")
+        silence = tmp_path / "silence.wav"
+        with wave.open(str(silence), "wb") as clip:
+            clip.setnchannels(1), clip.setsampwidth(2), clip.setframerate(16_000)
+            clip.writeframes(b"\0\0" * 16_000)
+        browser = chromium(tmp_path / "chromium-profile", monkeypatch, silence)
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 120)
+        wait.until(expected_conditions.visibility_of_element_located((By.ID, "message")))
+        assert browser.find_element(By.ID, "status").text == "Task: text-generation"
+        assert browser.find_element(By.ID, "model-architecture").text == "Qwen2ForCausalLM"
+        assert not browser.find_element(By.ID, "file").is_displayed()
+        tokens = browser.find_element(By.ID, "max-new-tokens")
+        tokens.clear()
+        tokens.send_keys("5")
+        result = browser.find_element(By.ID, "result")
+        asked: list[dict] = []
+        for message in ("What is two plus two?", "And the capital of France?"):
+            browser.find_element(By.ID, "message").send_keys(message)
+            browser.find_element(By.ID, "submit").click()
+            wait.until(lambda _: result.get_attribute("data-state") in ("done", "error"))
+            shown = result.get_property("textContent")
+            assert result.get_attribute("data-state") == "done", shown
+            asked.append({"role": "user", "content": message})
+            answer = served(asked)  # the same conversation, asked of the server directly
+            ended = ("stopped at the token limit" if answer["finish_reason"] == "length"
+                     else "ended")  # fmt: skip
+            assert shown == f"{answer['text']}\n({answer['completion_tokens']} tokens, {ended})"
+            asked.append({"role": "assistant", "content": answer["text"]})
+            browser.execute_script("document.getElementById('result').dataset.state = ''")
+        lines = [p.get_property("textContent") for p in
+                 browser.find_elements(By.CSS_SELECTOR, "#conversation p")]  # fmt: skip
+        assert lines == [("You: " if turn["role"] == "user" else "Model: ") + turn["content"]
+                         for turn in asked]  # fmt: skip
+    finally:
+        if browser is not None:
+            browser.quit()
+        server.kill()
+        log.close()
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
