@@ -11,7 +11,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # --build-constraint: what pip builds from source in an isolated environment (this package,
 # an sdist dependency) is built with constraints.txt's setuptools too. The venv's own pip
-# may predate that option: it first installs the pinned pip.
+# may predate that option: it first installs the pinned pip. DeepSpeed builds without isolation,
+# with the venv's own (pinned) setuptools, and pip refuses --build-constraint there.
 PIP_PINNED := $(BIN)/pip install --quiet --constraint constraints.txt
 PIP := $(PIP_PINNED) --build-constraint constraints.txt
 
@@ -23,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_PINNED) pip setuptools wheel
 	$(PIP) torch
-	DS_BUILD_OPS=0 $(PIP) --no-build-isolation deepspeed
+	DS_BUILD_OPS=0 $(PIP_PINNED) --no-build-isolation deepspeed
 	$(PIP) --editable '.[test,ray,serve]'
 	$(PIP) --no-deps --no-warn-conflicts openai-whisper
 	$(BIN)/python -m trainer.build_cpu_ops
