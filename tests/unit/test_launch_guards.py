@@ -338,3 +338,20 @@ def test_enough_shm_keeps_the_workers(no_launch, monkeypatch, capsys, demo_asset
     training = json.loads(out)["config"]["flags"]["training"]
     assert training["dataloader_num_workers"] == 4
     assert "warning" not in err and "/dev/shm: 16384 MiB" in err
+
+
+def test_an_exec_that_did_not_happen_leaves_sigterm_unblocked():
+    """SIGTERM is blocked across the launcher's exec of the agent; when the exec raises, the
+    launcher (and every process it starts after) must hear a stop again."""
+    import signal
+
+    from trainer.launcher.early_stop import held_across_exec
+
+    def blocked() -> bool:
+        return signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    assert not blocked()
+    with pytest.raises(OSError), held_across_exec():
+        assert blocked()
+        raise OSError("exec format error")
+    assert not blocked()

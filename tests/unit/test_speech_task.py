@@ -175,7 +175,7 @@ def test_undecodable_clips_are_skipped_and_counted_up_to_the_limit(demo_assets, 
     out = capsys.readouterr().out
     total = TONE_CLIPS["train"] + 3
     assert f"warning: skipped 3 of {total} clips in split train of {dataset}" in out
-    named = re.search(r"first: (\S+), (\S+), (\S+)\)", out)
+    named = re.search(r"first: (\S+), (\S+), (\S+?)(?: in \S+)?\)", out)  # a long folder once
     assert named and sorted(Path(name.rstrip(",")).name for name in named.groups()) == sorted(
         BAD_CLIPS
     )
@@ -189,7 +189,7 @@ def test_undecodable_clips_are_skipped_and_counted_up_to_the_limit(demo_assets, 
     )  # fmt: skip
     with pytest.raises(UserError, match=rf"3 of {total} clips in split train of .* cannot be "
                        r"decoded, more than --max_bad_examples 2 allows \(2\); first: "
-                       r"\S+\.wav, \S+\.wav, \S+\.wav$"):  # fmt: skip
+                       r"\S+\.wav, \S+\.wav, \S+\.wav( in \S+/)?$"):  # fmt: skip
         task.load_datasets(processor)
 
 

@@ -16,21 +16,29 @@ is torchrun's: this watcher leaves it alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.launcher.start_deadline import is_training_process
 
 
-def hold_across_exec() -> None:
-    """Block SIGTERM in the launcher before it execs the agent: pending, not lost, until the
-    agent's `EarlyStop.arm` unblocks it."""
+@contextlib.contextmanager
+def held_across_exec() -> Iterator[None]:
+    """SIGTERM blocked around the launcher's exec of the agent: pending, not lost, until the
+    agent's `EarlyStop.arm` unblocks it. An exec that did not happen (it raised) unblocks it
+    again, so the launcher's own handler hears it and nothing started later inherits the
+    block (a blocked SIGTERM is inherited by every child, which then never hears a stop)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 class EarlyStop:

@@ -26,7 +26,7 @@ from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.common.secrets import mask, secret_values
 from trainer.launcher.cuda_driver import ensure_cuda_driver
-from trainer.launcher.early_stop import hold_across_exec
+from trainer.launcher.early_stop import held_across_exec
 from trainer.storage.run_records import RunAlreadyEnded
 
 if TYPE_CHECKING:  # the plan's module loads torch, which must come after the driver check
@@ -141,5 +141,5 @@ def launch(plan: LaunchPlan, launched_at: float) -> None:
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env}
     env |= plan.env | plan.secret_env
     env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
-    hold_across_exec()  # a SIGTERM from here on is the agent's to say (early_stop.py)
-    os.execve(plan.argv[0], plan.argv, env)
+    with held_across_exec():  # a SIGTERM from here on is the agent's to say (early_stop.py)
+        os.execve(plan.argv[0], plan.argv, env)

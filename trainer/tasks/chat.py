@@ -63,9 +63,9 @@ JSON: a column holds one type)."""
 
 class ChatTask(Task):
     spec = TEXT_GENERATION
-    default_metric = "loss"
+    default_metric = "perplexity"  # exp(eval loss): the same order, in words a person reads
     metric_names = ("perplexity",)
-    lower_is_better = frozenset({"loss", "perplexity"})
+    lower_is_better = frozenset({"perplexity"})  # and loss, which the Trainer knows itself
     options: ChatArguments
 
     _format: str | None = None
