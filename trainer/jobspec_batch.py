@@ -208,6 +208,13 @@ def instance_config(options: BatchPredictionArguments, formats: str) -> dict:
               "includedFields": options.included_fields or None,
               "excludedFields": options.excluded_fields or None}  # fmt: skip
     config = {name: value for name, value in config.items() if value is not None}
+    check_instance_flags(options, config, formats)
+    return config
+
+
+def check_instance_flags(options: BatchPredictionArguments, config: dict, formats: str) -> None:
+    """UserError for instance flags Vertex AI would refuse: with a file-list, both field
+    lists, an unknown instance type."""
     if config and formats != "jsonl":
         given = "/--".join(sorted(FIELD_FLAGS[name] for name in config))
         raise UserError(f"--{given} apply to a jsonl input only: a file-list's files are "
@@ -217,7 +224,6 @@ def instance_config(options: BatchPredictionArguments, formats: str) -> dict:
                         "one of them).")  # fmt: skip
     if options.instance_type not in (None, *INSTANCE_TYPES):
         raise UserError(f"--instance_type must be object or array, got {options.instance_type!r}.")
-    return config
 
 
 FIELD_FLAGS = {

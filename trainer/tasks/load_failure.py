@@ -52,15 +52,25 @@ def folder_problem(folder: Path) -> str | None:
         return f"cannot list {failure.filename or folder}: {reason(failure)}"
     unreadable = [(path, failure) for path, failure in files if failure is not None]
     if unreadable:
-        path, failure = unreadable[0]
-        more = f" (and {len(unreadable) - 1} more of its files)" if len(unreadable) > 1 else ""
-        advice = ""
-        if failure.errno in (errno.EACCES, errno.EPERM):
-            advice = (
-                f"; this process runs as uid {os.geteuid()}: make the model's files readable "
-                "to it (chmod -R a+rX, on the host for a mounted folder)"
-            )
-        return f"cannot read {path}: {reason(failure)}{more}{advice}"
+        return unreadable_line(unreadable)
+    return content_problem(folder, [path for path, _ in files])
+
+
+def unreadable_line(unreadable: list[tuple[Path, OSError]]) -> str:
+    """The first file this process cannot open, how many more, and what to do."""
+    path, failure = unreadable[0]
+    more = f" (and {len(unreadable) - 1} more of its files)" if len(unreadable) > 1 else ""
+    advice = ""
+    if failure.errno in (errno.EACCES, errno.EPERM):
+        advice = (
+            f"; this process runs as uid {os.geteuid()}: make the model's files readable "
+            "to it (chmod -R a+rX, on the host for a mounted folder)"
+        )
+    return f"cannot read {path}: {reason(failure)}{more}{advice}"
+
+
+def content_problem(folder: Path, files: list[Path]) -> str | None:
+    """A missing or unparsable config.json, or a damaged safetensors header, or None."""
     config = folder / "config.json"
     if not config.is_file():
         return f"{folder} holds no config.json"
@@ -68,7 +78,7 @@ def folder_problem(folder: Path) -> str | None:
         json.loads(config.read_bytes())
     except ValueError as bad:
         return f"{config} is not JSON ({bad})"
-    for path, _ in files:
+    for path in files:
         if path.suffix == ".safetensors" and (damage := safetensors_damage(path)):
             return f"{path} is damaged: {damage}"
     return None
