@@ -265,6 +265,23 @@ def text_classifier(tmp_path_factory, text_assets) -> Path:
                               ["negative", "positive"])  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def text_predictor(text_classifier):
+    """The delivered text classifier's predictor, as the server loads it (one per module: a
+    server sets its gs:// prefixes on it)."""
+    from trainer.tasks.served_model import load_predictor
+
+    return load_predictor(text_classifier)
+
+
+@pytest.fixture(scope="module")
+def image_predictor(image_classifier):
+    """The delivered image classifier's predictor, as the server loads it."""
+    from trainer.tasks.served_model import load_predictor
+
+    return load_predictor(image_classifier)
+
+
 @pytest.fixture(scope="session")
 def image_classifier(tmp_path_factory, image_assets) -> Path:
     """The tiny ViT with a head naming COLOURS: a delivered image-classification model."""

@@ -26,16 +26,6 @@ from trainer.serve.contract import Contract
 from trainer.tasks.served_model import load_predictor
 
 
-@pytest.fixture(scope="module")
-def text_predictor(text_classifier):
-    return load_predictor(text_classifier)
-
-
-@pytest.fixture(scope="module")
-def image_predictor(image_classifier):
-    return load_predictor(image_classifier)
-
-
 def test_routes_and_port_come_from_vertex_ais_variables(text_predictor):
     contract = Contract.from_environment({
         "AIP_HTTP_PORT": "7080", "AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",

@@ -23,17 +23,6 @@ from tests.support.helpers import wait_until
 from tests.support.labelled_models import COLOURS, png
 from tests.support.served_app import serve, wait_ready
 from trainer.serve.__main__ import read_prefixes
-from trainer.tasks.served_model import load_predictor
-
-
-@pytest.fixture(scope="module")
-def text_predictor(text_classifier):
-    return load_predictor(text_classifier)
-
-
-@pytest.fixture(scope="module")
-def image_predictor(image_classifier):
-    return load_predictor(image_classifier)
 
 
 def test_a_batch_job_of_64_lines_with_3_bad_loses_no_good_instance(text_predictor, text_classifier):
