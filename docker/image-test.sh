@@ -209,6 +209,7 @@ with local_model.deploy_to_local_endpoint(artifact_uri=model_dir,
     answer = endpoint.predict(request_file="request.json",
                               headers={"Content-Type": "application/json"})
     container = endpoint.container
+endpoint.container = None  # stopped by the with; its __del__ would stop it again, removed
 container.remove()  # LocalModel stops its container and leaves it behind
 assert health.status_code == 200 and answer.status_code == 200, (health.text, answer.text)
 print(f"LocalModel: health {health.status_code}, predict {answer.status_code} on {routes}:predict:"
