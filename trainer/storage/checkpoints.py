@@ -165,11 +165,11 @@ def find_resumable_checkpoint(
                     skipped.append(Skipped(name, NO_MANIFEST, damaged=False))
                 continue
             if entries is None:
-                raise StoredFilesDiffer(f"{name}'s {MANIFEST} is there but not a manifest",
-                                        MANIFEST_UNPARSED)  # fmt: skip
+                raise StoredFilesDiffer(f"{store.uri}/{name}/{MANIFEST} is there but not a "
+                                        "manifest", MANIFEST_UNPARSED)  # fmt: skip
             store.child(name).download(local_root / name, entries)
         except StoredFilesDiffer as error:
-            logger.info("skipping %s/%s: %s", store.uri, name, error)
+            logger.info("skipping %s: %s", name, error)  # the error names where
             if skipped is not None:
                 skipped.append(Skipped(name, error.why, damaged=True))
             continue
