@@ -14,12 +14,13 @@ local disks of all nodes. The protocol (docs/storage.md, "The checkpoint protoco
    and never one without a manifest (whose upload may still be running).
 
 On start, `find_resumable_checkpoint` picks the newest checkpoint whose manifest verifies
-against local files (fetching what is missing), skipping incomplete ones and those whose stored
-bytes are proven wrong. One that cannot be read (refused, an outage past every retry, a full
-local disk) is not skipped: `CheckpointUnreadable` stops the run before training, since
-starting from step 1 would lose its work, and retention would then delete it (its step numbers
-being higher). The final model gets a manifest too (`publish_model`), written after its files,
-so a model whose upload failed is visibly incomplete.
+against local files (fetching what is missing), skipping incomplete ones and those whose
+manifest or stored bytes are proven wrong (one line names them: `skipped_line`). One that
+cannot be read (refused, an outage past every retry, a full local disk) is not skipped:
+`CheckpointUnreadable` stops the run before training, since starting from step 1 would lose
+its work, and retention would then delete it (its step numbers being higher). The final
+model gets a manifest too (`publish_model`), written after its files, so a model whose upload
+failed is visibly incomplete.
 """
 
 from __future__ import annotations
