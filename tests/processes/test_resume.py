@@ -45,11 +45,12 @@ from tests.support.helpers import (
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.launcher.start_deadline import MARGIN_SECONDS
 from trainer.storage.checkpoints import (
+    checkpoint_names,
     checkpoint_step,
     complete_checkpoints,
-    find_resumable_checkpoint,
 )
 from trainer.storage.store import open_store
+from trainer.training.resume import newest_readable_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -301,11 +302,12 @@ def test_sigterm_to_one_node_saves_the_same_step_on_every_node_and_the_job_resum
 
 
 def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoint(
-    tmp_path, demo_assets, gcs
+    tmp_path, demo_assets, gcs, capsys
 ):
     """SIGTERM while storage is too slow for the grace period: the process still exits in
     time, its stop checkpoint has no manifest, and the newest complete one stays the
-    resume point (found by the same code a restarted job runs)."""
+    resume point (found by the same code a restarted job runs, which says in one plain line,
+    not a `warning:`, which incomplete ones it passes over and the steps trained again)."""
     proxy = FlakyProxy(gcs, failure_rate=0.0)
     base = f"gs://{BUCKET}/{uuid.uuid4().hex}"
     checkpoints = open_store(f"{base}/checkpoints")
@@ -338,9 +340,26 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
     assert complete and checkpoint_step(complete[-1]) < checkpoint_step(name)
     assert line.endswith(f"the newest complete checkpoint is {checkpoints.uri}/{complete[-1]}, "
                          "where a restart resumes"), "the line names the resume point"  # fmt: skip
-    resumable = find_resumable_checkpoint(checkpoints, tmp_path / "restart")
+    capsys.readouterr()
+    resumable = newest_readable_checkpoint(checkpoints.uri, tmp_path / "restart", say=True)
     assert resumable is not None and resumable.name == complete[-1]
-    print(f"stop without time to upload: {name} left incomplete, resume point {complete[-1]}")
+    said = capsys.readouterr().out
+    newer = [n for n in checkpoint_names(checkpoints) if n not in complete
+             and checkpoint_step(n) > checkpoint_step(complete[-1])]  # fmt: skip
+    if newer:  # the stop's files (some of them) are there, without a manifest
+        verb = "is" if len(newer) == 1 else "are"
+        assert said.startswith(newer[-1]), said
+        assert f" in {checkpoints.uri} {verb} incomplete (" in said, said
+        assert "no manifest.json: its upload did not finish" in said, said
+        assert said.endswith(
+            f") and skipped: resuming from {complete[-1]}, so steps "
+            f"{checkpoint_step(complete[-1]) + 1}-{checkpoint_step(newer[-1])} are trained "
+            "again\n"
+        ), said
+    else:
+        assert said == "", "nothing of the stop's checkpoint reached the store"
+    print(f"stop without time to upload: {name} left incomplete, resume point {complete[-1]}; "
+          f"the restart said: {said.strip() or '(nothing)'}")  # fmt: skip
 
 
 def test_training_completes_while_storage_fails_requests(tmp_path, demo_assets, gcs):

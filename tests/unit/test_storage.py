@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import uuid
@@ -293,7 +292,7 @@ def test_a_deleted_bucket_is_fatal_at_the_first_failed_upload(gcs, tmp_path):
     assert chief.errors["checkpoint-6"] == f"TransferError: {chief.fatal}", "not tried again"
 
 
-def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
+def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path):
     store = open_store(fresh_prefix())
     for step in (3, 4):
         chief = uploader(store, tmp_path, 0, 1)
@@ -306,13 +305,16 @@ def test_resume_skips_incomplete_and_corrupt_checkpoints(gcs, tmp_path, caplog):
     # checkpoint-5: files but no manifest (an upload that never finished)
     store.child("checkpoint-5").upload(node_checkpoint(tmp_path, 0, 5, 0))
 
-    with caplog.at_level(logging.WARNING):
-        found = find_resumable_checkpoint(store, tmp_path / "resume")
+    skipped = []
+    found = find_resumable_checkpoint(store, tmp_path / "resume", skipped)
     assert found == tmp_path / "resume" / "checkpoint-3"
     assert (found / "latest").read_text() == "global_step3"
-    warnings = caplog.text
-    assert "checkpoint-5: no manifest" in warnings
-    assert "checkpoint-4 does not hold what its manifest lists" in warnings
+    assert [(entry.name, entry.damaged) for entry in skipped] == [
+        ("checkpoint-5", False), ("checkpoint-4", True)
+    ]  # fmt: skip
+    assert skipped[1].why == (
+        "global_step4/zero_pp_rank_0_optim_states.pt differs from its manifest"
+    )
 
 
 def test_skipping_a_damaged_checkpoint_is_a_warning_naming_the_steps_trained_again(
@@ -336,9 +338,10 @@ def test_skipping_a_damaged_checkpoint_is_a_warning_naming_the_steps_trained_aga
     found = newest_readable_checkpoint(store.uri, tmp_path / "resume", say=True)
     assert found == tmp_path / "resume" / "checkpoint-3"
     assert capsys.readouterr().out == (
-        f"warning: checkpoint-8, checkpoint-6 in {store.uri} are damaged (a manifest, or the "
-        "files it lists, not as written) and skipped: resuming from checkpoint-3, so steps "
-        "4-8 are trained again\n"
+        f"warning: checkpoint-8 and checkpoint-6 in {store.uri} are damaged (checkpoint-8: its "
+        "manifest.json does not parse; checkpoint-6: global_step6/zero_pp_rank_0_optim_states"
+        ".pt differs from its manifest) and skipped: resuming from checkpoint-3, so steps 4-8 "
+        "are trained again\n"
     )
     assert newest_readable_checkpoint(store.uri, tmp_path / "again", say=False) is not None
     assert capsys.readouterr().out == "", "only the global main process says it"

@@ -14,12 +14,13 @@ local disks of all nodes. The protocol (docs/storage.md, "The checkpoint protoco
    and never one without a manifest (whose upload may still be running).
 
 On start, `find_resumable_checkpoint` picks the newest checkpoint whose manifest verifies
-against local files (fetching what is missing), skipping incomplete ones and those whose stored
-bytes are proven wrong. One that cannot be read (refused, an outage past every retry, a full
-local disk) is not skipped: `CheckpointUnreadable` stops the run before training, since
-starting from step 1 would lose its work, and retention would then delete it (its step numbers
-being higher). The final model gets a manifest too (`publish_model`), written after its files,
-so a model whose upload failed is visibly incomplete.
+against local files (fetching what is missing), skipping incomplete ones and those whose
+manifest or stored bytes are proven wrong (one line names them: `skipped_line`). One that
+cannot be read (refused, an outage past every retry, a full local disk) is not skipped:
+`CheckpointUnreadable` stops the run before training, since starting from step 1 would lose
+its work, and retention would then delete it (its step numbers being higher). The final
+model gets a manifest too (`publish_model`), written after its files, so a model whose upload
+failed is visibly incomplete.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainer.common.log_lines import MAX_LINE
 from trainer.storage.failure_kinds import brief
 from trainer.storage.store import (
     TRANSFER_THREADS,
@@ -61,7 +63,12 @@ def checkpoint_step(name: str) -> int | None:
 
 def read_manifest(checkpoint: Store) -> list[FileEntry] | None:
     """The file list in a checkpoint's manifest, or None if it is missing or unreadable."""
-    text = checkpoint.read_text(MANIFEST)
+    return parse_manifest(checkpoint.read_text(MANIFEST))
+
+
+def parse_manifest(text: str | None) -> list[FileEntry] | None:
+    """The file list in a manifest's text, or None if there is none or it does not parse
+    (truncated, overwritten)."""
     if text is None:
         return None
     try:
@@ -121,31 +128,51 @@ class CheckpointUnreadable(Exception):
         self.local = local
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint newer than the resume point that a resume passed over: `damaged` (its
+    manifest does not parse, or its stored files are proven not to be what it lists) or
+    incomplete (no manifest: its upload did not finish, as a stop past its grace leaves
+    one); `why` says which file, or that of the manifest, briefly."""
+
+    name: str
+    why: str
+    damaged: bool
+
+
+MANIFEST_UNPARSED = f"its {MANIFEST} does not parse"
+NO_MANIFEST = f"no {MANIFEST}: its upload did not finish"
+
+
 def find_resumable_checkpoint(
-    store: Store, local_root: Path, damaged: list[str] | None = None
+    store: Store, local_root: Path, skipped: list[Skipped] | None = None
 ) -> Path | None:
-    """The newest complete checkpoint, present and verified under `local_root`, skipping only
-    those without a manifest or with stored files proven wrong (their names are added to
-    `damaged`, newest first, for the line saying what is trained again); else
-    `CheckpointUnreadable`."""
+    """The newest complete checkpoint, present and verified under `local_root`, passing over
+    only those without a manifest, with one that does not parse, or with stored files proven
+    wrong (each added to `skipped`, newest first, for the line saying what is trained
+    again); else `CheckpointUnreadable`: a storage error proves nothing about the bytes."""
     try:
         names = checkpoint_names(store)
     except Exception as error:  # noqa: BLE001 - classified by the caller, with its cause
         raise CheckpointUnreadable(store, None, local_root, error) from error
     for name in reversed(names):
         try:
-            entries = read_manifest(store.child(name))
-            if entries is None and store.child(name).read_text(MANIFEST) is not None:
-                raise StoredFilesDiffer(f"{name}'s {MANIFEST} is there but not a manifest")
-            if entries is None:
-                logger.warning("skipping %s/%s: no manifest (incomplete checkpoint)",
-                               store.uri, name)  # fmt: skip
+            text = store.child(name).read_text(MANIFEST)  # read once: a second read may differ
+            entries = parse_manifest(text)
+            if text is None:
+                logger.info("skipping %s/%s: no manifest (incomplete checkpoint)", store.uri,
+                            name)  # fmt: skip
+                if skipped is not None:
+                    skipped.append(Skipped(name, NO_MANIFEST, damaged=False))
                 continue
+            if entries is None:
+                raise StoredFilesDiffer(f"{store.uri}/{name}/{MANIFEST} is there but not a "
+                                        "manifest", MANIFEST_UNPARSED)  # fmt: skip
             store.child(name).download(local_root / name, entries)
         except StoredFilesDiffer as error:
-            logger.warning("skipping %s/%s: %s", store.uri, name, error)
-            if damaged is not None:
-                damaged.append(name)
+            logger.info("skipping %s: %s", name, error)  # the error names where
+            if skipped is not None:
+                skipped.append(Skipped(name, error.why, damaged=True))
             continue
         except Exception as error:  # noqa: BLE001 - nothing proven: stop, skip nothing
             raise CheckpointUnreadable(store, name, local_root / name, error) from error
@@ -153,17 +180,50 @@ def find_resumable_checkpoint(
     return None
 
 
-def damaged_line(store: Store, damaged: list[str], found: Path | None) -> str:
-    """`warning:` what skipping damaged checkpoints costs: the steps trained again."""
-    newest = checkpoint_step(damaged[0])
+SKIPPED_SHOWN = 2
+"""Skipped checkpoints a resume's line names with why; the rest are counted."""
+
+
+def skipped_line(checkpoints: str, skipped: list[Skipped], found: Path | None) -> str:
+    """The resume's line for checkpoints newer than its resume point that it passed over, at
+    most MAX_LINE characters after its prefix: which, where (named once), why (cut to the
+    room left), what it resumes from instead and the steps trained again. A `warning:` when
+    one is damaged; a plain line when all are incomplete (a stop past its grace leaves one,
+    and says so as it ends)."""
+    damaged = [entry for entry in skipped if entry.damaged]
+    state = ("damaged" if len(damaged) == len(skipped)
+             else "damaged or incomplete" if damaged else "incomplete")  # fmt: skip
     since = checkpoint_step(found.name) if found is not None else 0
     instead = f"resuming from {found.name}" if found is not None else "starting from step 1"
-    return (
-        f"warning: {', '.join(damaged)} in {store.uri} "
-        f"{'is' if len(damaged) == 1 else 'are'} damaged (a manifest, or the files it lists, "
-        f"not as written) and skipped: {instead}, so steps {since + 1}-{newest} are trained "
-        "again"
+    verb = "is" if len(skipped) == 1 else "are"
+    head = f"{skipped_names(skipped)} in {checkpoints.rstrip('/')} {verb} {state} ("
+    tail = (
+        f") and skipped: {instead}, so steps {since + 1}-{checkpoint_step(skipped[0].name)} "
+        "are trained again"
     )
+    why = skipped_why(skipped, max(MAX_LINE - len(head) - len(tail), 20))
+    return f"{'warning: ' if damaged else ''}{head}{why}{tail}"
+
+
+def skipped_names(skipped: list[Skipped]) -> str:
+    """`checkpoint-8`, `checkpoint-8 and checkpoint-6`, `checkpoint-8, checkpoint-6 and 2
+    older`: the newest SKIPPED_SHOWN named, the rest counted."""
+    names = [entry.name for entry in skipped]
+    if len(names) > SKIPPED_SHOWN + 1:
+        names = [*names[:SKIPPED_SHOWN], f"{len(names) - SKIPPED_SHOWN} older"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def skipped_why(skipped: list[Skipped], room: int) -> str:
+    """Why each of the newest SKIPPED_SHOWN was skipped, within `room` characters: the first
+    cut if it must be, each other one whole or left out."""
+    whys = [skipped[0].why] if len(skipped) == 1 else [
+        f"{entry.name}: {entry.why}" for entry in skipped[:SKIPPED_SHOWN]
+    ]  # fmt: skip
+    why = whys[0] if len(whys[0]) <= room else f"{whys[0][: room - 3]}..."
+    for more in whys[1:]:
+        why = f"{why}; {more}" if len(why) + 2 + len(more) <= room else why
+    return why
 
 
 def publish_model(store: Store, local_dir: Path) -> None:

@@ -55,13 +55,34 @@ class TransferError(RuntimeError):
 
 class StoredFilesDiffer(TransferError):
     """The stored files are proven not to be what their manifest lists (missing, or another
-    size or CRC32C): the only reason to give up on a checkpoint that has a manifest."""
+    size or CRC32C), or the manifest itself does not parse: the only reasons to give up on a
+    checkpoint that has a manifest. `why` says which, briefly, for a user's line."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def differing(expected: list[FileEntry], found: dict[str, FileEntry]) -> list[str]:
     """Paths of `expected` whose stored entry (`found`, by path) is missing or differs in
     size or CRC32C: what a listing proves wrong, with no byte read."""
     return [entry.path for entry in expected if found.get(entry.path) != entry]
+
+
+def differing_why(paths: list[str], found: dict[str, FileEntry]) -> str:
+    """`paths` (from `differing`) in brief: the first of those of another size or CRC32C and
+    of those missing, with how many more (`model.safetensors differs from its manifest`)."""
+
+    def first_of(some: list[str]) -> str:
+        return some[0] if len(some) == 1 else f"{some[0]} and {len(some) - 1} more"
+
+    missing = [path for path in paths if path not in found]
+    other = [path for path in paths if path in found]
+    parts = [f"{first_of(other)} {'differs' if len(other) == 1 else 'differ'} from its "
+             "manifest"] if other else []  # fmt: skip
+    if missing:
+        parts.append(f"{first_of(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+    return ", ".join(parts)
 
 
 def crc32c_of(path: Path) -> str:
@@ -149,7 +170,10 @@ class Store(ABC):
         expected = list(remote.values()) if expected is None else expected
         damaged = differing(expected, remote)
         if damaged:
-            raise StoredFilesDiffer(f"{self.uri} does not hold what its manifest lists: {damaged}")
+            raise StoredFilesDiffer(
+                f"{self.uri} does not hold what its manifest lists: {damaged}",
+                differing_why(damaged, remote),
+            )
         pending = [e.path for e in expected if not _matches(local_root / e.path, e)]
         for attempt in range(1, TRANSFER_ATTEMPTS + 1):
             if not pending:

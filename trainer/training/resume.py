@@ -10,13 +10,14 @@ from trainer.common.errors import UserError
 from trainer.settings.run_config import RunConfig
 from trainer.storage.checkpoints import (
     MANIFEST,
+    MANIFEST_UNPARSED,
     CheckpointUnreadable,
-    damaged_line,
     find_resumable_checkpoint,
-    read_manifest,
+    parse_manifest,
+    skipped_line,
 )
 from trainer.storage.failure_kinds import brief, disk_full, disk_line
-from trainer.storage.store import open_store
+from trainer.storage.store import StoredFilesDiffer, open_store
 from trainer.training.distributed import ProcessPlace
 from trainer.training.failures import MAX_LINE, MIN_CAUSE, RunFailed
 
@@ -56,14 +57,15 @@ def checkpoint_to_resume(config: RunConfig, args, place: ProcessPlace) -> str | 
 
 
 def newest_readable_checkpoint(checkpoints: str, output_dir: Path, say: bool) -> Path | None:
-    """`find_resumable_checkpoint`, with a `warning:` line (if `say`) when damaged checkpoints
-    were skipped, or one line when complete checkpoints may exist but cannot be read:
-    starting from step 1 would lose them, and retention would delete them."""
-    store, damaged = open_store(checkpoints), []
+    """`find_resumable_checkpoint`, with one line (if `say`) when newer checkpoints were
+    passed over (`skipped_line`: a `warning:` when one is damaged), or one line when complete
+    checkpoints may exist but cannot be read: starting from step 1 would lose them, and
+    retention would delete them."""
+    store, skipped = open_store(checkpoints), []
     try:
-        found = find_resumable_checkpoint(store, output_dir, damaged)
-        if damaged and say:
-            print(damaged_line(store, damaged, found), flush=True)
+        found = find_resumable_checkpoint(store, output_dir, skipped)
+        if skipped and say:
+            print(skipped_line(checkpoints, skipped, found), flush=True)
         return found
     except CheckpointUnreadable as error:
         raise RunFailed(unreadable_line(error, checkpoints)) from error.__cause__
@@ -90,13 +92,21 @@ def unreadable_line(error: CheckpointUnreadable, checkpoints: str) -> str:
 
 
 def explicit_checkpoint(location: str, output_dir: Path) -> Path:
-    """`--resume PATH_OR_URI`: a complete checkpoint (one with a manifest), fetched here."""
+    """`--resume PATH_OR_URI`: a complete checkpoint (one with a manifest), fetched here; a
+    damaged one (its manifest does not parse, or its files are not what it lists) is refused
+    with why, never skipped: it is the one asked for."""
     store = open_store(location)
-    entries = read_manifest(store)
-    if entries is None:
+    text = store.read_text(MANIFEST)
+    entries = parse_manifest(text)
+    if text is None:
         if not location.startswith("gs://") and Path(location).is_dir():
             return Path(location)  # a plain local Trainer checkpoint: trusted as given
         raise UserError(f"--resume {location}: no {MANIFEST} there, so not a complete checkpoint.")
+    if entries is None:
+        raise UserError(f"--resume {location}: {MANIFEST_UNPARSED}: the checkpoint is damaged.")
     local = output_dir / location.rstrip("/").rsplit("/", 1)[-1]
-    store.download(local, entries)
+    try:
+        store.download(local, entries)
+    except StoredFilesDiffer as error:
+        raise UserError(f"--resume {location}: {error.why}: the checkpoint is damaged.") from None
     return local
