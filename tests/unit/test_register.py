@@ -14,11 +14,14 @@ import uuid
 import pytest
 
 from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import TEXT_COLUMNS, resolved
 from tests.support.vertex_capture import VertexCapture
 from trainer.common.errors import UserError
 from trainer.register import main
 from trainer.registry.labels import check_name_and_labels, check_version_aliases, label_value
+from trainer.registry.registration import register as register_model
 from trainer.registry.registration_request import image_tag
+from trainer.registry.run_registration import run_registration
 from trainer.storage.checkpoints import publish_model
 from trainer.storage.store import open_store
 
@@ -251,3 +254,30 @@ def test_the_permission_to_register_is_asked_without_registering(registry, capsy
     check_register_permission(VertexPlace("test-project", "us-central1", "http://127.0.0.1:9"))
     assert "could not be asked (ConnectionError); the run goes on" in capsys.readouterr().err
     assert registry.uploads == []
+
+
+def test_the_training_runs_registration_sends_its_aliases_and_deployment_timeout(
+    registry, delivered, text_assets
+):
+    """`--register_model` with `--version_alias` (twice) and `--deployment_timeout_s`, as the
+    chief registers after training (trainer/training/model_registration.py: the run's
+    resolved flags into `run_registration`, then `register`): the upload body carries both,
+    and the retry command a refusal prints names them."""
+    model_dir, dataset_dir = text_assets
+    config = resolved(["--task", "text-classification", "--model_name_or_path", model_dir,
+                       "--dataset_name", dataset_dir, *TEXT_COLUMNS, "--model_dir", delivered,
+                       "--register_model", "sentiment", "--serving_image", IMAGE,
+                       "--registry_api_endpoint", registry.endpoint,
+                       "--version_alias", "production", "--version_alias", "v2-candidate",
+                       "--deployment_timeout_s", "5400"],
+                      env={"GOOGLE_CLOUD_PROJECT": "test-project"})  # fmt: skip
+    registration = run_registration(config, {"GOOGLE_CLOUD_PROJECT": "test-project"})
+    retry = shlex.split(registration.retry_command())
+    assert retry[retry.index("--deployment_timeout_s") + 1] == "5400"
+    assert [retry[i + 1] for i, word in enumerate(retry) if word == "--version_alias"] == [
+        "production", "v2-candidate"]  # fmt: skip
+    register_model(registration)
+    assert registry.errors == []
+    [(_, request)] = registry.uploads
+    assert list(request.model.version_aliases) == ["production", "v2-candidate", "default"]
+    assert request.model.container_spec.deployment_timeout.total_seconds() == 5400
