@@ -1,6 +1,6 @@
 """A Vertex AI Model Registry on loopback for the registration tests: it answers the REST
-calls the real SDK (`aiplatform.Model.list`, `aiplatform.Model.upload` with
-`api_transport="rest"`) makes, and keeps every request it got.
+calls the real SDK (`aiplatform.Model.list` with `api_transport="rest"`) and the GAPIC
+`ModelServiceClient.upload_model` over REST make, and keeps every request it got.
 
 - `GET .../models?filter=display_name="NAME"`: the models of that display name;
 - `POST .../models:upload`: the body parsed strictly into `aiplatform_v1.UploadModelRequest`

@@ -12,6 +12,7 @@ import shlex
 import uuid
 
 import pytest
+from google.cloud.aiplatform_v1.types import Probe
 
 from tests.support.gcs_emulator import BUCKET
 from tests.support.helpers import TEXT_COLUMNS, resolved
@@ -113,7 +114,15 @@ def test_a_new_model_is_uploaded_with_the_serving_container(capsys, registry, de
         "metric": "eval_accuracy", "metric_value": "0_9375", "image_tag": "abc1234",
     }  # fmt: skip
     assert list(model.version_aliases) == ["default"]
-    assert [r.split(" ")[0] for r in registry.requests] == ["GET", "POST", "GET", "GET"]
+    # HTTP GET on the health route; the startup probe outlasts any deployment timeout the API
+    # allows (2 hours: 720 tries 10 s apart), the health probe takes 3 failures in a row
+    http = Probe.HttpGetAction(path="/health", port=8080)
+    assert spec.startup_probe == Probe(http_get=http, period_seconds=10, timeout_seconds=15,
+                                       failure_threshold=720)  # fmt: skip
+    assert spec.health_probe == Probe(http_get=http, period_seconds=10, timeout_seconds=15,
+                                      failure_threshold=3)  # fmt: skip
+    assert "deployment_timeout" not in spec and "liveness_probe" not in spec
+    assert [r.split(" ")[0] for r in registry.requests] == ["GET", "POST", "GET"]
     assert json.loads(record_of(delivered))["registrations"] == [{
         "project": "test-project", "region": "us-central1", "name": "sentiment",
         "resource_name": name, "version_id": "1",
@@ -158,7 +167,11 @@ def test_a_utf8_name_aliases_and_a_deployment_timeout_reach_the_registry(
     [(_, request)] = registry.uploads
     assert request.model.display_name == name
     assert list(request.model.version_aliases) == ["production", "v1-candidate", "default"]
-    assert request.model.container_spec.deployment_timeout.total_seconds() == 3600
+    spec = request.model.container_spec
+    assert spec.deployment_timeout.total_seconds() == 3600
+    # the startup probe gives the load the deployment's hour: 360 tries, 10 s apart
+    assert (spec.startup_probe.period_seconds, spec.startup_probe.failure_threshold) == (10, 360)
+    assert spec.startup_probe.http_get.path == "/health"
     again = f"gs://{BUCKET}/{uuid.uuid4().hex}/model"
     publish_model(open_store(again), text_classifier)
     assert register(capsys, registry, again, "--name", name)[1].startswith(
