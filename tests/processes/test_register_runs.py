@@ -40,7 +40,8 @@ def test_a_run_registers_its_model_once_even_when_the_registry_first_refuses(
             "--deepspeed", "none", "--nproc_per_node", "1", "--max_steps", "2",
             "--eval_strategy", "steps", "--eval_steps", "2", "--output_dir", "out",
             "--register_model", "sentiment", "--serving_image", IMAGE,
-            "--registry_api_endpoint", registry.endpoint]  # fmt: skip
+            "--registry_api_endpoint", registry.endpoint, "--version_alias", "production",
+            "--deployment_timeout_s", "1800"]  # fmt: skip
 
     registry.deny("aiplatform.models.upload")  # asked by the launcher before training
     code, output = run_trainer(args, cwd=tmp_path, env=env, timeout=300)
@@ -73,6 +74,12 @@ def test_a_run_registers_its_model_once_even_when_the_registry_first_refuses(
     assert labels["task"] == "text-classification" and labels["metric"] == "accuracy"
     assert labels["image_tag"] == "abc1234" and float(labels["metric_value"].replace("_", "."))
     assert "base_model" not in labels  # a local path is no base checkpoint's name
+    assert list(refused.model.version_aliases) == ["production", "default"]
+    spec = refused.model.container_spec
+    assert spec.deployment_timeout.total_seconds() == 1800
+    probe = spec.startup_probe
+    assert (probe.http_get.path, probe.failure_threshold) == ("/health", 180)
+    assert "--version_alias production --deployment_timeout_s 1800" in line
 
     registry.refusal = None  # the permission granted; Vertex AI restarts the job
     code, output = run_trainer(args, cwd=tmp_path, env=env, timeout=300)

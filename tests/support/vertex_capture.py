@@ -1,14 +1,18 @@
 """A Vertex AI Model Registry on loopback for the registration tests: it answers the REST
-calls the real SDK (`aiplatform.Model.list`, `aiplatform.Model.upload` with
-`api_transport="rest"`) makes, and keeps every request it got.
+calls the real SDK (`aiplatform.Model.list` with `api_transport="rest"`) and the GAPIC
+`ModelServiceClient.upload_model` over REST make, and keeps every request it got.
 
 - `GET .../models?filter=display_name="NAME"`: the models of that display name;
 - `POST .../models:upload`: the body parsed strictly into `aiplatform_v1.UploadModelRequest`
   (an unknown field is a 400 and lands in `errors`), kept in `uploads`; the answer is a
   long-running Operation, not yet done;
 - `GET .../operations/N`: that Operation, done, its response an `UploadModelResponse`: a new
-  model (version 1) or, with `parentModel`, the next version of it;
-- `GET .../models/ID@VERSION`: the model as uploaded;
+  model (version 1) or, with `parentModel`, the next version of it (or a
+  `DeployModelResponse`);
+- `POST .../endpoints/E:deployModel` (gcloud's `ai endpoints deploy-model`): the body parsed
+  strictly into `aiplatform_v1.DeployModelRequest`, kept in `deploys`; a long-running
+  Operation whose response is the deployed model with an id;
+- `GET .../models/ID@VERSION`: the model as uploaded (`.../models/ID`: its newest version);
 - `POST /v1/projects/P:testIamPermissions` (Cloud Resource Manager's, asked of the same
   address by the launcher's check): the permissions asked, but those `deny` names.
 
@@ -20,6 +24,7 @@ asked is a 404 and lands in `errors`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -28,8 +33,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud.aiplatform_v1 import types
 
-UPLOAD_RESPONSE_TYPE = "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse"
+RESPONSE_TYPE = "type.googleapis.com/google.cloud.aiplatform.v1.{}"
 LOCATION = r"/v1/(projects/[^/]+/locations/[^/]+)"
+ENDPOINT = r"/v1/(projects/[^/]+/locations/[^/]+/endpoints/[^/:]+)"
 
 
 @dataclass
@@ -48,8 +54,10 @@ class VertexCapture:
         self.uploads: list[tuple[str, types.UploadModelRequest]] = []
         """(the URL's parent, the request) of every upload, refused ones too."""
         self.requests: list[str] = []
+        self.deploys: list[tuple[str, types.DeployModelRequest]] = []
+        """(the endpoint's resource name, the request) of every deployModel."""
         self.errors: list[str] = []
-        self.operations: dict[str, types.UploadModelResponse] = {}
+        self.operations: dict[str, types.UploadModelResponse | types.DeployModelResponse] = {}
         self.refusal: tuple[int, str, str] | None = None
         self.denied: set[str] = set()
         """Permissions testIamPermissions says the caller lacks."""
@@ -98,6 +106,10 @@ class VertexCapture:
             stored = self.models[name] = StoredModel(name, request.model.display_name)
         version = types.Model(request.model)
         version.name, version.version_id = stored.resource_name, str(len(stored.versions) + 1)
+        # output only, as the service fills it in for a custom container (gcloud reads it)
+        version.supported_deployment_resources_types = [
+            types.Model.DeploymentResourcesType.DEDICATED_RESOURCES
+        ]
         stored.versions.append(version)
         operation = f"{stored.resource_name}/operations/{len(self.operations) + 1}"
         self.operations[operation] = types.UploadModelResponse(
@@ -105,9 +117,21 @@ class VertexCapture:
         )
         return 200, {"name": operation, "done": False}
 
+    def _deploy(self, endpoint: str, body: bytes) -> tuple[int, dict]:
+        request = types.DeployModelRequest.from_json(body.decode(), ignore_unknown_fields=False)
+        self.deploys.append((endpoint, request))
+        deployed = types.DeployedModel(request.deployed_model)
+        deployed.id = str(len(self.deploys))
+        operation = f"{endpoint}/operations/{len(self.operations) + 1}"
+        self.operations[operation] = types.DeployModelResponse(deployed_model=deployed)
+        return 200, {"name": operation, "done": False}
+
     def _operation(self, name: str) -> dict:
-        response = json.loads(types.UploadModelResponse.to_json(self.operations[name]))
-        return {"name": name, "done": True, "response": {"@type": UPLOAD_RESPONSE_TYPE, **response}}
+        response = self.operations[name]
+        kind = type(response)
+        fields = json.loads(kind.to_json(response))
+        return {"name": name, "done": True,
+                "response": {"@type": RESPONSE_TYPE.format(kind.__name__), **fields}}  # fmt: skip
 
     def _model(self, name: str, version: str) -> dict:
         return json.loads(types.Model.to_json(self.models[name].versions[int(version) - 1]))
@@ -121,10 +145,15 @@ class VertexCapture:
                 return 200, self._listed(url.query)
             if method == "POST" and (found := re.fullmatch(rf"{LOCATION}/models:upload", path)):
                 return self._upload(found.group(1), body)
+            if method == "POST" and (found := re.fullmatch(rf"{ENDPOINT}:deployModel", path)):
+                return self._deploy(found.group(1), body)
             if method == "GET" and (found := re.search(r"(projects/.*/operations/\d+)$", path)):
                 return 200, self._operation(found.group(1))
             if method == "GET" and (found := re.fullmatch(r"/v1/(.*/models/\d+)@(\d+)", path)):
                 return 200, self._model(found.group(1), found.group(2))
+            if method == "GET" and path.removeprefix("/v1/") in self.models:  # the newest
+                name = path.removeprefix("/v1/")
+                return 200, self._model(name, str(len(self.models[name].versions)))
             if method == "POST" and re.fullmatch(r"/v1/projects/[^/]+:testIamPermissions", path):
                 return 200, self._tested(body)
             self.errors.append(f"unexpected {method} {target}")
@@ -156,3 +185,20 @@ class VertexCapture:
             do_GET = do_POST = _reply
 
         return Handler
+
+
+def gcloud_env(home: str, endpoint: str) -> dict[str, str]:
+    """The environment that points the real gcloud CLI's `ai` commands at `endpoint` (a
+    VertexCapture's), in project `p`, with nothing of the user's configuration or
+    credentials (`home`: an empty folder of the test's)."""
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": home,
+        "CLOUDSDK_CONFIG": f"{home}/gcloud-config",
+        "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true",
+        "CLOUDSDK_CORE_PROJECT": "p",
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_AIPLATFORM": f"{endpoint}/",  # gcloud needs the slash
+    }

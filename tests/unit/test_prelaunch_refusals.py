@@ -377,6 +377,28 @@ def test_register_model_is_checked_before_launch(dry_run, monkeypatch):
     assert code == 0, err
 
 
+def test_register_model_aliases_and_deployment_timeout_are_checked_before_launch(
+    dry_run, monkeypatch
+):
+    """`--version_alias` and `--deployment_timeout_s` ride with `--register_model` and are
+    checked at launch by trainer.register's own rules (registration_request.py): a bad alias
+    or timeout is one line before anything trains; good ones (repeatable) pass."""
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test-project")
+    registration = ["--register_model", "sentiment", "--model_dir", "gs://bucket/run/model",
+                    "--serving_image", "us-central1-docker.pkg.dev/p/r/t-serve:abc"]  # fmt: skip
+    assert_refused(dry_run(*registration, "--version_alias", "Production"),
+                   "error: --register_model sentiment: --version_alias 'Production' is not a "
+                   "Vertex AI version alias: [a-z][a-zA-Z0-9-]{0,126}[a-z0-9]")  # fmt: skip
+    assert_refused(dry_run(*registration, "--version_alias", "prod", "--version_alias", "prod"),
+                   "--version_alias: each alias once")  # fmt: skip
+    assert_refused(dry_run(*registration, "--deployment_timeout_s", "7201"),
+                   "error: --register_model sentiment: --deployment_timeout_s 7201: "
+                   "1 to 7200")  # fmt: skip
+    code, out, err = dry_run(*registration, "--version_alias", "production", "--version_alias",
+                             "v2-candidate", "--deployment_timeout_s", "3600")  # fmt: skip
+    assert code == 0, err
+
+
 def test_a_job_spec_registers_with_the_serving_image_of_its_own_commit():
     """`trainer.jobspec` names the serving image cloudbuild.yaml pushed beside --image from
     the same commit (IMAGE-serve:TAG); an image pinned by digest names none: one line."""

@@ -12,13 +12,17 @@ import shlex
 import uuid
 
 import pytest
+from google.cloud.aiplatform_v1.types import Probe
 
 from tests.support.gcs_emulator import BUCKET
+from tests.support.helpers import TEXT_COLUMNS, resolved
 from tests.support.vertex_capture import VertexCapture
 from trainer.common.errors import UserError
 from trainer.register import main
 from trainer.registry.labels import check_name_and_labels, check_version_aliases, label_value
+from trainer.registry.registration import register as register_model
 from trainer.registry.registration_request import image_tag
+from trainer.registry.run_registration import run_registration
 from trainer.storage.checkpoints import publish_model
 from trainer.storage.store import open_store
 
@@ -110,7 +114,15 @@ def test_a_new_model_is_uploaded_with_the_serving_container(capsys, registry, de
         "metric": "eval_accuracy", "metric_value": "0_9375", "image_tag": "abc1234",
     }  # fmt: skip
     assert list(model.version_aliases) == ["default"]
-    assert [r.split(" ")[0] for r in registry.requests] == ["GET", "POST", "GET", "GET"]
+    # HTTP GET on the health route; the startup probe outlasts any deployment timeout the API
+    # allows (2 hours: 720 tries 10 s apart), the health probe takes 3 failures in a row
+    http = Probe.HttpGetAction(path="/health", port=8080)
+    assert spec.startup_probe == Probe(http_get=http, period_seconds=10, timeout_seconds=15,
+                                       failure_threshold=720)  # fmt: skip
+    assert spec.health_probe == Probe(http_get=http, period_seconds=10, timeout_seconds=15,
+                                      failure_threshold=3)  # fmt: skip
+    assert "deployment_timeout" not in spec and "liveness_probe" not in spec
+    assert [r.split(" ")[0] for r in registry.requests] == ["GET", "POST", "GET"]
     assert json.loads(record_of(delivered))["registrations"] == [{
         "project": "test-project", "region": "us-central1", "name": "sentiment",
         "resource_name": name, "version_id": "1",
@@ -155,7 +167,11 @@ def test_a_utf8_name_aliases_and_a_deployment_timeout_reach_the_registry(
     [(_, request)] = registry.uploads
     assert request.model.display_name == name
     assert list(request.model.version_aliases) == ["production", "v1-candidate", "default"]
-    assert request.model.container_spec.deployment_timeout.total_seconds() == 3600
+    spec = request.model.container_spec
+    assert spec.deployment_timeout.total_seconds() == 3600
+    # the startup probe gives the load the deployment's hour: 360 tries, 10 s apart
+    assert (spec.startup_probe.period_seconds, spec.startup_probe.failure_threshold) == (10, 360)
+    assert spec.startup_probe.http_get.path == "/health"
     again = f"gs://{BUCKET}/{uuid.uuid4().hex}/model"
     publish_model(open_store(again), text_classifier)
     assert register(capsys, registry, again, "--name", name)[1].startswith(
@@ -251,3 +267,30 @@ def test_the_permission_to_register_is_asked_without_registering(registry, capsy
     check_register_permission(VertexPlace("test-project", "us-central1", "http://127.0.0.1:9"))
     assert "could not be asked (ConnectionError); the run goes on" in capsys.readouterr().err
     assert registry.uploads == []
+
+
+def test_the_training_runs_registration_sends_its_aliases_and_deployment_timeout(
+    registry, delivered, text_assets
+):
+    """`--register_model` with `--version_alias` (twice) and `--deployment_timeout_s`, as the
+    chief registers after training (trainer/training/model_registration.py: the run's
+    resolved flags into `run_registration`, then `register`): the upload body carries both,
+    and the retry command a refusal prints names them."""
+    model_dir, dataset_dir = text_assets
+    config = resolved(["--task", "text-classification", "--model_name_or_path", model_dir,
+                       "--dataset_name", dataset_dir, *TEXT_COLUMNS, "--model_dir", delivered,
+                       "--register_model", "sentiment", "--serving_image", IMAGE,
+                       "--registry_api_endpoint", registry.endpoint,
+                       "--version_alias", "production", "--version_alias", "v2-candidate",
+                       "--deployment_timeout_s", "5400"],
+                      env={"GOOGLE_CLOUD_PROJECT": "test-project"})  # fmt: skip
+    registration = run_registration(config, {"GOOGLE_CLOUD_PROJECT": "test-project"})
+    retry = shlex.split(registration.retry_command())
+    assert retry[retry.index("--deployment_timeout_s") + 1] == "5400"
+    assert [retry[i + 1] for i, word in enumerate(retry) if word == "--version_alias"] == [
+        "production", "v2-candidate"]  # fmt: skip
+    register_model(registration)
+    assert registry.errors == []
+    [(_, request)] = registry.uploads
+    assert list(request.model.version_aliases) == ["production", "v2-candidate", "default"]
+    assert request.model.container_spec.deployment_timeout.total_seconds() == 5400

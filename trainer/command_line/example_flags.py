@@ -18,10 +18,12 @@ from collections import defaultdict
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
 from trainer.common.errors import UserError
 from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.output_flags import OutputArguments
 
 REPEATABLE_FLAGS = {
     f"--{field.name}"
-    for field in dataclasses.fields(LauncherArguments)
+    for arguments in (LauncherArguments, OutputArguments)
+    for field in dataclasses.fields(arguments)
     if field.metadata.get("action") == "extend"
 }
 """Flags whose repeats add up rather than replace each other."""

@@ -54,7 +54,6 @@ CURATED_TRAINING_FLAGS = (
     "save_total_limit",
     "load_best_model_at_end",
     "metric_for_best_model",
-    "greater_is_better",
     "logging_steps",
     "report_to",
     "bf16",

@@ -88,7 +88,7 @@ def registered_once(registration: Registration, uri: str) -> Registered:
     # the server reads gs:// instances under the model's own bucket unless told otherwise
     readable = {READ_PREFIXES_VARIABLE: "gs://" + uri.removeprefix("gs://").split("/")[0] + "/"}
     uploaded = upload_model(
-        registration.name, uri, registration.serving_image,
+        registration.place, registration.name, uri, registration.serving_image,
         readable | dict(registration.serving_env), labels,
         registration.version_aliases, registration.deployment_timeout_s,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from trainer.common.errors import UserError
 from trainer.common.secrets import looks_secret
 from trainer.registry.labels import check_name_and_labels, check_version_aliases
-from trainer.registry.upload import VertexPlace
+from trainer.registry.upload import MAX_DEPLOYMENT_TIMEOUT_S, VertexPlace
 from trainer.storage.store import bucket_uri
 
 
@@ -75,8 +75,6 @@ def registry_labels(
     return {key: value for key, value in labels.items() if value}
 
 
-MAX_DEPLOYMENT_TIMEOUT_S = 2 * 3600
-"""`ModelContainerSpec.deployment_timeout`'s limit: 2 hours."""
 MULTI_REGIONS = ("us", "europe", "asia")
 """Artifact Registry's multi-regional locations (`us-docker.pkg.dev`)."""
 

@@ -74,6 +74,8 @@ def run_registration(
         ),
         base_model=hub_id(config.model.model_name_or_path),
         metric=metric,
+        version_aliases=tuple(outputs.version_alias),
+        deployment_timeout_s=outputs.deployment_timeout_s,
     )
     region_known = on_node or bool(outputs.registry_region or env.get("CLOUD_ML_REGION"))
     try:

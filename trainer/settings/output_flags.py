@@ -52,8 +52,7 @@ class OutputArguments:
     )
     stop_grace_seconds: float = flag(
         STOP_GRACE_SECONDS,
-        "On SIGTERM every rank saves its step; uploads get this long "
-        "before the process exits (docs/restarts.md).",
+        "On SIGTERM each rank saves its step, uploads get this long (docs/restarts.md).",
     )
     failure_upload_seconds: float = flag(
         600,
@@ -66,6 +65,8 @@ class OutputArguments:
     registry_project: str | None = flag(None, "The registry's project.")
     registry_region: str | None = flag(None, "The registry's region.")
     registry_api_endpoint: str | None = flag(None, "Private registry API address.")
+    version_alias: list[str] = flag([], "Its version aliases.", action="extend")
+    deployment_timeout_s: int | None = flag(None, "Its deploymentTimeout (s).")
 
     def __post_init__(self) -> None:
         if self.save_interval_minutes is not None and self.save_interval_minutes <= 0:
