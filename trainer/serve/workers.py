@@ -170,7 +170,9 @@ class SharedHealth:
         return await self.app(scope, receive, named)
 
 
-def run_worker(index: int, sock: socket.socket, states, downloaded, settings) -> None:
+def run_worker(
+    index: int, sock: socket.socket, states, downloaded, settings, supervisor: int
+) -> None:
     """One worker's process: its share of the threads, its own model and batcher, uvicorn
     on the shared socket. Ends 1 if its model did not load, else when told to stop (or when
     its batching loop stops: its supervisor starts another)."""
@@ -217,14 +219,15 @@ def run_worker(index: int, sock: socket.socket, states, downloaded, settings) ->
     server = uvicorn.Server(uvicorn.Config(
         SharedHealth(app, contract.health_route, states, index), log_level="warning",
         access_log=False))  # fmt: skip
-    threading.Thread(target=end_with_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=end_with_supervisor, args=(supervisor,), daemon=True).start()
     server.run(sockets=[sock])
     sys.exit(1 if failed else 0)
 
 
-def end_with_parent(parent: int) -> None:
-    """A worker whose supervisor was killed (no SIGTERM passed on) stops by itself."""
-    while os.getppid() == parent:
+def end_with_supervisor(supervisor: int) -> None:
+    """A worker whose supervisor was killed (no SIGTERM passed on), even while the worker
+    was still starting, stops by itself."""
+    while os.getppid() == supervisor:
         time.sleep(1)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -268,7 +271,7 @@ class Supervisor:
         self.states[index] = LOADING
         process = self.context.Process(
             target=run_worker, name=f"serve-worker-{index}",
-            args=(index, self.sock, self.states, self.downloaded, self.settings),
+            args=(index, self.sock, self.states, self.downloaded, self.settings, os.getpid()),
         )  # fmt: skip
         process.start()
         self.processes[index] = process
