@@ -53,6 +53,29 @@ def held(model_dir):
 
 served_model.load_predictor = held
 """
+BROKEN_LOOP = """
+import os
+from trainer.serve import batching
+
+_one_batch = batching.Batcher._one_batch
+
+
+async def breaking(self):
+    # Once the test's `break` file is there, the first worker to start a batch has its
+    # batching loop stop (once: the replacement worker's loop runs).
+    hold = os.environ["HOLD_DIR"]
+    if os.path.exists(os.path.join(hold, "break")):
+        try:
+            os.close(os.open(os.path.join(hold, "broken"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            raise RuntimeError("a planted fault")
+    return await _one_batch(self)
+
+
+batching.Batcher._one_batch = breaking
+"""
 TEXTS = ["a great film", "awful", "not bad at all", "the plot", "loved it", "dull", "fine"]
 
 
@@ -170,3 +193,37 @@ def test_a_gs_model_is_downloaded_once_for_every_worker_while_health_says_loadin
         if server.poll() is None:
             server.kill()
         proxy.close()
+
+
+def test_a_worker_whose_batching_loop_stops_turns_health_503_and_is_replaced(
+    tmp_path, text_classifier, demo_cache
+):
+    port, log = free_port(), tmp_path / "serve.log"
+    (tmp_path / "hold").mkdir()
+    env = trainer_env(demo_cache, HOLD_DIR=str(tmp_path / "hold"))
+    env = with_start_hook(env, tmp_path / "hook", BROKEN_LOOP)
+    server = start([str(text_classifier), "--port", str(port), "--workers", "2"], env, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(server, url + "/health", log)
+        (tmp_path / "hold" / "break").touch()
+        answer = httpx.post(url + "/predict", json={"instances": ["fine"]})
+        # Its batch was already being gathered: answered; the worker's next batch stops it.
+        assert answer.status_code == 200, answer.text
+        broken = int(answer.headers["x-serve-worker"])
+        wait_until(lambda: "the worker ends" in log.read_text(), 30, "the loop's error line")
+        code, body = health(url) or (0, {})
+        assert code == 503 and body["status"] in ("failed", "loading"), body
+        wait_until_healthy(server, url + "/health", log)
+        assert httpx.post(url + "/predict", json={"instances": ["fine"]}).status_code == 200
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if server.poll() is None:
+            server.kill()
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"error: worker {broken} \(pid \d+\): the batching loop stopped: RuntimeError: a "
+        r"planted fault; the worker ends and another starts; health answers 503 until it is "
+        r"ready", lines[0]), lines  # fmt: skip
+    assert f"worker {broken} started again" in log.read_text()

@@ -117,8 +117,8 @@ def make_app(
     """The app. `request_timeout` (seconds; None: none) bounds how long a request may wait
     for its predictions; `gcs_read_prefixes` are the only gs:// prefixes an instance may name
     (the server reads them with its own credentials); `model_location`, when a local folder,
-    is where a load failure's cause is looked for. If the batching loop stops, its error line
-    ends with `after_batching_stops`, then `on_batching_stopped` is called."""
+    is where a load failure's cause is looked for. If the batching loop stops,
+    `on_batching_stopped` is called, then its error line ends with `after_batching_stops`."""
     state = ModelState(load, model_location)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
@@ -145,8 +145,8 @@ def make_app(
             except Exception as error:  # noqa: BLE001 - said in the log and by the health route
                 del holder["batcher"]
                 state.failure = f"the batching loop stopped: {type(error).__name__}: {error}"
+                on_batching_stopped()  # first: a worker's health is 503 when the line shows
                 error_line(f"{state.failure}; {after_batching_stops}")
-                on_batching_stopped()
 
         task = asyncio.create_task(load_then_batch())
         yield
