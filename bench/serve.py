@@ -47,6 +47,10 @@ Per task, one after the other:
 
 Several `--max_batch_size` or `--max_wait_ms` values sweep the settings: one server per
 combination, each driven at every `--clients` count, its rows labelled with its setting.
+Several `--workers` values (`--workers 1 2`) run the server with that many model workers
+behind its one port (docs/serving.md, "Several workers"): one server per value, all started
+at once and driven in turns at each `--clients` count, so that a load that changes on a
+shared machine meets each alike; the `--cores` threads are split among a server's workers.
 
 `--report FILE` rewrites FILE after every row (the machine, the versions, the load, then the
 two tables), and `--server_log FILE` gets every server's output as it comes, so a run that
@@ -60,7 +64,8 @@ a task with a request count is measured by count. p50/p99 are nearest-rank perce
 
     python bench/serve.py [--tasks demo speech image text chat] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
-                          [--max_batch_size N ...] [--max_wait_ms MS ...] [--cores N]
+                          [--max_batch_size N ...] [--max_wait_ms MS ...] [--workers N ...]
+                          [--cores N]
                           [--report FILE] [--server_log FILE] [--skip_baseline]
 
 The targets (checked in the last table): at 16 clients at least 1.5x the one-at-a-time
@@ -387,18 +392,19 @@ class Server:
 
     def __init__(
         self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float,
-        log: TextIO | None = None,
+        log: TextIO | None = None, workers: int = 1, name: str = "",
     ):  # fmt: skip
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
-        self.log = log
+        self.log, self.name = log, name
+        """`name`, when given, starts each of its lines in `log` (servers run side by side)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
              "--port", str(self.port), "--max_batch_size", str(max_batch_size),
-             "--max_wait_ms", str(max_wait_ms)],
+             "--max_wait_ms", str(max_wait_ms), "--workers", str(workers)],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "OMP_NUM_THREADS": str(cores)},
         )  # fmt: skip
@@ -409,14 +415,15 @@ class Server:
         for line in self.process.stdout:
             self.lines.append(line)
             if self.log is not None:
-                self.log.write(line)
+                self.log.write(f"[{self.name}] {line}" if self.name else line)
                 self.log.flush()
 
     def where(self) -> str:
-        """Its "model ready: TASK on DEVICE in DTYPE" line's device and dtype."""
+        """Its "model ready: TASK on DEVICE in DTYPE" line's device and dtype (a worker's
+        line, "worker I (pid P): model ready: ...", adds its torch threads)."""
         for line in self.lines:
-            if line.startswith("model ready: "):
-                return line.split(" on ", 1)[1].strip()
+            if "model ready: " in line:
+                return line.split("model ready: ", 1)[1].split(" on ", 1)[1].strip()
         return "?"
 
     def wait_ready(self, timeout: float = 900.0) -> None:
@@ -520,20 +527,39 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
     settings = list(itertools.product(args.max_batch_size, args.max_wait_ms))
     bodies = [json.dumps({"instances": [instance]}).encode() for instance in payload]
     for max_batch_size, max_wait_ms in settings:
-        path = "server" if len(settings) == 1 else (
-            f"server, batch {max_batch_size}, wait {max_wait_ms:g} ms")  # fmt: skip
-        if args.server_log is not None:
-            args.server_log.write(f"=== {task}: {path}\n")
-        server = Server(model_dir, args.cores, max_batch_size, max_wait_ms, args.server_log)
+        # One server per --workers value, all started, then driven in turns at each level:
+        # a load that changes on a shared machine meets each alike.
+        servers = {}
         try:
-            server.wait_ready()
+            for workers in args.workers:
+                path = server_label(args, max_batch_size, max_wait_ms, workers)
+                if args.server_log is not None and len(args.workers) == 1:
+                    args.server_log.write(f"=== {task}: {path}\n")
+                servers[path] = Server(model_dir, args.cores, max_batch_size, max_wait_ms,
+                                       args.server_log, workers,
+                                       path if len(args.workers) > 1 else "")  # fmt: skip
+            for server in servers.values():
+                server.wait_ready()
             for clients in args.clients:
-                row = drive(server, bodies, clients, budget)
-                add_row(rows, {"task": task, "path": path, "clients": clients} | row
-                        | {"where": server.where(), "max_batch_size": max_batch_size},
-                        args)  # fmt: skip
+                for path, server in servers.items():
+                    row = drive(server, bodies, clients, budget)
+                    add_row(rows, {"task": task, "path": path, "clients": clients} | row
+                            | {"where": server.where(), "max_batch_size": max_batch_size},
+                            args)  # fmt: skip
         finally:
-            server.stop()
+            for server in servers.values():
+                server.stop()
+
+
+def server_label(args: argparse.Namespace, max_batch_size: int, max_wait_ms: float,
+                 workers: int) -> str:  # fmt: skip
+    """A server row's path: "server", with the settings swept ("server, 2 workers")."""
+    label = "server"
+    if len(args.max_batch_size) * len(args.max_wait_ms) > 1:
+        label += f", batch {max_batch_size}, wait {max_wait_ms:g} ms"
+    if len(args.workers) > 1:
+        label += f", {workers} worker{'s' if workers > 1 else ''}"
+    return label
 
 
 def add_row(rows: list[dict], row: dict, args: argparse.Namespace) -> None:
@@ -690,6 +716,13 @@ def main() -> None:
                         help="the server's; several: one server per value (a sweep)")  # fmt: skip
     parser.add_argument("--max_wait_ms", nargs="+", type=float, default=[DEFAULT_MAX_WAIT_MS],
                         help="the server's; several: one server per value (a sweep)")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="the server's model workers; several: one server per value",
+    )
     parser.add_argument("--skip_baseline", action="store_true",
                         help="the server alone: no one-at-a-time run and no forward pass "
                              "alone (a sweep after a run that measured them)")  # fmt: skip

@@ -57,6 +57,10 @@ def parser(env) -> argparse.ArgumentParser:
                    help="comma-separated gs:// buckets or folders an instance may name, read "
                         "with the server's credentials; the model's bucket is always one "
                         "($SERVE_GCS_READ_PREFIXES)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=int(env.get("SERVE_WORKERS", 1)),
+                   help="model workers behind the one port, each with its own copy of the "
+                        "model on the same device, its own batching and its share of the CPU "
+                        "threads ($SERVE_WORKERS)")  # fmt: skip
     return p
 
 
@@ -79,6 +83,18 @@ def checked_model(model: str | None, contract: Contract) -> str:
     if not location:
         raise ValueError("no model: name a folder or gs:// URI, or set AIP_STORAGE_URI")
     return checked_location(location)
+
+
+def checked_arguments(args: argparse.Namespace, contract: Contract) -> tuple[str, tuple]:
+    """The model's location and the gs:// prefixes instances may name, or ValueError (or
+    FileNotFoundError) saying what is wrong with the command line."""
+    location = checked_model(args.model, contract)
+    for name in ("max_batch_size", "queue_size", "max_request_bytes", "workers"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1")
+    if args.max_wait_ms < 0 or args.request_timeout_s < 0:
+        raise ValueError("--max_wait_ms and --request_timeout_s must not be negative")
+    return location, read_prefixes(args.gcs_read_prefixes, location)
 
 
 def loader(location: str):
@@ -105,17 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser(env).parse_args(argv)
     contract = Contract.from_environment(env)
     try:
-        location = checked_model(args.model, contract)
-        for name in ("max_batch_size", "queue_size", "max_request_bytes"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name} must be at least 1")
-        if args.max_wait_ms < 0 or args.request_timeout_s < 0:
-            raise ValueError("--max_wait_ms and --request_timeout_s must not be negative")
-        prefixes = read_prefixes(args.gcs_read_prefixes, location)
+        location, prefixes = checked_arguments(args, contract)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
 
+    if args.workers > 1:
+        from trainer.serve.workers import serve_with_workers
+
+        sys.exit(serve_with_workers(args, contract, location, prefixes))
     import uvicorn
 
     from trainer.common.quiet import silence_known_noise

@@ -52,9 +52,20 @@ PAGE_HEADERS = {
 the page's own clip, played back)."""
 
 
+WORKER: dict = {}
+"""In a worker of `--workers N` (trainer/serve/workers.py), its `worker` index and `pid`: on
+every JSON log line, and naming it at the start of its error lines."""
+
+
 def log_line(record: dict) -> None:
     """One JSON line on stdout, which Cloud Logging parses into a structured entry."""
-    print(json.dumps(record), file=sys.stdout, flush=True)
+    print(json.dumps(record | WORKER), file=sys.stdout, flush=True)
+
+
+def error_line(message: str) -> None:
+    """`error: MESSAGE` on stderr, one line (`error: worker I (pid P): ...` in a worker)."""
+    who = f"worker {WORKER['worker']} (pid {WORKER['pid']}): " if WORKER else ""
+    print(f"error: {who}{message}", file=sys.stderr, flush=True)
 
 
 class RequestError(Exception):
@@ -85,7 +96,7 @@ class ModelState:
             self.predictor = self._load()
         except Exception as error:  # noqa: BLE001 - said in the log and by the health route
             self.failure = load_failure_line(error, self._folder)
-            print(f"error: the model did not load: {self.failure}", file=sys.stderr, flush=True)
+            error_line(f"the model did not load: {self.failure}")
 
 
 def make_app(
@@ -100,11 +111,14 @@ def make_app(
     request_timeout: float | None = None,
     gcs_read_prefixes: tuple[str, ...] = (),
     model_location: str | None = None,
+    on_batching_stopped: Callable[[], None] = lambda: None,
+    after_batching_stops: str = "health answers 503 from now on",
 ) -> FastAPI:
     """The app. `request_timeout` (seconds; None: none) bounds how long a request may wait
     for its predictions; `gcs_read_prefixes` are the only gs:// prefixes an instance may name
     (the server reads them with its own credentials); `model_location`, when a local folder,
-    is where a load failure's cause is looked for."""
+    is where a load failure's cause is looked for. If the batching loop stops,
+    `on_batching_stopped` is called, then its error line ends with `after_batching_stops`."""
     state = ModelState(load, model_location)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
     holder: dict[str, Batcher] = {}
@@ -131,8 +145,8 @@ def make_app(
             except Exception as error:  # noqa: BLE001 - said in the log and by the health route
                 del holder["batcher"]
                 state.failure = f"the batching loop stopped: {type(error).__name__}: {error}"
-                print(f"error: {state.failure}; health answers 503 from now on",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                on_batching_stopped()  # first: a worker's health is 503 when the line shows
+                error_line(f"{state.failure}; {after_batching_stops}")
 
         task = asyncio.create_task(load_then_batch())
         yield
