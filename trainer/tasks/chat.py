@@ -158,13 +158,16 @@ class ChatTask(Task):
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """A decoder layer keeps about 34 s h values for s positions of width h with fused
         attention (Korthikanti et al. 2022, sec. 4.1: 34 s b h bytes at 16 bits, here
-        counted in values: 17), plus the logits (s x vocabulary, in fp32 for the loss);
-        with checkpointing, each layer's input plus one layer being recomputed."""
+        counted in values: 17), plus three tensors of s x vocabulary (fp32 for the loss):
+        the logits, the log-softmax the loss keeps, and a gradient of that width during the
+        loss's backward, when every layer's activations are still held (measured on CPU:
+        bench/chat_memory.py, docs/benchmarks.md); with checkpointing, each layer's input
+        plus one layer being recomputed."""
         config = model.config.get_text_config()
         s, h = self.options.max_seq_length, config.hidden_size
         mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
         layer = s * (10 * h + 2 * mlp + 2 * h)
-        logits = 2 * s * config.vocab_size
+        logits = 3 * s * config.vocab_size
         full = config.num_hidden_layers * layer + logits
         return full, config.num_hidden_layers * s * h + layer + logits
 
