@@ -4,7 +4,8 @@ and refusal, trainer/preflight/model_plan.py) and the training processes (the gr
 checkpointing decision, trainer/training/gradient_checkpointing.py).
 
 Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with and
-without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
+without LoRA (tests/processes/test_memory_estimate.py), and for tiny Llama and Qwen2 causal LMs
+(bench/chat_memory.py); the tables are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
