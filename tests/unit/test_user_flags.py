@@ -641,3 +641,25 @@ def test_trl_flags_that_cannot_run_here_are_one_line(given, said, llama_and_chat
     code, _, err = dry_run(args, capsys)
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert code != 0 and len(lines) == 1 and said in lines[0], err
+
+
+def test_trls_space_separated_lora_target_modules_are_read_as_its_list(llama_and_chats, capsys):
+    """`--lora_target_modules q_proj v_proj` (TRL's ModelConfig takes a list) is the comma form;
+    it stops at the next flag and never takes a recipe file; `all-linear` adapts every linear
+    layer but the LM head, as PEFT reads it."""
+    root = llama_and_chats
+    base = ["--model_name_or_path", root / "llama", "--dataset_name", root / "chats",
+            "--eval_strategy", "no", "--use_peft"]  # fmt: skip
+    planned = {}
+    for given in ("q_proj v_proj --lora_r 8", "q_proj,v_proj --lora_r 8", "all-linear"):
+        args = ["--dry-run", "--skip_hub_check", *map(str, base), "--lora_target_modules"]
+        launch.main([*args, *given.split()])
+        plan = json.loads(capsys.readouterr().out)
+        planned[given] = plan["model"]["trainable_parameters"], plan["config"]["flags"]["model"]
+    spaced, commas = planned["q_proj v_proj --lora_r 8"], planned["q_proj,v_proj --lora_r 8"]
+    assert spaced == commas and spaced[1]["lora_target_modules"] == "q_proj,v_proj"
+    assert spaced[1]["lora_r"] == 8  # the next flag is its own
+    every = planned["all-linear"][0]  # q k v o gate up down, rank 16: more than q v at rank 8
+    assert every > 4 * spaced[0]
+    code, _, err = dry_run([*base, "--lora_target_modules", "q_proj", "v_proj", "r.yaml"], capsys)
+    assert code != 0 and "argument(s) that are no flag's value" in err  # not a module name

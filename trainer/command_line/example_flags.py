@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from itertools import takewhile
 
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
+from trainer.command_line.recipes import CONFIG_SUFFIXES
 from trainer.common.errors import UserError
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.output_flags import OutputArguments
@@ -27,6 +29,10 @@ REPEATABLE_FLAGS = {
     if field.metadata.get("action") == "extend"
 }
 """Flags whose repeats add up rather than replace each other."""
+
+LIST_FLAGS = {"--lora_target_modules"}
+"""Our comma-separated flags that TRL's parsers take as a list (`nargs="+"`): `--lora_target_modules
+q_proj v_proj`, as `trl sft` reads it, is `--lora_target_modules q_proj,v_proj` here."""
 
 BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
@@ -101,6 +107,12 @@ def _flags(argv: list[str]):
                 yield [token], name, value, "whisper_task"
                 i += 1 if inline is not None else 2
                 continue
+        if name in LIST_FLAGS and inline is None:
+            values = list(takewhile(_list_value, argv[i + 1 :]))
+            joined = [token, ",".join(values)] if values else [token]
+            yield joined, name, joined[-1] if values else None, None
+            i += 1 + len(values)
+            continue
         if foreign is None:
             yield [token], name, inline, None
             i += 1
@@ -108,6 +120,11 @@ def _flags(argv: list[str]):
         value, used = _value(foreign, inline, following)
         yield argv[i : i + used], name, value, foreign
         i += used
+
+
+def _list_value(token: str) -> bool:
+    """A value of a list flag: not a flag, nor a recipe file (which is only ever first)."""
+    return not token.startswith("-") and not token.endswith(CONFIG_SUFFIXES)
 
 
 def _value(foreign: ForeignFlag, inline: str | None, following: str | None) -> tuple[str, int]:

@@ -14,7 +14,7 @@ from trainer.preflight.stop_grace import MICRO_BATCH_TIME, micro_batch_time
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import Hardware, RunConfig
 from trainer.tasks.base import Task
-from trainer.tasks.lora_adapters import lora_targets, parameter_counts
+from trainer.tasks.lora_adapters import expanded_targets, lora_targets, parameter_counts
 from trainer.tasks.step_memory import (
     GIB,
     deepspeed_zero_settings,
@@ -163,6 +163,7 @@ def lora_parameters(config: RunConfig, task: Task, model) -> int | None:
         targets = lora_targets(config.model, model.config.model_type, task.spec.lora_targets)
     except UserError:
         return None
+    targets = expanded_targets(model, targets, task.head_modules(model))
     rank = config.model.lora_r
     return sum(
         rank * (module.in_features + module.out_features)

@@ -30,8 +30,8 @@ class ModelArguments:
     lora_dropout: float = flag(0.05, "Dropout on the LoRA branch's input.")
     lora_target_modules: str | None = flag(
         None,
-        "Comma-separated names of the modules that get adapters (default: the task's for "
-        "the model type, docs/tasks.md).",
+        "Names of the modules that get adapters, comma- or space-separated, or all-linear "
+        "(default: the task's for the model type, docs/tasks.md).",
     )
     load_in_8bit: bool = flag(
         False,

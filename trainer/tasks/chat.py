@@ -12,7 +12,9 @@ one line each.
 
 Data: conversational (`messages`), prompt/completion (two texts, or two lists of turns), or
 plain text (`--dataset_text_field`), from a hub dataset, a local folder of JSONL, Parquet or
-CSV files (one per split), or a shard set.
+CSV files (one per split), or a shard set; with `--streaming true`, the training split is
+tokenised as it is read and its bad and long rows counted as they are read
+(trainer/tasks/chat_stream.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trainer.data.sources import (
     looks_like_path,
     split_off_evaluation,
 )
+from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
 from trainer.tasks.chat_examples import (
     BadRow,
@@ -43,6 +46,7 @@ from trainer.tasks.chat_examples import (
     marked_template,
     training_template,
 )
+from trainer.tasks.chat_stream import StreamEncoder, tokenised_stream
 from trainer.tasks.lora_adapters import eight_bit_loading
 from trainer.tasks.text_generation import (
     FORMATS_LINE,
@@ -52,10 +56,12 @@ from trainer.tasks.text_generation import (
 )
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
     from transformers import PreTrainedModel
 
 TOKENISED = ("input_ids", "labels")
+PROBED_ROWS = 100
+"""A training stream's first rows, on which the loss mask's way is chosen."""
 REFERENCE, PROMPT_JSON = "reference", "prompt_json"
 """A test split's columns: the reference answer, and the prompt (a text or a list of turns, as
 JSON: a column holds one type)."""
@@ -86,12 +92,6 @@ class ChatTask(Task):
                 f"{FORMATS_LINE}."
             )
         return None
-
-    def check_inputs(self) -> list[str]:
-        if self.data_args.streaming:
-            raise UserError("--streaming: text-generation reads its splits whole (the "
-                            "tokenised set is packed and counted); leave it out.")  # fmt: skip
-        return super().check_inputs()
 
     def check_model(self) -> None:
         """A model without a chat template, for chats, is one line naming --chat_template;
@@ -158,13 +158,16 @@ class ChatTask(Task):
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """A decoder layer keeps about 34 s h values for s positions of width h with fused
         attention (Korthikanti et al. 2022, sec. 4.1: 34 s b h bytes at 16 bits, here
-        counted in values: 17), plus the logits (s x vocabulary, in fp32 for the loss);
-        with checkpointing, each layer's input plus one layer being recomputed."""
+        counted in values: 17), plus three tensors of s x vocabulary (fp32 for the loss):
+        the logits, the log-softmax the loss keeps, and a gradient of that width during the
+        loss's backward, when every layer's activations are still held (measured on CPU:
+        bench/chat_memory.py, docs/benchmarks.md); with checkpointing, each layer's input
+        plus one layer being recomputed."""
         config = model.config.get_text_config()
         s, h = self.options.max_seq_length, config.hidden_size
         mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
         layer = s * (10 * h + 2 * mlp + 2 * h)
-        logits = 2 * s * config.vocab_size
+        logits = 3 * s * config.vocab_size
         full = config.num_hidden_layers * layer + logits
         return full, config.num_hidden_layers * s * h + layer + logits
 
@@ -174,19 +177,24 @@ class ChatTask(Task):
     # -- the data ------------------------------------------------------------------------------
 
     def load_source(self, spec: str, streaming: bool = False):
+        """A split; a stream decoded (the sources leave a stream's media undecoded, and a
+        stream of chats undecoded holds each turn as a JSON text)."""
         dataset, _ = load_split(self.data_args, self.model_args.cache_dir, spec,
                                 self.detect_local_layout, streaming)  # fmt: skip
-        return dataset
+        return dataset.decode(True) if is_stream(dataset) and dataset.features else dataset
 
-    def source_format(self, dataset: Dataset, where: str) -> str:
-        found = data_format(set(dataset.column_names), self.options.dataset_text_field)
+    def source_format(self, dataset: Dataset | IterableDataset, where: str) -> str:
+        first = _first_row(dataset)
+        columns = dataset.column_names or list(first or {})
+        found = data_format(set(columns), self.options.dataset_text_field)
         if found is None:
-            raise UserError(f"{where} has columns {', '.join(dataset.column_names)}: "
+            raise UserError(f"{where} has columns {', '.join(columns)}: "
                             f"text-generation needs {FORMATS_LINE}.")  # fmt: skip
+        column = "messages" if found == "conversational" else "prompt"
         if (
             found != "text"
             and not self._tokenizer.chat_template
-            and isinstance(_first_value(dataset, found), list)
+            and isinstance((first or {}).get(column), list)
         ):
             raise UserError(no_template_line(self.model_args.model_name_or_path))
         return found
@@ -195,7 +203,7 @@ class ChatTask(Task):
         self._tokenizer = processor
         data = self.data_args
         spec = data.train_split_name
-        train = self.interleaved(lambda source: source.load_source(spec))
+        train = self.interleaved(lambda source: source.load_source(spec, data.streaming))
         evaluation, eval_spec = None, data.eval_split_name
         if data.train_val_split is not None:
             where = f"split {spec} of {data.dataset_name}"
@@ -203,7 +211,8 @@ class ChatTask(Task):
             eval_spec = f"{spec} (--train_val_split part)"
         elif eval_spec:
             evaluation = self.sources()[0].load_source(eval_spec)
-        train = self.tokenised(first_examples(train, data.max_train_samples), spec, True)
+        train = first_examples(train, data.max_train_samples)
+        train = (self.streamed if is_stream(train) else self.tokenised)(train, spec, True)
         if evaluation is not None:
             evaluation = first_examples(evaluation, data.max_eval_samples)
             self._samples = self.prompts(evaluation, self.options.generation_samples)
@@ -221,6 +230,26 @@ class ChatTask(Task):
         self.report_long(encoded["truncated"], learnt, keep, where)
         kept = [i for i in keep if learnt[i]]
         return encoded.select(kept).select_columns(list(TOKENISED))
+
+    def streamed(self, stream: IterableDataset, spec: str, training: bool) -> IterableDataset:
+        """A training stream tokenised as it is read (trainer/tasks/chat_stream.py): the same
+        examples, bad and long rows counted by the training process. How the loss is masked
+        is chosen on the stream's first rows (a split read whole tries all its rows)."""
+        where = f"split {spec} of {self.data_args.dataset_name or FILES}"
+        found = self.source_format(stream, where)
+        tokenizer, marked = self._tokenizer, marked_template(self._tokenizer.chat_template)
+        rows = list(stream.take(PROBED_ROWS))
+        for attempt in range(2):
+            try:
+                for row in rows:
+                    _encoded(tokenizer, found, self.options, marked, row)
+                break
+            except TemplateNotSplittable as error:
+                marked = training_template(tokenizer) if attempt == 0 else None
+                if marked is None:
+                    raise UserError(unsplittable_line(where, error)) from None
+        encoder = StreamEncoder(tokenizer, found, self.options, marked, self.options.packing)
+        return tokenised_stream(stream, encoder)
 
     def without_bad_rows(self, verdicts: list[str], where: str, training: bool) -> list[int]:
         """The rows to keep: all but the bad ones, counted in one line (UserError past
@@ -252,12 +281,7 @@ class ChatTask(Task):
             except TemplateNotSplittable as error:
                 marked = training_template(tokenizer) if attempt == 0 else None
                 if marked is None:
-                    raise UserError(
-                        f"{where}: {error}, and TRL has no marked copy of it: "
-                        "--assistant_only_loss false trains on the whole chat, or give a "
-                        "--chat_template whose assistant output is inside {% generation %} "
-                        "... {% endgeneration %}."
-                    ) from None
+                    raise UserError(unsplittable_line(where, error)) from None
         raise AssertionError("unreachable")
 
     def report_long(self, truncated: list, learnt: list, keep: list[int], where: str) -> None:
@@ -316,12 +340,19 @@ class ChatTask(Task):
     def trainer_class(self):
         from trainer.tasks.chat_trainer import ChatTrainer
 
-        return partial(ChatTrainer, chat=self.options, samples=self._samples)
+        where = f"split {self.data_args.train_split_name} of {self.data_args.dataset_name}"
+        return partial(ChatTrainer, chat=self.options, samples=self._samples, where=where)
 
 
-def _first_value(dataset: Dataset, found: str) -> Any:
-    column = "messages" if found == "conversational" else "prompt"
-    return dataset[0][column] if len(dataset) else None
+def _first_row(dataset: Dataset | IterableDataset) -> dict | None:
+    """The first row of a split or stream (None: it has none)."""
+    return next(iter(dataset.take(1) if is_stream(dataset) else dataset.select(range(1))), None)
+
+
+def unsplittable_line(where: str, error: TemplateNotSplittable) -> str:
+    return (f"{where}: {error}, and TRL has no marked copy of it: --assistant_only_loss false "
+            "trains on the whole chat, or give a --chat_template whose assistant output is "
+            "inside {% generation %} ... {% endgeneration %}.")  # fmt: skip
 
 
 def _encoded(tokenizer, found: str, options: ChatArguments, marked: str | None, row: dict) -> dict:

@@ -27,6 +27,8 @@ import torch
 from transformers.trainer_utils import PredictionOutput
 from trl import SFTConfig, SFTTrainer
 
+from trainer.common.errors import UserError
+from trainer.tasks.chat_stream import CUTS, CountedCuts
 from trainer.tasks.generation_serving import continuation, end_of_turn_ids
 from trainer.tasks.text_generation import ChatArguments
 
@@ -60,10 +62,60 @@ def sft_config(args, chat: ChatArguments) -> SFTConfig:
 
 
 class ChatTrainer(SFTTrainer):
-    def __init__(self, *positional, chat: ChatArguments, samples: list, args=None, **kwargs):
+    def __init__(self, *positional, chat: ChatArguments, samples: list, where: str = "",
+                 args=None, train_dataset=None, **kwargs):  # fmt: skip
+        """A training stream (trainer/data/streams.py `ResumableStream`, made by the streaming
+        Trainer from the task's tokenised stream) reaches TRL as the `datasets` stream inside
+        it, which TRL takes as it is (`_prepare_dataset`); the Trainer then reads the
+        resumable one, and counts the cut rows it carries (trainer/tasks/chat_stream.py)."""
         self.chat = chat
         self.samples = samples
-        super().__init__(*positional, args=sft_config(args, chat), **kwargs)
+        self.where = where
+        self.cuts = [0, 0, 0]  # rows cut, read, left with nothing to learn (a stream's)
+        stream = getattr(train_dataset, "stream", None)
+        self._prepared = stream
+        given = train_dataset if stream is None else stream
+        super().__init__(*positional, args=sft_config(args, chat), train_dataset=given, **kwargs)
+        if stream is not None:
+            self.train_dataset = train_dataset
+            self.data_collator = CountedCuts(self.data_collator)
+
+    def _prepare_dataset(self, dataset, *args, **kwargs):
+        if dataset is not None and dataset is self._prepared:
+            return dataset  # tokenised, and packed with --packing, as read (chat_stream.py)
+        return super()._prepare_dataset(dataset, *args, **kwargs)
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        counts = inputs.pop(CUTS, None)
+        if counts is not None:
+            self.cuts = [total + new for total, new in zip(self.cuts, counts, strict=True)]
+            if self.cuts[0] and self.chat.refuse_long_examples:
+                raise UserError(
+                    f"a row of the training stream ({self.where}) is longer than "
+                    f"--max_seq_length {self.chat.max_seq_length} tokens (after {self.cuts[1]} "
+                    "rows read); --refuse_long_examples false cuts them."
+                )
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        if self._prepared is not None:
+            self.report_cuts()
+        return result
+
+    def report_cuts(self) -> None:
+        """One line for the rows of the training stream cut to --max_seq_length, summed over
+        all processes (those this run read: a resumed run counts from its restart)."""
+        cut, read, empty = self.cuts
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            totals = torch.tensor(self.cuts, dtype=torch.long, device=self.args.device)
+            torch.distributed.all_reduce(totals)
+            cut, read, empty = totals.tolist()
+        if cut and self.is_world_process_zero():
+            dropped = f" ({empty} left nothing to learn: dropped)" if empty else ""
+            print(f"warning: cut {cut} of {read} rows read from the training stream "
+                  f"({self.where}) to --max_seq_length {self.chat.max_seq_length} tokens"
+                  f"{dropped}", flush=True)  # fmt: skip
 
     def evaluation_loop(self, *args, **kwargs):
         output = super().evaluation_loop(*args, **kwargs)

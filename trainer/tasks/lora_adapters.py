@@ -41,6 +41,27 @@ def lora_targets(
     return list(defaults[model_type])
 
 
+ALL_LINEAR = "all-linear"
+"""PEFT's (and TRL's) shorthand for every linear layer but the output layer."""
+
+
+def expanded_targets(model, targets: list[str], heads: list[str] | None = None) -> list[str]:
+    """`targets`, with `all-linear` as PEFT reads it: the names of every linear layer of
+    `model` but its output layer (the LM head) and the `heads` trained in full beside the
+    adapters (a classifier)."""
+    if [target.lower() for target in targets] != [ALL_LINEAR]:
+        return targets
+    import torch
+
+    output, skipped = model.get_output_embeddings(), set(heads or ())
+    return sorted({
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output
+        and name.split(".")[0] not in skipped
+    })  # fmt: skip
+
+
 def check_targets(model: PreTrainedModel, targets: list[str]) -> None:
     """Every target names at least one linear layer of `model` (as PEFT matches them: the
     last parts of a module's dotted name); UserError listing the candidates otherwise. PEFT
@@ -89,6 +110,7 @@ def with_lora(
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     targets = lora_targets(model_args, model.config.model_type, defaults)
+    targets = expanded_targets(model, targets, modules_to_save)
     check_targets(model, targets)
     if model_args.quantized:
         # fp32 layer norms and output head, and inputs that carry gradients into the

@@ -4,7 +4,8 @@ and refusal, trainer/preflight/model_plan.py) and the training processes (the gr
 checkpointing decision, trainer/training/gradient_checkpointing.py).
 
 Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with and
-without LoRA (tests/processes/test_memory_estimate.py; the table is in docs/benchmarks.md).
+without LoRA (tests/processes/test_memory_estimate.py), and for tiny Llama and Qwen2 causal LMs
+(bench/chat_memory.py); the tables are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -45,16 +46,27 @@ class TrainingFootprint:
     frozen_in_4bit: bool = False
     """`--load_in_4bit`: the frozen weights take half a byte each (NF4; its double-quantized
     block constants add about 0.13 bits a weight, Dettmers et al. 2023, sec. 3)."""
+    quantizable_parameters: int | None = None
+    """The frozen weights 8- and 4-bit loading quantizes (`quantizable_weights`): the others
+    (embeddings, the LM head, norms, biases) stay unquantized. None: all of them."""
 
     def weight_bytes(self) -> float:
         """Trainable weights in fp32 (16-bit under DeepSpeed's mixed precision, whose fp32
         master copy is optimizer state); frozen ones as loaded: fp32, 16-bit under
-        DeepSpeed's mixed precision, one byte in 8 bits. ZeRO-3 partitions them all."""
+        DeepSpeed's mixed precision, one byte in 8 bits, half a byte in 4, where 8/4-bit
+        loading quantizes them; the frozen weights it leaves (embeddings, LM head, norms)
+        at the full width: PEFT's `prepare_model_for_kbit_training`, which LoRA on a
+        quantized base runs, casts them from bf16 to fp32. ZeRO-3 partitions them all."""
         params, trainable = self.parameters, self.trainable_parameters
         deepspeed_16bit = self.mixed_precision and self.zero_stage is not None
         width = 2 if deepspeed_16bit else 4
-        frozen_width = 1 if self.frozen_in_8bit else 0.52 if self.frozen_in_4bit else width
-        weights = width * trainable + frozen_width * (params - trainable)
+        frozen = params - trainable
+        quantized = 0
+        if self.frozen_in_8bit or self.frozen_in_4bit:
+            quantized = frozen if self.quantizable_parameters is None else min(
+                self.quantizable_parameters, frozen)  # fmt: skip
+        quantized_width = 1 if self.frozen_in_8bit else 0.52
+        weights = width * (trainable + frozen - quantized) + quantized_width * quantized
         return weights / (self.world_size if (self.zero_stage or 0) >= 3 else 1)
 
     def gradient_bytes(self) -> float:
@@ -133,6 +145,7 @@ def footprint_of(config: RunConfig, task: Task, model, world_size: int) -> Train
         return None
     zero_stage, offloaded = deepspeed_zero_settings(training.deepspeed)
     trainable, total = parameter_counts(model)
+    frozen_body = quantizable_weights(model)
     return TrainingFootprint(
         parameters=total,
         trainable_parameters=trainable,
@@ -145,4 +158,20 @@ def footprint_of(config: RunConfig, task: Task, model, world_size: int) -> Train
         world_size=world_size,
         frozen_in_8bit=config.model.load_in_8bit,
         frozen_in_4bit=config.model.load_in_4bit,
+        quantizable_parameters=frozen_body,
+    )
+
+
+def quantizable_weights(model) -> int:
+    """The weights 8- and 4-bit loading quantizes in `model` (real or on the meta device):
+    those of its linear layers but the output layer (transformers keeps the LM head unconverted;
+    bitsandbytes replaces only `nn.Linear`) and LoRA's own adapters. Embeddings, norms and
+    biases stay unquantized."""
+    import torch
+
+    output = model.get_output_embeddings()
+    return sum(
+        module.weight.numel()
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output and "lora_" not in name
     )
