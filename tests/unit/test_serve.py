@@ -204,7 +204,10 @@ def test_bad_requests_get_json_naming_the_instance_and_the_server_keeps_serving(
         code, body = post({"instances": [good, not_an_image, {"picture": "x"}, good, missing]})
         assert code == 200, body
         first, *reasons, fourth = [body["predictions"][i] for i in (0, 1, 2, 4, 3)]
-        assert first == fourth and set(first) == {"labels", "scores"}
+        # the same image twice in one forward pass: equal to float precision (its rows may
+        # take different kernels)
+        assert set(first) == {"labels", "scores"} and first["labels"] == fourth["labels"]
+        assert first["scores"] == pytest.approx(fourth["scores"], abs=1e-5)
         assert [set(reason) for reason in reasons] == [{"error"}] * 3
         assert "not an image" in reasons[0]["error"] and "'image'" in reasons[1]["error"]
         assert "gs://test-bucket/no/such.png" in reasons[2]["error"]
