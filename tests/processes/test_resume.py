@@ -328,6 +328,8 @@ def test_a_stop_whose_upload_cannot_finish_in_time_leaves_the_previous_checkpoin
         code, output = run.finish(timeout=STOP_EXIT_BOUND)
     finally:
         proxy.close()
+    # what the stopped run sent, held 5 s each, lands now: the store is then as a restart finds it
+    proxy.wait_idle(60)
 
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
     (line,) = [line for line in output.splitlines() if line.startswith("preempted:")]

@@ -94,6 +94,7 @@ class FlakyProxy:
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.requests = self.failures = 0
+        self.in_flight = 0
         self.faults: list[Fault] = []
         self.creating = threading.Lock()  # create-only uploads, one at a time
         self.server = _QuietServer(("127.0.0.1", 0), self._handler())
@@ -103,6 +104,15 @@ class FlakyProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def wait_idle(self, timeout: float) -> None:
+        """Until no request is being held or forwarded: a closed proxy's handlers still finish
+        (the server's threads are daemons, not joined), so a request the client sent before
+        it exited may reach the store seconds later."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not self.in_flight, f"{self.in_flight} request(s) still in flight after {timeout} s"
 
     def fault(self, method: str, path: str, **action) -> Fault:
         """From now on, do `action` (refuse=True, drop=True, delay=SECONDS, hold=EVENT) to requests
@@ -152,6 +162,15 @@ class FlakyProxy:
                 pass
 
             def _forward(self):
+                with proxy.lock:
+                    proxy.in_flight += 1
+                try:
+                    self._held_and_forwarded()
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+
+            def _held_and_forwarded(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(proxy.delay_seconds)
                 fault = proxy._fault(self.command, self.path, body)
