@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -87,18 +86,18 @@ def threads_per_worker(workers: int, env=os.environ) -> int:
 
 
 def weight_count(folder: Path) -> int | None:
-    """The model's weights, counted from its safetensors headers (no tensor is read); None
-    when it has no safetensors file or one cannot be read (the workers' load says why)."""
-    files = sorted(folder.glob("*.safetensors"))
+    """The model's weights, counted from its safetensors headers (safetensors reads no tensor
+    for a shape); None when it has no safetensors file or one cannot be read (the workers'
+    load says why)."""
+    from safetensors import SafetensorError, safe_open
+
     count = 0
     try:
-        for file in files:
-            with file.open("rb") as stream:
-                (size,) = struct.unpack("<Q", stream.read(8))
-                header = json.loads(stream.read(size))
-            count += sum(math.prod(tensor["shape"]) for name, tensor in header.items()
-                         if name != "__metadata__")  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(file, framework="numpy") as weights:
+                count += sum(math.prod(weights.get_slice(name).get_shape())
+                             for name in weights.keys())  # noqa: SIM118 (not a dict)  # fmt: skip
+    except (OSError, SafetensorError):
         return None
     return count or None
 
