@@ -237,17 +237,14 @@ class ChatTask(Task):
         is chosen on the stream's first rows (a split read whole tries all its rows)."""
         where = f"split {spec} of {self.data_args.dataset_name or FILES}"
         found = self.source_format(stream, where)
-        tokenizer, marked = self._tokenizer, marked_template(self._tokenizer.chat_template)
-        rows = list(stream.take(PROBED_ROWS))
-        for attempt in range(2):
-            try:
-                for row in rows:
-                    _encoded(tokenizer, found, self.options, marked, row)
-                break
-            except TemplateNotSplittable as error:
-                marked = training_template(tokenizer) if attempt == 0 else None
-                if marked is None:
-                    raise UserError(unsplittable_line(where, error)) from None
+        tokenizer, rows = self._tokenizer, list(stream.take(PROBED_ROWS))
+
+        def probed(marked: str | None) -> str | None:
+            for row in rows:
+                _encoded(tokenizer, found, self.options, marked, row)
+            return marked
+
+        marked = self.masked_by(where, probed)
         encoder = StreamEncoder(tokenizer, found, self.options, marked, self.options.packing)
         return tokenised_stream(stream, encoder)
 
@@ -267,17 +264,26 @@ class ChatTask(Task):
                             where if training else None)  # fmt: skip
 
     def encoded(self, dataset: Dataset, found: str, spec: str, where: str) -> Dataset:
-        """Each row's ids, labels and verdicts (chat_examples.py): masked by the template's
-        own generation markers if it has them, else by rendering, else by TRL's marked copy
-        of the template; refused in one line when none of them can find the turns."""
+        """Each row's ids, labels and verdicts (chat_examples.py), masked as `masked_by`
+        finds the turns."""
+
+        def mapped(marked: str | None) -> Dataset:
+            encode = partial(_encoded, self._tokenizer, found, self.options, marked)
+            return dataset.map(encode, remove_columns=dataset.column_names,
+                               num_proc=self.data_args.preprocessing_num_workers,
+                               desc=f"Tokenising {spec}")  # fmt: skip
+
+        return self.masked_by(where, mapped)
+
+    def masked_by(self, where: str, encode: Callable[[str | None], Any]) -> Any:
+        """`encode(marked)` with the loss mask found by the template's own generation markers
+        if it has them, else by rendering (`marked` None), else by TRL's marked copy of the
+        template; refused in one line when none of them can find the turns."""
         tokenizer = self._tokenizer
         marked = marked_template(tokenizer.chat_template)
         for attempt in range(2):
-            encode = partial(_encoded, tokenizer, found, self.options, marked)
             try:
-                return dataset.map(encode, remove_columns=dataset.column_names,
-                                   num_proc=self.data_args.preprocessing_num_workers,
-                                   desc=f"Tokenising {spec}")  # fmt: skip
+                return encode(marked)
             except TemplateNotSplittable as error:
                 marked = training_template(tokenizer) if attempt == 0 else None
                 if marked is None:
