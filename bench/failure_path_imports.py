@@ -11,21 +11,24 @@ run by run so both see the same machine load:
 
     python bench/failure_path_imports.py [--runs 5] [--baseline OTHER_CHECKOUT]
 
-A checkout's own virtual environment runs its code (`OTHER_CHECKOUT/.venv/bin/python`); its
-run configuration is made by its own resolver, for the same command line.
+Each checkout runs its own code (bench/checkouts.py); its run configuration is made by its
+own resolver, for the same command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkouts import add_baseline_flag, compared, environment, python  # noqa: E402
+
 FAILURE_PATH = "from trainer.launcher.accelerate_launch import what_is_kept; print(what_is_kept())"
 COMMAND_LINE = ["--nproc_per_node", "1", "--deepspeed", "none"]
 CONFIG_OF = """
@@ -43,18 +46,17 @@ print(resolve_run(argv, dict(os.environ), cpu).without_secrets()[0].to_json())
 
 def run_config(checkout: Path, output: str) -> str:
     """The handed-over configuration, as `checkout`'s own resolver makes it."""
-    env = dict(os.environ, OUTPUT=output, OMP_NUM_THREADS="1")
-    python = str(checkout / ".venv" / "bin" / "python")
-    made = subprocess.run([python, "-c", CONFIG_OF, *COMMAND_LINE], env=env, check=True,
+    env = environment(checkout, OUTPUT=output, OMP_NUM_THREADS="1")
+    made = subprocess.run([python(checkout), "-c", CONFIG_OF, *COMMAND_LINE], env=env, check=True,
                           capture_output=True, text=True, cwd=tempfile.gettempdir())  # fmt: skip
     return made.stdout.strip()
 
 
 def imports(checkout: Path, config: str) -> tuple[int, bool]:
     """(modules imported, whether torch or transformers is among them)."""
-    env = dict(os.environ, TRAINER_RUN_CONFIG=config)
-    python = str(checkout / ".venv" / "bin" / "python")
-    done = subprocess.run([python, "-X", "importtime", "-c", FAILURE_PATH], env=env, check=True,
+    env = environment(checkout, TRAINER_RUN_CONFIG=config)
+    done = subprocess.run([python(checkout), "-X", "importtime", "-c", FAILURE_PATH], env=env,
+                          check=True,
                           capture_output=True, text=True, cwd=tempfile.gettempdir())  # fmt: skip
     modules = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
                if line.startswith("import time:") and "imported package" not in line]  # fmt: skip
@@ -62,10 +64,9 @@ def imports(checkout: Path, config: str) -> tuple[int, bool]:
 
 
 def wall_time(checkout: Path, config: str) -> float:
-    env = dict(os.environ, TRAINER_RUN_CONFIG=config)
-    python = str(checkout / ".venv" / "bin" / "python")
+    env = environment(checkout, TRAINER_RUN_CONFIG=config)
     started = time.perf_counter()
-    subprocess.run([python, "-c", FAILURE_PATH], env=env, check=True, capture_output=True,
+    subprocess.run([python(checkout), "-c", FAILURE_PATH], env=env, check=True, capture_output=True,
                    cwd=tempfile.gettempdir())  # fmt: skip
     return time.perf_counter() - started
 
@@ -73,11 +74,9 @@ def wall_time(checkout: Path, config: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--baseline", type=Path, help="another checkout, with its .venv")
+    add_baseline_flag(parser)
     options = parser.parse_args()
-    checkouts = {"this checkout": REPO}
-    if options.baseline:
-        checkouts["baseline"] = options.baseline.resolve()
+    checkouts = compared(options)
     with tempfile.TemporaryDirectory() as output:
         configs = {name: run_config(path, output) for name, path in checkouts.items()}
         times: dict[str, list[float]] = {name: [] for name in checkouts}

@@ -14,8 +14,8 @@ tests use (one process, ZeRO-2, as the text task's recipe runs on a CPU):
    and all three in one process: what the start-up would import if nothing were imported
    twice.
 
-With `--baseline OTHER_CHECKOUT` (with its own `.venv`) both checkouts run alternately,
-run by run, so both see the same machine load.
+With `--baseline OTHER_CHECKOUT` both checkouts run alternately, run by run, each its own
+code (bench/checkouts.py), so both see the same machine load.
 
     python bench/launch_time.py [--runs 3] [--baseline OTHER_CHECKOUT]
 """
@@ -23,7 +23,6 @@ run by run, so both see the same machine load.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
@@ -32,7 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkouts import REPO, add_baseline_flag, compared, environment, python  # noqa: E402
+
 sys.path.insert(0, str(REPO))
 
 IMPORTS = {
@@ -62,17 +64,18 @@ def assets(root: Path) -> list[str]:
             "--eval_strategy", "no"]  # fmt: skip
 
 
-def environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE")}
-    return env | {"OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+def run_environment(checkout: Path) -> dict[str, str]:
+    """A workstation's: no Vertex AI cluster variables, one thread, the checkout's code."""
+    env = environment(checkout, OMP_NUM_THREADS="1")
+    return {k: v for k, v in env.items() if k not in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE")}
 
 
 def whole_run(checkout: Path, flags: list[str], work: Path) -> dict[str, float]:
     """One run's figures: the launcher's checks, the time to the first step and its phases."""
     work.mkdir(parents=True)
-    python = str(checkout / ".venv" / "bin" / "python")
-    done = subprocess.run([python, "-m", "trainer", *flags, "--output_dir", "out"], cwd=work,
-                          env=environment(), capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run([python(checkout), "-m", "trainer", *flags, "--output_dir", "out"],
+                          cwd=work, env=run_environment(checkout), capture_output=True,
+                          text=True)  # fmt: skip
     output = done.stdout + done.stderr
     first, checks = FIRST_STEP.search(output), LAUNCHER.search(output)
     if done.returncode or not first or not checks:
@@ -87,21 +90,18 @@ def whole_run(checkout: Path, flags: list[str], work: Path) -> dict[str, float]:
 
 
 def import_time(checkout: Path, statement: str) -> float:
-    python = str(checkout / ".venv" / "bin" / "python")
     started = time.perf_counter()
-    subprocess.run([python, "-c", statement], cwd=checkout, env=environment(), check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run([python(checkout), "-c", statement], cwd=checkout,
+                   env=run_environment(checkout), check=True, capture_output=True)  # fmt: skip
     return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--baseline", type=Path, help="another checkout, with its .venv")
+    add_baseline_flag(parser)
     options = parser.parse_args()
-    checkouts = {"this checkout": REPO}
-    if options.baseline:
-        checkouts["baseline"] = options.baseline.resolve()
+    checkouts = compared(options)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
     imports: dict[str, dict[str, list[float]]] = {name: {} for name in checkouts}
     with tempfile.TemporaryDirectory() as temporary:
