@@ -279,16 +279,16 @@ class ChatTask(Task):
         """`encode(marked)` with the loss mask found by the template's own generation markers
         if it has them, else by rendering (`marked` None), else by TRL's marked copy of the
         template; refused in one line when none of them can find the turns."""
-        tokenizer = self._tokenizer
-        marked = marked_template(tokenizer.chat_template)
-        for attempt in range(2):
-            try:
-                return encode(marked)
-            except TemplateNotSplittable as error:
-                marked = training_template(tokenizer) if attempt == 0 else None
-                if marked is None:
-                    raise UserError(unsplittable_line(where, error)) from None
-        raise AssertionError("unreachable")
+        try:
+            return encode(marked_template(self._tokenizer.chat_template))
+        except TemplateNotSplittable as error:
+            trls = training_template(self._tokenizer)
+            if trls is None:
+                raise UserError(unsplittable_line(where, error)) from None
+        try:
+            return encode(trls)
+        except TemplateNotSplittable as error:
+            raise UserError(unsplittable_line(where, error)) from None
 
     def report_long(self, truncated: list, learnt: list, keep: list[int], where: str) -> None:
         long = [i for i in keep if truncated[i]]
