@@ -1,23 +1,24 @@
 """Where the time from `python -m trainer` to the first step goes, on a tiny BERT.
 
-A launch runs three Python programs in turn on each node: the launcher (its checks use the
-code training uses, so it imports the training stack), the `accelerate launch` agent it
-execs into (torchrun's), and one training process per GPU that the agent starts. Each
-imports its stack from nothing. This measures, on the same tiny BERT and sentiment set the
-tests use (one process, ZeRO-2, as the text task's recipe runs on a CPU):
+A launch runs on each node the launcher (its checks use the code training uses, so it
+imports the training stack), the `accelerate launch` agent (torchrun's, in the launcher's
+process) and one training process per GPU, forked from the zygote that imported the training
+stack while the launcher checked (trainer/launcher/zygote.py); before, the launcher exec'd
+into the agent and each training process was a fresh interpreter, each importing its stack
+from nothing. This measures, on the same tiny BERT and sentiment set the tests use (ZeRO-2,
+as the text task's recipe runs on a CPU; one process, or `--processes`):
 
 1. whole runs: `time to first step` and its phases (trainer/training/progress.py), and the
    launcher's own `launcher checks took` line, median of `--runs` runs;
 2. each program's imports alone, in a fresh process (median of `--runs`): the launcher's
    (`trainer.launcher.prepare`), the agent's (`trainer.launcher.accelerate_launch` with
-   accelerate's launch command and torchrun), a training process's (`trainer.training.run`),
-   and all three in one process: what the start-up would import if nothing were imported
-   twice.
+   accelerate's launch command and torchrun), a training process's (`trainer.training.run`,
+   what the zygote imports), and all three in one process.
 
 With `--baseline OTHER_CHECKOUT` both checkouts run alternately, run by run, each its own
 code (bench/checkouts.py), so both see the same machine load.
 
-    python bench/launch_time.py [--runs 3] [--baseline OTHER_CHECKOUT]
+    python bench/launch_time.py [--runs 3] [--processes 1] [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -100,12 +101,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     add_baseline_flag(parser)
+    parser.add_argument("--processes", type=int, default=1, help="training processes per run")
     options = parser.parse_args()
     checkouts = compared(options)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
     imports: dict[str, dict[str, list[float]]] = {name: {} for name in checkouts}
     with tempfile.TemporaryDirectory() as temporary:
-        flags = assets(Path(temporary))
+        flags = [*assets(Path(temporary)), "--nproc_per_node", str(options.processes)]
         for index in range(options.runs):
             for name, checkout in checkouts.items():
                 work = Path(temporary) / f"{name}-{index}".replace(" ", "-")
@@ -113,7 +115,7 @@ def main() -> None:
                 for program, statement in IMPORTS.items():
                     times = imports[name].setdefault(program, [])
                     times.append(import_time(checkout, statement))
-    print(f"median of {options.runs} run(s); seconds\n")
+    print(f"{options.processes} training process(es), median of {options.runs} run(s); seconds\n")
     names = list(checkouts)
     print("| | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for figure in runs[names[0]][0]:

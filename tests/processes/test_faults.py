@@ -134,9 +134,12 @@ Seq2SeqTrainer.prediction_step = _failing_prediction_step
 SLOW_CONVERSION = """
 # sitecustomize: a training process's conversion to DeepSpeed's universal checkpoint says so
 # and first waits a minute, so a test can signal during it.
-import os
+from pathlib import Path
 
-if os.environ.get("LOCAL_RANK") is not None:  # the training processes, not the launcher
+_command = Path("/proc/self/cmdline").read_text()
+if "multiprocessing.forkserver" in _command or "trainer.training.rank" in _command:
+    # the training processes (patched in the zygote they are forked from, or each at its
+    # start as a fresh interpreter), not the launcher
     import time
 
     import trainer.training.world_size as world_size
@@ -190,20 +193,25 @@ LAST_AT_THE_EXIT_BARRIER = """
 # sitecustomize: node 1's agent reaches the last wait of torchrun's exit barrier only once the
 # chief's agent, which hosts the store, has exited (torch's race, pytorch/pytorch#69520, which
 # a busy machine loses now and then): its log ended in a DistNetworkError traceback. The
-# barrier is patched as torch loads, not here: the agent loads torch in its own way.
+# barrier is patched as torch loads, not here: the launcher, which runs the agent, loads torch
+# in its own way.
 import importlib.abc
+import os
 import sys
 
 BARRIER = "torch.distributed.elastic.utils.store"
 CHIEF_GONE = "the chief's store is gone: node 1's agent waits at the exit barrier now"
 
 
-def _arrive_late(arrive, chief):
-    def arrive_late(*args, **kwargs):
+def _arrive_late(arrive):
+    def arrive_late(store, *args, **kwargs):
         import socket
         import time
 
-        key = arrive(*args, **kwargs)
+        key = arrive(store, *args, **kwargs)
+        while hasattr(store, "underlying_store"):  # the chief's TCPStore under its prefixes
+            store = store.underlying_store
+        chief = (store.host, store.port)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -227,16 +235,13 @@ class _PatchOnLoad(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            argv = sys.argv
-            chief = (argv[argv.index("--main_process_ip") + 1],
-                     int(argv[argv.index("--main_process_port") + 1]))
-            module._barrier_nonblocking = _arrive_late(module._barrier_nonblocking, chief)
+            module._barrier_nonblocking = _arrive_late(module._barrier_nonblocking)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-if "--machine_rank" in sys.argv and sys.argv[sys.argv.index("--machine_rank") + 1] == "1":
+if os.environ.get("RANK") == "1":  # Vertex AI's node rank: node 1's launcher (and zygote)
     import importlib.util
 
     sys.meta_path.insert(0, _PatchOnLoad())

@@ -24,6 +24,7 @@ from tests.support.helpers import (
     trainer_env,
     vertex_outputs,
     wait_until,
+    with_start_hook,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.storage.checkpoints import write_manifest
@@ -79,28 +80,48 @@ def test_sigterm_during_the_launchers_checks_is_one_line_not_a_silent_death(
     assert not (tmp_path / "out").exists()
 
 
-def runs(process_id: int, module: str) -> bool:
-    """Whether process `process_id` runs `module` (after an exec, its new program)."""
-    import psutil
+ZYGOTE_IMPORTS_SLOWLY = """
+# sitecustomize: the zygote (the process the training processes are forked from) takes two
+# minutes to start, so a test can stop the node while its agent waits for it.
+import time
+from pathlib import Path
 
-    with contextlib.suppress(psutil.Error):
-        return module in psutil.Process(process_id).cmdline()
-    return False
+if "multiprocessing.forkserver" in Path("/proc/self/cmdline").read_text():
+    time.sleep(120)
+"""
 
 
 @pytest.mark.slow
-def test_sigterm_as_the_launcher_becomes_the_agent_is_the_nodes_one_line(
+def test_sigterm_while_the_agent_waits_for_the_zygote_is_the_nodes_one_line(
     tmp_path, demo_assets, demo_cache
 ):
-    """SIGTERM once the launcher has exec'd into `accelerate launch`, which then imports torch
-    for seconds: the node died by the signal, -15, without a line. Now the signal waits
-    through the exec and the agent says that nothing of this attempt was trained, exit 75."""
+    """SIGTERM once the launcher has handed over to `accelerate launch` (in its own process),
+    which waits for the zygote to finish its imports before it forks the training processes:
+    the agent says that nothing of this attempt was trained, exit 75, and the zygote ends
+    with it (it would have imported for seconds more, for nothing)."""
+    import psutil
+
     args = ["--model_name_or_path", str(demo_assets.model_dir),
             "--dataset_name", str(demo_assets.dataset_dir), *DEMO_SPEECH_FLAGS,
             "--nproc_per_node", "2", "--deepspeed", "zero2", "--output_dir", "out"]  # fmt: skip
-    run = start_trainer(args, tmp_path, trainer_env(demo_cache))
-    agent = "trainer.launcher.accelerate_launch"
-    wait_until(lambda: runs(run.process.pid, agent), 120, "the exec into the agent")
+    env = with_start_hook(trainer_env(demo_cache), tmp_path / "hooks", ZYGOTE_IMPORTS_SLOWLY)
+    run = start_trainer(args, tmp_path, env)
+    launcher = psutil.Process(run.process.pid)
+    zygote = None
+
+    def handed_over() -> bool:
+        nonlocal zygote
+        zygote = next(
+            (
+                p
+                for p in launcher.children()
+                if "multiprocessing.forkserver" in " ".join(p.cmdline())
+            ),
+            None,
+        )
+        return zygote is not None and "launcher checks took" in run.log.read_text()
+
+    wait_until(handed_over, 120, "the launcher's hand-over to the agent")
     run.terminate()
     code, output = run.finish(120)
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]
@@ -108,6 +129,8 @@ def test_sigterm_as_the_launcher_becomes_the_agent_is_the_nodes_one_line(
         "preempted: SIGTERM on node 0 before its training processes began training: nothing "
         "new was trained; there is no complete checkpoint in out"
     ), output[-3000:]
+    wait_until(lambda: not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE, 10,
+               "the zygote's end")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -191,7 +214,9 @@ def test_sigterm_to_a_one_process_run_without_deepspeed_saves_the_step(
     run = start_trainer(args, tmp_path, trainer_env(demo_cache))
     launcher = psutil.Process(run.process.pid)
     wait_until(lambda: "step 2/300" in run.log.read_text(), 240, "the second step")
-    training = launcher.children(recursive=True)
+    training = [process for process in launcher.children(recursive=True)
+                if "trainer.training.rank" in " ".join(process.cmdline())]  # fmt: skip
+    assert training, [process.cmdline() for process in launcher.children(recursive=True)]
     run.terminate()
     code, output = run.finish(120)
     assert code == PREEMPTED_EXIT_CODE, output[-3000:]

@@ -65,6 +65,15 @@ def warm_hub_cache(cache: Path, kind: str, repo_id: str) -> None:
     (snapshot / ("config.json" if kind == "model" else "README.md")).write_text("{}")
 
 
+def launch_is_a_tripwire(monkeypatch, tripwire) -> None:
+    """The launcher run in-process up to its launch, which calls `tripwire` instead of running
+    `accelerate launch`; no zygote is started (a unit test starts no process)."""
+    from trainer.launcher import main as launch
+
+    monkeypatch.setattr(launch, "start_zygote", lambda: None)
+    monkeypatch.setattr(launch, "run_agent", tripwire)
+
+
 def use_hub_at(monkeypatch, url: str) -> None:
     """This process leaves offline mode and asks the Hub at `url`, in its clients too:
     huggingface_hub read `HF_ENDPOINT` and `HF_HUB_OFFLINE` when it was imported, so
@@ -499,8 +508,12 @@ def node_stalls_after(node: int, step: int) -> str:
     the run could outpace it. The other nodes wait for it in the step's collectives."""
     return f"""
 import os
+from pathlib import Path
 
-if os.environ.get("GROUP_RANK") == "{node}":  # torchrun's node rank, in training processes
+_command = Path("/proc/self/cmdline").read_text()
+if "multiprocessing.forkserver" in _command or "trainer.training.rank" in _command:
+    # the training processes: patched in the zygote they are forked from, or each at its
+    # start where they start as fresh interpreters
     import time
 
     from transformers import Trainer
@@ -508,7 +521,8 @@ if os.environ.get("GROUP_RANK") == "{node}":  # torchrun's node rank, in trainin
     _step = Trainer.training_step
 
     def _stalled_training_step(self, *args, **kwargs):
-        while self.state.global_step >= {step}:
+        # torchrun's node rank, set in each training process
+        while os.environ.get("GROUP_RANK") == "{node}" and self.state.global_step >= {step}:
             time.sleep(1)
         return _step(self, *args, **kwargs)
 

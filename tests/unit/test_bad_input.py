@@ -1,7 +1,7 @@
 """Bad input: one clear line, exit code 2, and nothing launched.
 
-The launcher is called in-process (fast), with `os.execve` replaced by a tripwire that
-fails the test if the launcher ever got as far as starting accelerate. The same through
+The launcher is called in-process (fast), with its launch replaced by a tripwire that
+fails the test if the launcher ever got as far as running accelerate. The same through
 the real command line, in a subprocess: tests/processes/test_bad_input_runs.py.
 """
 
@@ -11,18 +11,18 @@ import json
 
 import pytest
 
-from tests.support.helpers import REPO_ROOT
+from tests.support.helpers import REPO_ROOT, launch_is_a_tripwire
 from trainer.launcher import main as launch
 
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Makes reaching the launch (the exec of accelerate) fail the test."""
+    """Makes reaching the launch (accelerate's) fail the test."""
 
     def never_launch(*args):
         raise AssertionError(f"bad input reached the launch: {args}")
 
-    monkeypatch.setattr(launch.os, "execve", never_launch)
+    launch_is_a_tripwire(monkeypatch, never_launch)
 
 
 @pytest.fixture

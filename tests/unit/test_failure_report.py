@@ -16,7 +16,15 @@ from trainer.launcher import accelerate_launch
 from trainer.settings.run_config import Hardware
 from trainer.storage.checkpoints import write_manifest
 from trainer.storage.store import open_store
-from trainer.training.failures import MAX_LINE, is_peer_failure, report_failure
+from trainer.training.failures import (
+    MAX_LINE,
+    PEER_FAILURE_GRACE_SECONDS,
+    RunFailed,
+    exit_after_the_line,
+    is_peer_failure,
+    report_failure,
+    report_run_failed,
+)
 from trainer.training.tracebacks import keep_traceback, traceback_text
 
 
@@ -121,6 +129,35 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     )
     kept = (tmp_path / "traceback.txt").read_text()
     assert kept.startswith("Traceback (most recent call last)") and "ValueError: bad\nclip" in kept
+
+
+def test_a_run_failure_is_said_by_the_local_main_process_and_the_others_wait_to_exit(
+    capsys, monkeypatch, tmp_path
+):
+    """A RunFailed is the node's one line, said by local rank 0 after it kept the cause's
+    traceback; another local rank says nothing, and waits before it exits: the first exit
+    torchrun sees ends every process of the node, and would cut the line short."""
+    waits = []
+    try:
+        raise OSError("403 Forbidden")
+    except OSError as raised:
+        failed = RunFailed("reading checkpoint-4 failed (403 Forbidden)")
+        failed.__cause__ = raised
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not report_run_failed(failed, keep_in(tmp_path))
+    assert capsys.readouterr().err == "" and not (tmp_path / "traceback.txt").exists()
+    with pytest.raises(SystemExit) as ended:
+        exit_after_the_line(1, said=False, sleep=waits.append)
+    assert ended.value.code == 1 and waits == [PEER_FAILURE_GRACE_SECONDS]
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert report_run_failed(failed, keep_in(tmp_path))
+    assert capsys.readouterr().err == (
+        f"the traceback of the error below is in {tmp_path / 'traceback.txt'}\n"
+        "error: reading checkpoint-4 failed (403 Forbidden)\n"
+    )
+    with pytest.raises(SystemExit):
+        exit_after_the_line(1, said=True, sleep=waits.append)
+    assert len(waits) == 1
 
 
 def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypatch, tmp_path):

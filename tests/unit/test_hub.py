@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.conftest import free_port, warm_hub_cache
-from tests.support.helpers import use_hub_at
+from tests.support.helpers import launch_is_a_tripwire, use_hub_at
 from trainer import jobspec
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
@@ -161,7 +161,7 @@ def test_launcher_refuses_a_gone_model_before_launch(
     ask_the_fake_hub, demo_assets, monkeypatch, capsys, tmp_path
 ):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    launch_is_a_tripwire(monkeypatch, lambda *a: pytest.fail("launched"))
     args = ["--model_name_or_path", "org/whisper-gone", "--dataset_name",
             str(demo_assets.dataset_dir), "--text_column_name", "transcription"]  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:

@@ -19,6 +19,7 @@ from tests.support.helpers import (
     HPTUNING,
     REPO_ROOT,
     jobspec_refusal,
+    launch_is_a_tripwire,
     parse_strictly,
     trainer_env,
 )
@@ -371,7 +372,7 @@ def test_the_checked_in_job_stops_on_a_node_whose_gpus_torch_cannot_use(
     job = yaml.safe_load(CONFIG.read_text())
     for name, value in trainer_env(demo_cache, **vertex_env(job, 1, 0)).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(launch.os, "execve", lambda *a: pytest.fail("launched"))
+    launch_is_a_tripwire(monkeypatch, lambda *a: pytest.fail("launched"))
     with pytest.raises(SystemExit) as exit_info:
         launch.main([*job["workerPoolSpecs"][1]["containerSpec"]["args"], "--dry-run"])
     assert exit_info.value.code == 2

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.support.helpers import TORCH_2_13, proc
+from tests.support.helpers import TORCH_2_13, launch_is_a_tripwire, proc
 from trainer.common.errors import UserError
 from trainer.config.hardware_defaults import (
     MIB,
@@ -137,12 +137,12 @@ def test_missing_driver_and_device_files_are_said_so():
 
 @pytest.fixture
 def no_launch(monkeypatch, tmp_path):
-    """Run the launcher in-process; reaching the exec of accelerate fails the test."""
+    """Run the launcher in-process; reaching the launch of accelerate fails the test."""
 
     def never_launch(*args):
         raise AssertionError(f"the launcher got as far as the launch: {args}")
 
-    monkeypatch.setattr(launch.os, "execve", never_launch)
+    launch_is_a_tripwire(monkeypatch, never_launch)
     monkeypatch.chdir(tmp_path)
     for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -338,20 +338,3 @@ def test_enough_shm_keeps_the_workers(no_launch, monkeypatch, capsys, demo_asset
     training = json.loads(out)["config"]["flags"]["training"]
     assert training["dataloader_num_workers"] == 4
     assert "warning" not in err and "/dev/shm: 16384 MiB" in err
-
-
-def test_an_exec_that_did_not_happen_leaves_sigterm_unblocked():
-    """SIGTERM is blocked across the launcher's exec of the agent; when the exec raises, the
-    launcher (and every process it starts after) must hear a stop again."""
-    import signal
-
-    from trainer.launcher.early_stop import held_across_exec
-
-    def blocked() -> bool:
-        return signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-
-    assert not blocked()
-    with pytest.raises(OSError), held_across_exec():
-        assert blocked()
-        raise OSError("exec format error")
-    assert not blocked()

@@ -16,6 +16,7 @@ import pytest
 from google.api_core.exceptions import Forbidden, ServiceUnavailable
 
 from tests.support.gcs_emulator import BUCKET, FlakyProxy
+from tests.support.helpers import launch_is_a_tripwire
 from trainer.common.errors import UserError
 from trainer.data.damaged_data import DataFault
 from trainer.launcher import main as launch
@@ -36,7 +37,7 @@ from trainer.training.run_end import would_repeat
 
 
 class Launched(Exception):
-    """The launcher reached the exec of accelerate: it would have launched."""
+    """The launcher reached the launch of accelerate: it would have launched."""
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def launcher(monkeypatch, capsys, demo_assets, tmp_path):
     def never_launch(*args):
         raise Launched
 
-    monkeypatch.setattr(launch.os, "execve", never_launch)
+    launch_is_a_tripwire(monkeypatch, never_launch)
 
     def run(job: str | None, outputs: str, *args: str):
         if job is None:

@@ -22,7 +22,12 @@ import torch
 import yaml
 from google.cloud.aiplatform_v1.types import CustomJobSpec
 
-from tests.support.helpers import DEMO_SPEECH_FLAGS, jobspec_refusal, parse_strictly
+from tests.support.helpers import (
+    DEMO_SPEECH_FLAGS,
+    jobspec_refusal,
+    launch_is_a_tripwire,
+    parse_strictly,
+)
 from tests.support.secret_manager_fake import running_fake
 from tests.support.secret_references import DENIED, RESOURCE
 from trainer import jobspec
@@ -54,15 +59,15 @@ CPU = Hardware(gpu_count=0, gpu_name=None, compute_capability=None, cpu_count=2)
 @pytest.fixture
 def launcher(monkeypatch, capsys, demo_assets, tmp_path):
     """`python -m trainer ARGS` in-process on the demo's tiny model and tone speech, never
-    reaching the exec; returns (exit code, stdout, stderr)."""
+    reaching the launch; returns (exit code, stdout, stderr)."""
     monkeypatch.chdir(tmp_path)
     for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
 
     def never_launch(*args):
-        raise AssertionError("reached the exec of accelerate")
+        raise AssertionError("reached the launch of accelerate")
 
-    monkeypatch.setattr(launch.os, "execve", never_launch)
+    launch_is_a_tripwire(monkeypatch, never_launch)
 
     def run(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
         for name, value in (env or {}).items():

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import EvalPrediction
 
-from tests.support.helpers import checked_task
+from tests.support.helpers import checked_task, launch_is_a_tripwire
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
@@ -23,13 +23,13 @@ from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
 
 @pytest.fixture
 def launcher(monkeypatch, capsys, tmp_path, demo_assets):
-    """`python -m trainer MODEL_FLAGS` in-process, with the exec of accelerate a tripwire;
+    """`python -m trainer MODEL_FLAGS` in-process, with the launch of accelerate a tripwire;
     returns (exit code, stderr)."""
 
     def never_launch(*args):
         raise AssertionError(f"bad input reached the launch: {args}")
 
-    monkeypatch.setattr(launch.os, "execve", never_launch)
+    launch_is_a_tripwire(monkeypatch, never_launch)
     monkeypatch.chdir(tmp_path)
     for name in ("CLUSTER_SPEC", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

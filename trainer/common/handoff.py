@@ -5,6 +5,19 @@ import nothing from each other."""
 TRAINING_MODULE = "trainer.training.rank"
 """The program the launcher has `accelerate launch` start in every process."""
 
+FORKED_ENTRY = "forked_main"
+"""The function of `TRAINING_MODULE` that a training process forked from the node's zygote
+runs, given the agent's environment (trainer/launcher/zygote.py)."""
+
+PRELOAD_MODULE = "trainer.training.preload"
+"""What the zygote imports before it forks the training processes: the training stack."""
+
+ZYGOTE_VERDICT_VARIABLE = "TRAINER_ZYGOTE_VERDICT"
+"""A file the zygote writes once it has imported `PRELOAD_MODULE`: `ZYGOTE_VERDICT_OK`, or why
+processes forked from it could not use CUDA (they then start as fresh interpreters)."""
+
+ZYGOTE_VERDICT_OK = "ok"
+
 RUN_CONFIG_VARIABLE = "TRAINER_RUN_CONFIG"
 """The resolved run configuration, as JSON (trainer/settings/run_config.py `RunConfig`)."""
 

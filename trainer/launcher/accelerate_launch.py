@@ -1,6 +1,8 @@
 """`accelerate launch`, ending a failed run with one line instead of torchrun's error box.
 
-The launcher execs this module in place of `accelerate.commands.launch` (same flags). When a
+The launcher runs this module's `main` in its own process in place of `accelerate.commands.launch`
+(same flags), with the training processes forked from the node's zygote
+(trainer/launcher/zygote.py); the plan's command runs it too. When a
 training process fails, torchrun's ChildFailedError box (one per node, in every node's log)
 repeats the process's own `error:` line (trainer/training/failures.py). So a process that
 reported itself (exit code 1, 78 or 75) gets no second report, and its code is this node's; one
@@ -44,15 +46,24 @@ from trainer.launcher.start_deadline import (
     give_up,
     training_process_started,
 )
+from trainer.launcher.zygote import training_processes_forked
 from trainer.settings.run_config import RunConfig
 from trainer.storage.checkpoints import newest_complete_line
+
+AGENT_MODULE = "trainer.launcher.accelerate_launch"
+"""This module, as the launch plan's command names it (the launcher runs it in its process)."""
 
 REPORTED_EXIT_CODES = (1, CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE)
 """trainer.training.rank printed the line itself (1: failure, 78: bad input found in training,
 75: stopped on request after saving, trainer/training/preemption.py)."""
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, environment: dict[str, str] | None = None) -> None:
+    """`accelerate launch ARGV` (the command line's when None) in the `environment` the
+    launcher planned (this process's when None)."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
     write_whole_lines()  # this agent's lines share the log with its training processes'
     EarlyStop(lambda: f"preempted: {not_training_yet()}").arm()  # first: torch loads below
     with quiet_store_client():
@@ -66,7 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     reports = Path(tempfile.mkdtemp(prefix="trainer-stop-reports-"))
     os.environ[STOP_REPORTS_VARIABLE] = str(reports)  # the training processes inherit it
     try:
-        launch_command(args)
+        with training_processes_forked() as hazard:
+            if hazard:
+                print(f"the training processes start as fresh interpreters: {hazard}", flush=True)
+            launch_command(args)
     except ChildFailedError as error:
         sys.exit(report(error, args.machine_rank))
     except subprocess.CalledProcessError as error:
@@ -213,6 +227,9 @@ def quiet_agent_failure_logs() -> None:
 
     processes_api.logger.setLevel(logging.CRITICAL)
     agent_api.logger.setLevel(logging.CRITICAL)
+    # Forked processes (trainer/launcher/zygote.py): "Terminating process ... via signal
+    # SIGTERM" for the others when one fails.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
 
 
 if __name__ == "__main__":

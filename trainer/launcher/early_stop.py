@@ -16,29 +16,16 @@ is torchrun's: this watcher leaves it alone.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.launcher.start_deadline import is_training_process
-
-
-@contextlib.contextmanager
-def held_across_exec() -> Iterator[None]:
-    """SIGTERM blocked around the launcher's exec of the agent: pending, not lost, until the
-    agent's `EarlyStop.arm` unblocks it. An exec that did not happen (it raised) unblocks it
-    again, so the launcher's own handler hears it and nothing started later inherits the
-    block (a blocked SIGTERM is inherited by every child, which then never hears a stop)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+from trainer.launcher.zygote import discard_zygote, zygote_pid
 
 
 class EarlyStop:
@@ -80,13 +67,16 @@ class EarlyStop:
         import psutil
 
         with self._lock:  # the handler and the watcher may both get here: one line
-            children = psutil.Process().children()
-            for child in children:
+            agent = psutil.Process()
+            training = [p for p in agent.children(recursive=True) if is_training_process(p)]
+            others = [p for p in agent.children() if p.pid != zygote_pid()]  # it forks them
+            for process in {*others, *training}:  # forked ones are the zygote's children
                 try:
-                    child.send_signal(signal.SIGTERM)
+                    process.send_signal(signal.SIGTERM)
                 except psutil.Error:  # gone already
                     continue
-            if any(is_training_process(child) for child in children):
+            if training:
                 return
             print(self._line(), file=sys.stderr, flush=True)
+            discard_zygote()
             os._exit(PREEMPTED_EXIT_CODE)

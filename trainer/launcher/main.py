@@ -25,14 +25,17 @@ from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE, PREEMPTED_EXIT_COD
 from trainer.common.handoff import LAUNCHED_AT_VARIABLE
 from trainer.common.quiet import silence_known_noise
 from trainer.common.secrets import mask, secret_values
+from trainer.launcher.accelerate_launch import AGENT_MODULE, quiet_store_client
+from trainer.launcher.accelerate_launch import main as run_agent
 from trainer.launcher.cuda_driver import ensure_cuda_driver
-from trainer.launcher.early_stop import held_across_exec
+from trainer.launcher.zygote import discard_zygote, start_zygote
 from trainer.storage.run_records import RunAlreadyEnded
 
 if TYPE_CHECKING:  # the plan's module loads torch, which must come after the driver check
     from trainer.launcher.plan import LaunchPlan
 
 HELP_FLAGS = ("-h", "--help", "--help-all")
+DRY_RUN_FLAGS = {"--dry-run", "--dry_run"}
 
 
 def wait_for_name(
@@ -71,6 +74,7 @@ def stopped_before_launch(signum, frame) -> None:
     `accelerate launch` on, the agent says it (trainer/launcher/early_stop.py)."""
     print("preempted: SIGTERM during the launcher's checks, before anything was launched: "
           "nothing was trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip
+    discard_zygote()
     os._exit(PREEMPTED_EXIT_CODE)
 
 
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stopped_before_launch)
     argv = list(sys.argv[1:] if argv is None else argv)
     secrets = secret_values(argv, os.environ)  # kept out of every line printed below
+    plan = None
     try:
         plan = checked_plan(argv, secrets)
     except UserError as error:
@@ -91,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         out = sys.stderr if ended.exit_code else sys.stdout
         print(mask(ended.line, secrets), file=out, flush=True)
         sys.exit(ended.exit_code)
+    finally:
+        if plan is None:  # nothing to launch: not the seconds of imports it would finish
+            discard_zygote()
     if plan is not None:
         launch(plan, launched_at)
 
@@ -106,11 +114,14 @@ def checked_plan(argv: list[str], secrets: list[str]) -> LaunchPlan | None:
         print(render_help([a for a in argv if a not in HELP_FLAGS], "--help-all" in argv), end="")
         return None
     driver = ensure_cuda_driver(argv, os.environ)  # before torch loads; may start again
+    if not DRY_RUN_FLAGS & {arg.split("=", 1)[0] for arg in argv}:
+        start_zygote()  # it imports the training stack while this process checks the run
     silence_known_noise()  # the demo's assets are built here; the environment is inherited
-    # Imported here, not at the top: it loads torch, which must come after the driver.
-    from trainer.launcher.prepare import prepare_launch
+    with quiet_store_client():  # torch loads in the checks; this process becomes the agent
+        # Imported here, not at the top: it loads torch, which must come after the driver.
+        from trainer.launcher.prepare import prepare_launch
 
-    plan = prepare_launch(argv, os.environ)
+        plan = prepare_launch(argv, os.environ)
     dry_run = plan.config.launcher.dry_run
     secrets += plan.secret_env.values()
     for notice in [driver, *plan.notices]:  # stdout is the plan's JSON in a dry run
@@ -125,7 +136,8 @@ def checked_plan(argv: list[str], secrets: list[str]) -> LaunchPlan | None:
 
 
 def launch(plan: LaunchPlan, launched_at: float) -> None:
-    """Say where this node stands, then become `accelerate launch`."""
+    """Say where this node stands, then run `accelerate launch` in this process: its imports
+    are this process's already, and its training processes are forked from the zygote."""
     topology = plan.config.topology
     print(
         f"node {topology.node_rank} of {topology.num_nodes} ({topology.role}), "
@@ -141,5 +153,4 @@ def launch(plan: LaunchPlan, launched_at: float) -> None:
     env = {k: v for k, v in os.environ.items() if k not in plan.unset_env}
     env |= plan.env | plan.secret_env
     env[LAUNCHED_AT_VARIABLE] = str(launched_at)  # for the time-to-first-step line
-    with held_across_exec():  # a SIGTERM from here on is the agent's to say (early_stop.py)
-        os.execve(plan.argv[0], plan.argv, env)
+    run_agent(plan.argv[plan.argv.index(AGENT_MODULE) + 1 :], env)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trainer.common.handoff import RUN_CONFIG_VARIABLE, TRAINING_MODULE
 from trainer.common.secrets import MASK
+from trainer.launcher.accelerate_launch import AGENT_MODULE
 from trainer.node.training_env import process_env
 from trainer.settings.run_config import RunConfig
 
@@ -91,7 +92,7 @@ def accelerate_argv(config: RunConfig, python: str) -> list[str]:
     run in one line) with this node's place and the run's precision and DeepSpeed."""
     topology = config.topology
     argv = [
-        python, "-m", "trainer.launcher.accelerate_launch",
+        python, "-m", AGENT_MODULE,
         "--num_machines", str(topology.num_nodes),
         "--machine_rank", str(topology.node_rank),
         "--num_processes", str(topology.world_size),

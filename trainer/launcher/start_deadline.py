@@ -32,19 +32,20 @@ POLL_SECONDS = 1.0
 
 
 def training_process_started() -> bool:
-    """Whether a child of this process runs the training program (other children, such as
-    a compiler DeepSpeed probes at import, do not count)."""
+    """Whether a descendant of this process runs the training program (forked ones are the
+    zygote's children; others, such as a compiler DeepSpeed probes at import, do not count)."""
     import psutil
 
-    return any(is_training_process(child) for child in psutil.Process().children())
+    return any(is_training_process(p) for p in psutil.Process().children(recursive=True))
 
 
 def is_training_process(process) -> bool:
-    """Whether a (psutil) process runs the training program."""
+    """Whether a (psutil) process runs the training program: started as a command, or forked
+    from the zygote and named like one (its name, arguments and all, one item in `cmdline()`)."""
     import psutil
 
     try:
-        return TRAINING_MODULE in process.cmdline()
+        return TRAINING_MODULE in " ".join(process.cmdline()).split()
     except psutil.Error:  # gone or unreadable: not a training process that runs
         return False
 

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from trainer.common.log_lines import MAX_LINE
 from trainer.common.secrets import mask, secret_values
@@ -50,13 +51,25 @@ KeepTraceback = Callable[[BaseException], "str | None"]
 """Writes an error's traceback to a file and returns where (trainer/training/tracebacks.py)."""
 
 
-def report_run_failed(error: RunFailed, keep: KeepTraceback) -> None:
+def report_run_failed(error: RunFailed, keep: KeepTraceback) -> bool:
     """One line, the last a reader of the log sees; the cause's traceback goes to a file
-    that the line before it names."""
+    that the line before it names. Whether this process said it."""
     if os.environ.get("LOCAL_RANK", "0") == "0" or error.rank_local:
         if error.__cause__ is not None:
             say_where_the_traceback_is(keep(error.__cause__))
         print(f"error: {without_secrets(str(error))}", file=sys.stderr, flush=True)
+        return True
+    return False
+
+
+def exit_after_the_line(code: int, said: bool, sleep=time.sleep) -> NoReturn:
+    """Exit with `code`. A process that did not say the node's line (its local main process
+    says it, after keeping a traceback, say) first waits PEER_FAILURE_GRACE_SECONDS: torchrun
+    ends every process of the node at the first exit it sees, and this one's would cut the
+    line short (torchrun ends this one meanwhile, once the line's process has exited)."""
+    if not said:
+        sleep(PEER_FAILURE_GRACE_SECONDS)
+    sys.exit(code)
 
 
 def say_where_the_traceback_is(where: str | None) -> None:

@@ -12,23 +12,68 @@ the configuration once per node, it says so (78 too).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sys
 from typing import NoReturn
 
 from trainer.common.errors import UserError
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE, PREEMPTED_EXIT_CODE
-from trainer.common.handoff import LAUNCHED_AT_VARIABLE, RUN_CONFIG_VARIABLE, STOP_SAID_MARK
+from trainer.common.handoff import (
+    LAUNCHED_AT_VARIABLE,
+    RUN_CONFIG_VARIABLE,
+    STOP_SAID_MARK,
+    TRAINING_MODULE,
+)
 from trainer.common.log_lines import write_whole_lines
 from trainer.common.quiet import silence_known_noise
 from trainer.settings.run_config import RunConfig
-from trainer.training.failures import RunFailed, report_failure, report_run_failed, without_secrets
+from trainer.training.failures import (
+    RunFailed,
+    exit_after_the_line,
+    is_peer_failure,
+    report_failure,
+    report_run_failed,
+    without_secrets,
+)
 from trainer.training.preemption import Stopped, leave_mark
 from trainer.training.run_end import remember_failure
 from trainer.training.tracebacks import keep_traceback
 
 
 def main() -> None:
+    """`python -m trainer.training.rank`: a training process started as a fresh interpreter
+    (where the node's zygote could not be used, trainer/launcher/zygote.py)."""
+    run_rank(sys.argv[1:])
+    end_done()
+
+
+def forked_main(environment: dict[str, str]) -> None:
+    """A training process forked from the node's zygote (trainer/training/preload.py), which
+    imported the training stack already: it takes the agent's `environment` with what torchrun
+    set for this process on top, a fresh interpreter's multiprocessing start method, its name
+    in `ps` and its thread count (read from the environment when torch loaded, in the
+    zygote). It returns when done: torchrun waits for a function's return value,
+    and the process then ends with `os._exit` (multiprocessing), without the interpreter's
+    teardown that `end_done` avoids."""
+    from setproctitle import setproctitle
+
+    set_by_torchrun = dict(os.environ)  # the zygote emptied its own once it had imported
+    os.environ.clear()
+    os.environ.update(environment | set_by_torchrun)
+    multiprocessing.set_start_method(None, force=True)  # a fresh interpreter's (it says fork
+    # server here): data loader workers are forked, their dataset not pickled
+    setproctitle(f"{sys.executable} -m {TRAINING_MODULE}")
+    if threads := os.environ.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(threads))
+    run_rank([])
+
+
+def run_rank(flags: list[str]) -> None:
+    """Train the handed-over run; a failure or stop ends the process with its line and code.
+    `flags`: the program's own command line, which must be empty."""
     write_whole_lines()  # every rank of the node prints to the same stdout and stderr
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     silence_known_noise()  # before torch, DeepSpeed or datasets print anything
@@ -36,7 +81,7 @@ def main() -> None:
     config = None  # for the record of a failure that a restart would repeat
     try:
         config_json = os.environ.get(RUN_CONFIG_VARIABLE)
-        if not config_json or sys.argv[1:]:
+        if not config_json or flags:
             raise UserError(
                 "the training program takes its configuration from python -m trainer "
                 "(it resolves and checks the flags once per node): run python -m trainer "
@@ -50,21 +95,22 @@ def main() -> None:
         train(config, float(launched_at) if launched_at else None)
     except UserError as error:
         line = without_secrets(str(error))
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        local_main = os.environ.get("LOCAL_RANK", "0") == "0"
+        if local_main:
             print(f"error: {line}", file=sys.stderr, flush=True)
         remember_failure(config, error, line, CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
-        sys.exit(CONFIG_ERROR_IN_TRAINING_EXIT_CODE)
+        exit_after_the_line(CONFIG_ERROR_IN_TRAINING_EXIT_CODE, said=local_main)
     except RunFailed as error:
-        report_run_failed(error, lambda cause: keep_traceback(cause, config))
+        said = report_run_failed(error, lambda cause: keep_traceback(cause, config))
         remember_failure(config, error, without_secrets(str(error)), 1)
-        sys.exit(1)
+        exit_after_the_line(1, said)
     except Stopped as stopped:
         end_stopped(stopped)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
         line = report_failure(error, lambda cause: keep_traceback(cause, config))
         remember_failure(config, error, line, 1)
-        sys.exit(1)
-    end_done()
+        said = os.environ.get("LOCAL_RANK", "0") == "0" or not is_peer_failure(error)
+        exit_after_the_line(1, said)
 
 
 def end_done() -> NoReturn:
