@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.common.exit_codes import CONFIG_ERROR_IN_TRAINING_EXIT_CODE
-from trainer.common.handoff import RUN_CONFIG_VARIABLE
+from trainer.common.handoff import RUN_CONFIG_VARIABLE, STOP_REPORTS_VARIABLE
 from trainer.config.resolve import resolve_run
 from trainer.launcher import accelerate_launch
 from trainer.settings.run_config import Hardware
@@ -96,8 +96,8 @@ def test_a_killed_process_s_line_says_where_the_newest_complete_checkpoint_is(
 
 def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeypatch, tmp_path):
     """An echo of another process's failure waits (torchrun stops it if the cause was on
-    its node), then its node's local rank 0 alone says so, keeping no traceback; a cause
-    reports at once, in one line naming the file its traceback went to."""
+    its node), then (started without the agent) its node's local rank 0 alone says so, keeping
+    no traceback; a cause reports at once, in one line naming the file its traceback went to."""
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("GROUP_RANK", "1")
@@ -129,6 +129,27 @@ def test_a_broken_collective_waits_for_torchrun_before_reporting(capsys, monkeyp
     )
     kept = (tmp_path / "traceback.txt").read_text()
     assert kept.startswith("Traceback (most recent call last)") and "ValueError: bad\nclip" in kept
+
+
+def test_the_first_echo_of_a_node_to_end_its_wait_says_the_node_line(capsys, monkeypatch, tmp_path):
+    """In a launched run (the agent's directory is there), the first echo to end its wait says
+    the node's line, whatever its local rank: the local main process may be waiting in a
+    collective on that one. Any later echo of the node says nothing."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv(STOP_REPORTS_VARIABLE, str(reports))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
+    said_by = []
+    for rank, local_rank in (("3", "1"), ("2", "0")):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        line, said = report_failure(echo, keep_in(tmp_path), sleep=lambda seconds: None)
+        assert capsys.readouterr().err == (f"error: {line}\n" if said else "")
+        said_by.append((line.split(" stopped:")[0], said))
+    assert said_by == [("rank 3 of 4 (node 1, local rank 1)", True),
+                       ("rank 2 of 4 (node 1, local rank 0)", False)]  # fmt: skip
 
 
 def test_a_run_failure_is_said_by_the_local_main_process_and_the_others_wait_to_exit(
@@ -173,13 +194,13 @@ def test_a_failure_in_training_ends_its_line_with_what_is_kept(capsys, monkeypat
     )
     echo = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:1234")
     echo.add_note(kept)
-    line = report_failure(echo, keep_in(tmp_path), sleep=lambda seconds: None)
+    line, _ = report_failure(echo, keep_in(tmp_path), sleep=lambda seconds: None)
     assert line.endswith(f"that node's log says why; {kept}"), line
     assert capsys.readouterr().err == f"error: {line}\n"
 
     crash = ValueError("a NaN on this rank")
     crash.add_note("there is no complete checkpoint in gs://b/hf_secretvalue123/checkpoints")
-    line = report_failure(crash, lambda error: None)
+    line, _ = report_failure(crash, lambda error: None)
     assert line == ("rank 0 of 2 (node 0, local rank 0) failed: ValueError: a NaN on this rank; "
                     "there is no complete checkpoint in gs://b/***/checkpoints"), line  # fmt: skip
     assert "hf_secretvalue123" not in capsys.readouterr().err
@@ -201,7 +222,7 @@ def test_a_long_exception_is_cut_so_the_line_keeps_what_is_kept_and_where_the_tr
         "the newest complete checkpoint is gs://b/checkpoints/checkpoint-2, where a restart resumes"
     )
     error.add_note(kept)
-    line = report_failure(error, keep_in(tmp_path))
+    line, _ = report_failure(error, keep_in(tmp_path))
     assert len(line) <= MAX_LINE, len(line)
     assert line.startswith("rank 1 of 2 (node 0, local rank 0) failed: ConnectionError: 403 POST")
     assert line.endswith(f"…; {kept}"), line

@@ -121,7 +121,7 @@ def test_the_line_of_a_rank_stopped_by_another_nodes_failure_fits_300_characters
                         "closed by peer [10.128.0.7]:29500")  # fmt: skip
     echo.add_note(f"the newest complete checkpoint is gs://{BUCKET}/{STAMP}/checkpoints/"
                   "checkpoint-12000, where a restart resumes")  # fmt: skip
-    line = report_failure(echo, lambda error: None, sleep=lambda seconds: None)
+    line, _ = report_failure(echo, lambda error: None, sleep=lambda seconds: None)
     assert line.startswith("rank 0 of 16 (node 0, local rank 0) stopped: another node's "
                            "process or machine failed (RuntimeError: ["), line  # fmt: skip
     assert line.endswith(f"); that node's log says why; {echo.__notes__[0]}"), line

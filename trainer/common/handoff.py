@@ -36,8 +36,10 @@ training process leaves a file when it begins training (`TRAINING_MARK`: from th
 a SIGTERM until its step is saved) and when it has printed its `preempted:` line after a stop
 (`STOP_SAID_MARK`): after a SIGTERM the agent then knows whether the stop was reported,
 whether the processes were killed before they could save (a step longer than the grace), or
-whether none had begun training, and the line is its own."""
+whether none had begun training, and the line is its own. The first process to find that a
+failure was on another node creates `ECHO_LINE_MARK` there, and says the node's line."""
 
 STOP_SAID_MARK = "rank-"
 TRAINING_MARK = "training-rank-"
 """Each followed by the process's global rank."""
+ECHO_LINE_MARK = "echo-line"

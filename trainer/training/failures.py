@@ -11,8 +11,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
+from trainer.common.handoff import ECHO_LINE_MARK, STOP_REPORTS_VARIABLE
 from trainer.common.log_lines import MAX_LINE
 from trainer.common.secrets import mask, secret_values
 
@@ -63,10 +65,10 @@ def report_run_failed(error: RunFailed, keep: KeepTraceback) -> bool:
 
 
 def exit_after_the_line(code: int, said: bool, sleep=time.sleep) -> NoReturn:
-    """Exit with `code`. A process that did not say the node's line (its local main process
-    says it, after keeping a traceback, say) first waits PEER_FAILURE_GRACE_SECONDS: torchrun
-    ends every process of the node at the first exit it sees, and this one's would cut the
-    line short (torchrun ends this one meanwhile, once the line's process has exited)."""
+    """Exit with `code`. A process that did not say the node's line (another one says it: the
+    local main process, after keeping a traceback, say) first waits PEER_FAILURE_GRACE_SECONDS:
+    torchrun ends every process of the node at the first exit it sees, and this one's would cut
+    the line short (torchrun ends this one meanwhile, once the line's process has exited)."""
     if not said:
         sleep(PEER_FAILURE_GRACE_SECONDS)
     sys.exit(code)
@@ -82,18 +84,18 @@ PEER_FAILURE_GRACE_SECONDS = 5.0
 """How long a process whose collective broke waits before reporting (see report_failure)."""
 
 
-def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> str:
+def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> tuple[str, bool]:
     """One `error:` line naming the failing process's rank, node and the exception (what
     torchrun's error box would stand in for), ended by the exception's notes (training adds
     where the newest complete checkpoint is), after a line naming where its traceback was
     kept; returns the line without `error: `. The exception's message is cut so that the line
     fits MAX_LINE: a request URL or a client's exception tuple must not push out where the
-    work is.
+    work is. Also returns whether this process said it (see `says_the_node_line`).
 
     When one process fails, the others' collectives break too ("connection closed by peer"):
     echoes, not causes. Such a process waits a moment first; torchrun stops it meanwhile if the
     cause was on this node. If still alive, the cause was on another node (whose log has it; a
-    dead machine prints nothing): the node's local rank 0 says so in one line, without the
+    dead machine prints nothing): one process of the node says so in one line, without the
     echo's traceback."""
     env = os.environ
     place = (
@@ -107,13 +109,29 @@ def report_failure(error: Exception, keep: KeepTraceback, sleep=time.sleep) -> s
             f"{place} stopped: another node's process or machine failed ({cause}); that "
             f"node's log says why{kept}"
         ), least=ECHO_KEPT)  # fmt: skip
-        if env.get("LOCAL_RANK", "0") == "0":
+        if said := says_the_node_line():
             print(f"error: {line}", file=sys.stderr, flush=True)
-        return line
+        return line, said
     say_where_the_traceback_is(keep(error))
     line = fitted(error, lambda cause: f"{place} failed: {cause}{kept}")
     print(f"error: {line}", file=sys.stderr, flush=True)
-    return line
+    return line, True
+
+
+def says_the_node_line() -> bool:
+    """Whether this echo, still running after its wait, says its node's line: the first of the
+    node's processes to get here, by a file it creates in the agent's directory (the local main
+    process where there is none). Not always the local main process: it may be waiting in a
+    collective on this one, and see its break only when this one exits, when torchrun ends it
+    too."""
+    reports = os.environ.get(STOP_REPORTS_VARIABLE)
+    if not reports:
+        return os.environ.get("LOCAL_RANK", "0") == "0"
+    try:
+        os.close(os.open(Path(reports, ECHO_LINE_MARK), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def cut(text: str, room: int, least: int = MIN_CAUSE) -> str:

@@ -31,7 +31,6 @@ from trainer.settings.run_config import RunConfig
 from trainer.training.failures import (
     RunFailed,
     exit_after_the_line,
-    is_peer_failure,
     report_failure,
     report_run_failed,
     without_secrets,
@@ -107,9 +106,8 @@ def run_rank(flags: list[str]) -> None:
     except Stopped as stopped:
         end_stopped(stopped)
     except Exception as error:  # noqa: BLE001 - reported once here; the exit code tells torchrun
-        line = report_failure(error, lambda cause: keep_traceback(cause, config))
+        line, said = report_failure(error, lambda cause: keep_traceback(cause, config))
         remember_failure(config, error, line, 1)
-        said = os.environ.get("LOCAL_RANK", "0") == "0" or not is_peer_failure(error)
         exit_after_the_line(1, said)
 
 
