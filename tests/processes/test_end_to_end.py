@@ -1,10 +1,11 @@
 """A real multi-node run through `python -m trainer`: real processes, real rendezvous, real
 DeepSpeed.
 
-Two launchers start as two Vertex AI nodes would; each execs `accelerate launch`, which
-starts the training process; they meet over 127.0.0.1 with gloo, train a tiny Whisper
-with DeepSpeed ZeRO-3 on CPU, evaluate WER, save checkpoints and the final model. (The
-two-process ZeRO-2 run of the demo as shipped is tests/processes/test_demo_run.py.)
+Two launchers start as two Vertex AI nodes would; each runs `accelerate launch`, which
+forks the training process from the node's zygote; they meet over 127.0.0.1 with gloo, train
+a tiny Whisper with DeepSpeed ZeRO-3 on CPU, evaluate WER, save checkpoints and the final
+model. (The two-process ZeRO-2 run of the demo as shipped is
+tests/processes/test_demo_run.py.)
 """
 
 from __future__ import annotations

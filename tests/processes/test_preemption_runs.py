@@ -25,6 +25,7 @@ from tests.support.helpers import (
     vertex_outputs,
     wait_until,
     with_start_hook,
+    zygotes_of,
 )
 from trainer.common.exit_codes import PREEMPTED_EXIT_CODE
 from trainer.storage.checkpoints import write_manifest
@@ -111,14 +112,7 @@ def test_sigterm_while_the_agent_waits_for_the_zygote_is_the_nodes_one_line(
 
     def handed_over() -> bool:
         nonlocal zygote
-        zygote = next(
-            (
-                p
-                for p in launcher.children()
-                if "multiprocessing.forkserver" in " ".join(p.cmdline())
-            ),
-            None,
-        )
+        zygote = next(iter(zygotes_of(launcher)), None)
         return zygote is not None and "launcher checks took" in run.log.read_text()
 
     wait_until(handed_over, 120, "the launcher's hand-over to the agent")

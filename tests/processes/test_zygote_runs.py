@@ -15,6 +15,7 @@ from tests.support.helpers import (
     start_trainer,
     trainer_env,
     with_start_hook,
+    zygotes_of,
 )
 
 CUDA_TOUCHED_IN_THE_ZYGOTE = """
@@ -57,8 +58,7 @@ def test_a_refusing_launcher_ends_its_zygote(tmp_path, text_assets):
     zygotes: set[psutil.Process] = set()
     while run.process.poll() is None:
         try:
-            zygotes |= {p for p in launcher.children()
-                        if "multiprocessing.forkserver" in " ".join(p.cmdline())}  # fmt: skip
+            zygotes |= set(zygotes_of(launcher))
         except psutil.Error:  # the launcher ended meanwhile
             break
         time.sleep(0.02)

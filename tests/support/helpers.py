@@ -74,6 +74,19 @@ def launch_is_a_tripwire(monkeypatch, tripwire) -> None:
     monkeypatch.setattr(launch, "run_agent", tripwire)
 
 
+def zygotes_of(launcher) -> list:
+    """The launcher's zygote (trainer/launcher/zygote.py: Python's fork server), as psutil
+    processes: none before it starts or once it has ended."""
+    import psutil
+
+    found = []
+    for child in launcher.children():
+        with contextlib.suppress(psutil.Error):  # ended meanwhile
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                found.append(child)
+    return found
+
+
 def use_hub_at(monkeypatch, url: str) -> None:
     """This process leaves offline mode and asks the Hub at `url`, in its clients too:
     huggingface_hub read `HF_ENDPOINT` and `HF_HUB_OFFLINE` when it was imported, so
@@ -580,7 +593,7 @@ def assert_refused(result: tuple[int, str, str], message: str) -> None:
 
 
 def assert_planned(result: tuple[int, str, str]) -> dict:
-    """Exit 0 and the plan printed: what the launcher would exec."""
+    """Exit 0 and the plan printed: what the launcher would run."""
     code, out, err = result
     assert code == 0 and "error:" not in err, err
     return json.loads(out)

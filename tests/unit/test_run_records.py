@@ -1,7 +1,7 @@
 """One output directory, one job; a restart never trains again a run that delivered its
 model or failed in a way that would repeat (trainer/storage/run_records.py).
 
-The launcher runs in-process with its exec replaced: a test sees whether it would have
+The launcher runs in-process with its launch replaced: a test sees whether it would have
 launched, and the line and exit code it gave instead. The records are the real files, in
 a local directory and in the GCS emulator through the real client. The same through real
 restarts of two simulated Vertex AI nodes: tests/processes/test_run_records_runs.py."""

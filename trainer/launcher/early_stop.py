@@ -1,14 +1,13 @@
 """A SIGTERM to a node's agent before torchrun's own handler takes over: one line, exit 75.
 
-From the launcher's exec to the moment torchrun starts the training processes, a stop has
-nothing of this attempt to save, but it must still be heard and said. Three gaps hid it:
-the exec resets the launcher's handler and the agent imports torch for seconds (the signal
-killed it silently, -15), and the rendezvous runs in torch's C++ store client, which retries
-through the interrupted call while the Python handler waits for a main thread that does not
-come back (a worker whose chief was not up kept waiting for --rdzv_timeout). So the launcher
-blocks SIGTERM across the exec (a blocked signal stays pending through it), the agent installs
-`EarlyStop` before any import and unblocks it, and a thread hears the signal through
-`signal.set_wakeup_fd` while the main thread is inside C++.
+From the launcher's hand-over to `accelerate launch` (run in its process) to the moment
+torchrun starts the training processes, a stop has nothing of this attempt to save, but it
+must still be heard and said, with the zygote's imports (trainer/launcher/zygote.py) ended
+too. The rendezvous runs in torch's C++ store client, which retries through the interrupted
+call while the Python handler waits for a main thread that does not come back (a worker whose
+chief was not up kept waiting for --rdzv_timeout). So the agent installs `EarlyStop` before
+anything slow, and a thread hears the signal through `signal.set_wakeup_fd` while the main
+thread is inside C++.
 
 Once torchrun installs its handler (just before it starts the training processes), the stop
 is torchrun's: this watcher leaves it alone.
@@ -39,15 +38,13 @@ class EarlyStop:
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
 
     def arm(self) -> None:
-        """From the main thread, before anything slow: the handler, the watcher, then the
-        signal unblocked (one held since the launcher's exec is delivered now)."""
+        """From the main thread, before anything slow: the handler, then the watcher."""
         signal.signal(signal.SIGTERM, self._on_signal)
         reader, writer = socket.socketpair()
         writer.setblocking(False)
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         self._wakeup = (reader, writer)
         threading.Thread(target=self._watch, name="early-stop", daemon=True).start()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     def _on_signal(self, signum, frame) -> None:
         self.stop()

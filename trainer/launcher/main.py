@@ -70,7 +70,7 @@ def wait_for_name(
 
 def stopped_before_launch(signum, frame) -> None:
     """SIGTERM during the checks (a stopped job, a Spot preemption): nothing has started, so
-    nothing is lost; one line rather than a silent death by signal. From the exec into
+    nothing is lost; one line rather than a silent death by signal. From the hand-over to
     `accelerate launch` on, the agent says it (trainer/launcher/early_stop.py)."""
     print("preempted: SIGTERM during the launcher's checks, before anything was launched: "
           "nothing was trained, nothing is lost", file=sys.stderr, flush=True)  # fmt: skip

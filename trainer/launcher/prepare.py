@@ -1,4 +1,4 @@
-"""Everything the launcher does before the exec, bar the CUDA driver check: it imports
+"""Everything the launcher does before the launch, bar the CUDA driver check: it imports
 torch, transformers and the tasks, so `trainer.launcher.main` imports it only after
 choosing the driver (trainer/launcher/cuda_driver.py)."""
 
@@ -23,7 +23,7 @@ from trainer.storage.run_records import RunAlreadyEnded
 def prepare_launch(argv: list[str], env: Mapping[str, str]) -> LaunchPlan:
     """Detect the hardware, resolve the run's configuration once, read its `--secret`s from Secret
     Manager, build the demo's assets if it is the demo, check the run with the code the
-    training processes will run (trainer/preflight/run_checks.py), and plan the exec."""
+    training processes will run (trainer/preflight/run_checks.py), and plan the launch."""
     hardware = machine.detect_hardware()
     machine.check_gpus_usable(
         hardware.gpu_count, requested_accelerators(env), machine.gpu_evidence(), env

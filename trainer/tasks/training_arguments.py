@@ -36,8 +36,9 @@ def training_arguments_before_launch(config: RunConfig):
     `PartialState` for this process, wrong three ways in the launcher: on a CPU-only node the
     run's `use_configured_state` (trainer/config/resolve.py `platform_requirements`: the
     training processes create that state) makes it refuse; on a GPU node it makes cuda:0
-    current, a CUDA context in a process that only execs the agent; with --use_cpu where Vertex
-    AI set WORLD_SIZE and RANK (one per node) it waits for a gloo group no peer joins. So the
+    current, a CUDA context on GPU 0 in the launcher, which stays for the whole run as the
+    agent; with --use_cpu where Vertex AI set WORLD_SIZE and RANK (one per node) it waits for
+    a gloo group no peer joins. So the
     launcher's copy is a subclass replacing exactly that step (the device reads as CPU) and
     reporting the run's planned world size instead of 1: DeepSpeed's `train_batch_size` is
     compared with world size x batch size x accumulation steps.
