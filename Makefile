@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/python -m trainer --nproc_per_node 2
 
-# Text generation's demo: a tiny Qwen2 learns invented capitals from chats (trainer/tasks/chat_demo.py).
+# Text generation's demo: a tiny Qwen2 learns invented capitals from chats (trainer/tasks/text_generation/demo.py).
 demo-chat: install
 	$(BIN)/python -m trainer --task text-generation --nproc_per_node 1 --deepspeed none
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from trainer.settings.model_flags import ModelArguments  # noqa: E402
 from trainer.tasks.lora_adapters import parameter_counts, with_lora  # noqa: E402
 from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
-from trainer.tasks.text_generation import TEXT_GENERATION, ChatArguments  # noqa: E402
+from trainer.tasks.text_generation.spec import SPEC, ChatArguments  # noqa: E402
 
 SHAPE = {"hidden_size": 384, "num_hidden_layers": 4, "intermediate_size": 1024,
          "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 16384,
@@ -59,7 +59,7 @@ def measure(family: str, peft: str, checkpointing: bool, length: int, batch: int
     """One configuration, in this process: its peak memory and the plan's estimate."""
     import transformers
 
-    from trainer.tasks.chat import ChatTask
+    from trainer.tasks.text_generation.training import ChatTask
 
     torch.manual_seed(0)
     before = psutil.Process().memory_info().rss
@@ -68,7 +68,7 @@ def measure(family: str, peft: str, checkpointing: bool, length: int, batch: int
     model = model_class(config)
     if peft == "lora":
         model = with_lora(model, ModelArguments(peft="lora", lora_dropout=0.0),
-                          TEXT_GENERATION.lora_targets)  # fmt: skip
+                          SPEC.lora_targets)  # fmt: skip
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

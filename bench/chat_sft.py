@@ -7,9 +7,9 @@ evaluation, loss on the assistant's turns):
 
 - `plain TRL`: `trl.SFTTrainer` given the raw chats and `assistant_only_loss=True` (TRL swaps
   in its marked copy of the Qwen 2.5 template and masks by it);
-- `this project`: the task's own tokenisation (trainer/tasks/chat.py: rows checked, the loss
-  mask found by rendering) and its `ChatTrainer` (an `SFTTrainer` subclass) with the keep-work
-  mixin the training program adds (trainer/training/keep_work.py).
+- `this project`: the task's own tokenisation (trainer/tasks/text_generation/: rows checked,
+  the loss mask found by rendering) and its `ChatTrainer` (an `SFTTrainer` subclass) with the
+  keep-work mixin the training program adds (trainer/training/keep_work.py).
 
 Each trains `--steps` optimizer steps after `--warmup` steps; the figure is trained tokens
 (non-padding) per second of those steps. With `--packing`, both pack to `--max_length` (TRL's
@@ -104,10 +104,10 @@ def main() -> None:
 
     from trainer.settings.data_flags import DataArguments
     from trainer.settings.model_flags import ModelArguments
-    from trainer.tasks.chat import ChatTask
-    from trainer.tasks.chat_demo import save_tiny_qwen2
-    from trainer.tasks.chat_trainer import ChatTrainer
-    from trainer.tasks.text_generation import ChatArguments
+    from trainer.tasks.text_generation.demo import save_tiny_qwen2
+    from trainer.tasks.text_generation.spec import ChatArguments
+    from trainer.tasks.text_generation.trainer import ChatTrainer
+    from trainer.tasks.text_generation.training import ChatTask
     from trainer.training.keep_work import work_keeping_trainer
 
     torch.set_num_threads(1)

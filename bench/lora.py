@@ -53,10 +53,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from trainer.settings.model_flags import ModelArguments  # noqa: E402
 from trainer.tasks.lora_adapters import parameter_counts, with_lora  # noqa: E402
-from trainer.tasks.speech import SpeechRecognitionTask  # noqa: E402
-from trainer.tasks.speech_recognition import SPEECH_RECOGNITION, SpeechArguments  # noqa: E402
+from trainer.tasks.speech_recognition.spec import SPEC, SpeechArguments  # noqa: E402
+from trainer.tasks.speech_recognition.training import SpeechRecognitionTask  # noqa: E402
+from trainer.tasks.speech_recognition.whisper_sizes import whisper_config  # noqa: E402
 from trainer.tasks.step_memory import TrainingFootprint  # noqa: E402
-from trainer.tasks.whisper_sizes import whisper_config  # noqa: E402
 
 LABEL_TOKENS = 225
 """`generation_max_length`'s default: the label length the estimate assumes."""
@@ -89,7 +89,7 @@ def measure(
         model = WhisperForConditionalGeneration(config)
         if peft == "lora":
             lora = ModelArguments(peft="lora", lora_dropout=0.0)
-            model = with_lora(model, lora, SPEECH_RECOGNITION.lora_targets)
+            model = with_lora(model, lora, SPEC.lora_targets)
     if checkpointing:
         model.gradient_checkpointing_enable()
     if bf16:  # the forward pass under autocast, as accelerate wraps it for the Trainer's --bf16

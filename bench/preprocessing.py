@@ -51,8 +51,8 @@ from datasets import Audio, load_dataset
 from torch.utils.data import DataLoader
 from transformers import WhisperFeatureExtractor, WhisperProcessor
 
-from trainer.node.demo_assets import build_whisper_tokenizer, synthesize_speech_dataset
-from trainer.tasks.speech import SpeechCollator, filter_by_duration
+from trainer.tasks.speech_recognition.demo import build_whisper_tokenizer, synthesize_speech_dataset
+from trainer.tasks.speech_recognition.training import SpeechCollator, filter_by_duration
 
 # 8 x 6 x 6 x 5 = 1,440 distinct sentences of 10-14 words (3-5 s of speech), as in Common Voice.
 SUBJECTS = "the old farmer|my younger sister|a tired student|the village doctor|our new neighbour|the quiet librarian|a young sailor|the city mayor"  # noqa: E501

@@ -2,9 +2,10 @@
 `pipeline()`, side by side in one run on this CPU: requests/s, p50/p99 latency, mean batch.
 
 Models, built in a temporary folder with random weights from their configs (no download):
-- `demo`: the demo's tiny Whisper (trainer/node/demo_assets.py `build_tiny_whisper`, as
+- `demo`: the demo's tiny Whisper (trainer/tasks/speech_recognition/demo.py `build_tiny_whisper`, as
   the demo builds it: 3 s window, at most 64 generated tokens);
-- `speech`: whisper-small's dimensions (trainer/tasks/whisper_sizes.py), the multilingual
+- `speech`: whisper-small's dimensions (trainer/tasks/speech_recognition/
+  whisper_sizes.py), the multilingual
   tokenizer rebuilt offline as the demo's is, generation capped at `SPEECH_TOKENS` tokens
   (a random model never ends its transcript by itself; a real 3 s clip's transcript is
   about that long) and timestamp tokens suppressed (a random model emits them, and
@@ -138,13 +139,13 @@ P99_LIMIT = 2.0
 
 
 def build_demo(model_dir: Path) -> None:
-    from trainer.node.demo_assets import build_tiny_whisper
+    from trainer.tasks.speech_recognition.demo import build_tiny_whisper
 
     build_tiny_whisper(model_dir)
 
 
 def build_whisper_small(model_dir: Path) -> None:
-    from trainer.node.demo_assets import (
+    from trainer.tasks.speech_recognition.demo import (
         ENDOFTEXT,
         begin_suppress_tokens,
         build_whisper_tokenizer,
@@ -152,7 +153,7 @@ def build_whisper_small(model_dir: Path) -> None:
         suppress_tokens,
         whisper_generation_config,
     )
-    from trainer.tasks.whisper_sizes import whisper_config
+    from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 
     tokenizer = build_whisper_tokenizer()
     ids = tokenizer.convert_tokens_to_ids

@@ -24,9 +24,9 @@ utilisation and the lowest (the figure at which no row's estimate is shorter tha
 measurement).
 
 It imports torch, transformers and two project modules that import nothing else
-(trainer/common/step_time.py; trainer/tasks/whisper_sizes.py, read by path because the
-trainer.tasks package loads datasets, accelerate and peft), so it runs on a bare GPU machine
-with only torch and transformers installed.
+(trainer/common/step_time.py; trainer/tasks/speech_recognition/whisper_sizes.py, read by
+path because the trainer.tasks package loads datasets, accelerate and peft), so it runs on a
+bare GPU machine with only torch and transformers installed.
 
     python bench/step_time.py                      # a GPU: about a minute on an H100
     python bench/step_time.py --quick              # CPU: batch 1, one timed pass, full only
@@ -69,18 +69,19 @@ from trainer.common.step_time import (  # noqa: E402 - after the checkout is on 
 )
 
 LABEL_TOKENS = 225
-"""Whisper's labels: `generation_max_length`'s default (trainer/tasks/speech.py), which the
-estimate takes as the label length (an upper bound: batches are padded to their longest)."""
+"""Whisper's labels: `generation_max_length`'s default (trainer/tasks/speech_recognition/
+training.py), which the estimate takes as the label length (an upper bound: batches are
+padded to their longest)."""
 TEXT_TOKENS = 128
 """BERT's sequence: the bert-sentiment recipe's `max_seq_length`."""
 VARIANTS = ("full", "checkpointing", "frozen")
 
 
 def whisper_sizes():
-    """trainer/tasks/whisper_sizes.py, loaded from its file: importing it as
-    `trainer.tasks.whisper_sizes` would run trainer/tasks/__init__.py and its imports."""
+    """trainer/tasks/speech_recognition/whisper_sizes.py, loaded from its file: importing it
+    as a module would run trainer/tasks/__init__.py and its imports."""
     spec = importlib.util.spec_from_file_location(
-        "whisper_sizes", REPO / "trainer" / "tasks" / "whisper_sizes.py"
+        "whisper_sizes", REPO / "trainer" / "tasks" / "speech_recognition" / "whisper_sizes.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

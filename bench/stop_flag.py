@@ -52,12 +52,12 @@ def rank_main(rank: int, port: int, options: argparse.Namespace, results) -> Non
     from torch.nn.parallel import DistributedDataParallel
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from trainer.node.demo_assets import TINY_DIMENSIONS
+    from trainer.tasks.speech_recognition.demo import TINY_DIMENSIONS
     from trainer.training.preemption import agree
 
     torch.set_num_threads(1)
     PartialState(backend="gloo")  # as trainer/training/rank.py sets up CPU ranks
-    chunk_seconds = 6  # the demo model's window (trainer/node/demo_assets.py)
+    chunk_seconds = 6  # the demo model's window (trainer/tasks/speech_recognition/demo.py)
     config = WhisperConfig(vocab_size=51865, num_mel_bins=80, **TINY_DIMENSIONS,
                            max_source_positions=chunk_seconds * 50)  # fmt: skip
     torch.manual_seed(0)

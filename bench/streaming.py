@@ -66,7 +66,7 @@ def loader(path: str, sources: dict[str, str], processor, args):
     from torch.utils.data import DataLoader
 
     from trainer.data.streams import POSITION, prepare_stream
-    from trainer.tasks.speech import SpeechCollator, filter_by_duration
+    from trainer.tasks.speech_recognition.training import SpeechCollator, filter_by_duration
 
     streaming = path.startswith("stream")
     task = task_for(sources[path], streaming)

@@ -50,14 +50,14 @@ import numpy as np
 import psutil
 import torch
 
-from trainer.node.demo_assets import (
+from trainer.tasks.speech_recognition.demo import (
     ENDOFTEXT,
     begin_suppress_tokens,
     build_whisper_tokenizer,
     save_random_whisper,
     whisper_generation_config,
 )
-from trainer.tasks.whisper_sizes import WHISPER_SIZES, whisper_config
+from trainer.tasks.speech_recognition.whisper_sizes import WHISPER_SIZES, whisper_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WARMUP_STEPS = 2

@@ -134,7 +134,7 @@ note "demo: trained in $(elapsed "$t0"): $result; modes in outputs/demo/model: $
 
 echo "=== a sentence the demo model never heard in this voice, spoken by espeak-ng"
 sentence="five blue dogs"
-voice=en-us+f2  # one of the demo's test voices (trainer/node/demo_assets.py TEST_SPEAKERS)
+voice=en-us+f2  # one of the demo's test voices (trainer/tasks/speech_recognition/demo.py TEST_SPEAKERS)
 "$DOCKER" run --rm -v "$PWD:/workspace" --entrypoint espeak-ng vertex-hf-trainer \
     -v "$voice" -s 160 -w clip.wav "$sentence"
 "$PYTHON" - <<'EOF'

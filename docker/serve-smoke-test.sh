@@ -28,7 +28,7 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {tra
 EOF
 
 echo "--- the demo's tiny Whisper"
-python -c "from pathlib import Path; from trainer.node.demo_assets import build_tiny_whisper; \
+python -c "from pathlib import Path; from trainer.tasks.speech_recognition.demo import build_tiny_whisper; \
 build_tiny_whisper(Path('model'))"
 test -f model/config.json
 

@@ -17,16 +17,17 @@ from tests.support.helpers import (  # noqa: F401
     REPO_ROOT,
     TEXT_COLUMNS,
     free_port,
+    prepare_speech_demo,
     run_trainer,
+    speech_demo_in,
     trainer_env,
     warm_hub_cache,
 )
 from trainer.command_line import recipes as config_file
-from trainer.config.demo import MODEL_DIRNAME
 from trainer.data.sources import looks_like_path
 from trainer.launcher import main as launch
-from trainer.node.demo_assets import build_tiny_whisper, prepare_demo_assets
 from trainer.settings.run_config import DemoAssets
+from trainer.tasks.speech_recognition.demo import build_tiny_whisper
 
 CHECKOUT_LITTER_IGNORED = {".pytest_cache", "__pycache__", ".venv", ".ci-cache"}
 """Entries of the repository root that a test run may create: everything else a test
@@ -95,9 +96,9 @@ def demo_assets(demo_cache) -> DemoAssets:
     model and an audiofolder but not a model that learns English speech."""
     from tests.support.tiny_assets import write_tone_speech
 
-    model_dir = demo_cache / "demo" / MODEL_DIRNAME
+    model_dir = speech_demo_in(demo_cache / "demo").model_dir
     if not model_dir.exists():
-        scratch = model_dir.with_name(f".{MODEL_DIRNAME}.partial")
+        scratch = model_dir.with_name(f".{model_dir.name}.partial")
         build_tiny_whisper(scratch)
         scratch.rename(model_dir)
     dataset_dir = demo_cache / "tone-speech"
@@ -138,7 +139,7 @@ def spoken_assets(demo_cache, demo_assets) -> DemoAssets:
     """The demo's own assets, as `python -m trainer` builds them: the same tiny Whisper and
     about a thousand clips synthesized with espeak-ng (15-25 s to build). For tests in
     which the model must learn real speech, or that check the synthesized set itself."""
-    return prepare_demo_assets(demo_cache / "demo")
+    return prepare_speech_demo(demo_cache / "demo")
 
 
 @pytest.fixture(scope="session")

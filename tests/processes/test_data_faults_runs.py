@@ -89,7 +89,7 @@ DECODER_IMPORTED = """
 import pickle, sys
 from datasets import Audio, Features, IterableDataset
 from trainer.data.bad_examples import DecodedOrNamed, mark_undecodable
-from trainer.tasks.speech import _decoder_seconds
+from trainer.tasks.speech_recognition.training import _decoder_seconds
 
 assert "torchcodec" not in sys.modules, "imported before: the check below would prove nothing"
 if sys.argv[1] == "made":
@@ -115,7 +115,7 @@ def test_a_streams_decoder_is_imported_before_its_threads_read_it(tmp_path):
     from datasets import Audio
 
     from trainer.data.bad_examples import DecodedOrNamed
-    from trainer.tasks.speech import _decoder_seconds
+    from trainer.tasks.speech_recognition.training import _decoder_seconds
 
     pickled = pickle.dumps(DecodedOrNamed("audio", Audio(), _decoder_seconds)).hex()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path)}

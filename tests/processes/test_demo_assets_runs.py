@@ -10,10 +10,14 @@ import threading
 
 import pytest
 
-from tests.support.helpers import PERSISTENT_EXTENSIONS_DIR, REPO_ROOT
-from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
-from trainer.node import demo_assets as demo_assets_module
-from trainer.node.demo_assets import default_clips, prepare_demo_assets, synthesize_speech_dataset
+from tests.support.helpers import (
+    PERSISTENT_EXTENSIONS_DIR,
+    REPO_ROOT,
+    speech_demo_in,
+)
+from tests.support.helpers import prepare_speech_demo as prepare_demo_assets
+from trainer.tasks.speech_recognition import demo as demo_assets_module
+from trainer.tasks.speech_recognition.demo import default_clips, synthesize_speech_dataset
 
 
 @pytest.fixture
@@ -60,8 +64,8 @@ def test_interrupted_build_is_not_mistaken_for_a_complete_one(
         broken.setenv("PATH", f"{failing_bin}:/usr/bin:/bin")
         with pytest.raises(subprocess.CalledProcessError):
             prepare_demo_assets(cache)
-    assert (cache / MODEL_DIRNAME / "model.safetensors").exists()
-    assert not (cache / DATASET_DIRNAME).exists()
+    assert (speech_demo_in(cache).model_dir / "model.safetensors").exists()
+    assert not speech_demo_in(cache).dataset_dir.exists()
 
     assets = prepare_demo_assets(cache)
     assert len(list((assets.dataset_dir / "train").glob("*.wav"))) == len(few_clips_build["train"])

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import RESULT_LINE, run_trainer, trainer_env
+from tests.support.helpers import RESULT_LINE, run_trainer, speech_demo_in, trainer_env
 from tests.support.log_noise import noise_lines
 from tests.support.speech_run_checks import (
     assert_trained_model_reloads_and_generates,
     evaluations,
     rank_reports,
 )
-from trainer.config.demo import DATASET_DIRNAME, MODEL_DIRNAME
-from trainer.node.demo_assets import TEST_CLIPS
+from trainer.tasks.speech_recognition.demo import TEST_CLIPS
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +119,7 @@ def test_demo_trains_two_processes_with_zero2(shipped_demo, demo_cache):
     assert not (workdir / ".deepspeed_env").exists(), ".deepspeed_env would hold the env"
     demo = demo_cache / "demo"
     assert_trained_model_reloads_and_generates(
-        out / "model", demo / MODEL_DIRNAME, demo / DATASET_DIRNAME
+        out / "model", speech_demo_in(demo).model_dir, speech_demo_in(demo).dataset_dir
     )
 
 
@@ -141,7 +140,7 @@ def test_trainer_predict_scores_the_held_out_clips_as_the_last_evaluation_did(
     pre- and post-processing: one line per clip, and the WER the run's evaluation reported."""
     out = shipped_demo.workdir / "out"
     assert shipped_demo.code == 0, shipped_demo.output[-3000:]
-    test_clips = demo_cache / "demo" / DATASET_DIRNAME / "test"
+    test_clips = speech_demo_in(demo_cache / "demo").dataset_dir / "test"
     done = subprocess.run(
         [sys.executable, "-m", "trainer.predict", str(out / "model"), str(test_clips),
          str(tmp_path / "predicted"), "--parameters", '{"language": "en"}'],

@@ -114,7 +114,7 @@ def test_speech_do_predict_writes_generated_text_named_by_clip(demo_assets, demo
     scripts' `--group_by_length`, which once ended such a run after delivery (the Trainer's
     evaluation sampler looked for the test split's lengths), the split is predicted in order."""
     from tests.support.tiny_assets import write_tone_speech
-    from trainer.node.demo_assets import DEMO_SENTENCES
+    from trainer.tasks.speech_recognition.demo import DEMO_SENTENCES
 
     sentences = list(DEMO_SENTENCES)
     write_tone_speech(tmp_path / "speech", {"train": sentences[:4], "test": sentences[4:7]})

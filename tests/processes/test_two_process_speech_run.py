@@ -4,7 +4,8 @@ trainer`, shared by the tests of this module: 4 steps of 2 x 4 clips, no --loggi
 also lists a garbage, an empty and a missing clip.
 
 - The loss a run logs (and the gradients it steps with) does not grow with the process
-  count (trainer/tasks/trainers.py WhisperTrainer: Whisper's `forward` takes a mean over
+  count (trainer/tasks/speech_recognition/trainer.py WhisperTrainer:
+  Whisper's `forward` takes a mean over
   its own tokens, and the Trainer took it for one that divides by every process's tokens).
 - The ranks agree on when a timed progress line comes.
 - Undecodable clips of a map-style set are skipped and counted on every progress line.

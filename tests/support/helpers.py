@@ -37,7 +37,9 @@ from pathlib import Path
 
 from trainer.common.cache import cache_dir, torch_extensions_dir
 from trainer.common.exit_codes import CONFIG_ERROR_EXIT_CODE
-from trainer.settings.run_config import Hardware
+from trainer.node.demo_assets import prepare_demo
+from trainer.settings.run_config import DemoAssets, Hardware
+from trainer.tasks import DEFAULT_TASK, task_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +51,20 @@ TEXT_COLUMNS = ["--text_column_name", "sentence", "--label_column_name", "sentim
 
 DEMO_SPEECH_FLAGS = ["--text_column_name", "transcription", "--language", "en"]
 """What the demo's speech set needs when it is given as --dataset_name."""
+
+SPEECH_DEMO = task_spec(DEFAULT_TASK)
+"""The default task, whose demo is the tiny Whisper and the synthesized speech set."""
+
+
+def speech_demo_in(root: Path) -> DemoAssets:
+    """Where the launcher's demo finds (or builds) its model and data under `root`."""
+    return SPEECH_DEMO.demo_assets_in(root)
+
+
+def prepare_speech_demo(root: Path) -> DemoAssets:
+    """The speech demo's assets under `root`, built once as the node builds them."""
+    return prepare_demo(SPEECH_DEMO, speech_demo_in(root))
+
 
 CONFIG = REPO_ROOT / "config.yaml"
 HPTUNING = REPO_ROOT / "hptuning.yaml"
@@ -480,7 +496,7 @@ def finish_all(nodes, timeout=600) -> list[str]:
 FAILING_METRICS = """
 # sitecustomize: every Python process of the run loads it at start-up. It makes the speech
 # task's metric raise, as a broken metric library or a bad reference text would.
-import trainer.tasks.speech as speech
+import trainer.tasks.speech_recognition.training as speech
 
 
 def _failing_metrics(self, processor):

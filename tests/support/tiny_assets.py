@@ -197,7 +197,7 @@ def write_tone_speech(
     Each word is a tone of its own pitch (0.2-0.6 s, with a little noise), between short
     pauses: a three-word clip lasts about 0.9 to 2.3 s, as the demo's spoken ones do.
     Without `sentences_per_split`, TONE_CLIPS clips of the demo's sentences (seeded)."""
-    from trainer.node.demo_assets import DEMO_SENTENCES
+    from trainer.tasks.speech_recognition.demo import DEMO_SENTENCES
 
     rng = np.random.default_rng(SEED)
     if sentences_per_split is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformers import WhisperConfig
 
-from trainer.node.demo_assets import (
+from trainer.tasks.speech_recognition.demo import (
     ENDOFTEXT,
     TINY_DIMENSIONS,
     begin_suppress_tokens,

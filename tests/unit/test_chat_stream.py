@@ -17,8 +17,8 @@ from trainer.common.errors import UserError
 from trainer.data.bad_examples import UNDECODABLE
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.model_flags import ModelArguments
-from trainer.tasks.chat_stream import CUTS
-from trainer.tasks.text_generation import ChatArguments
+from trainer.tasks.text_generation.spec import ChatArguments
+from trainer.tasks.text_generation.stream import CUTS
 
 
 def chat(i: int, answer: str | None = None) -> dict:
@@ -46,7 +46,7 @@ def chats(tmp_path_factory) -> Path:
 
 
 def chat_task(data: str, streaming: bool, **options):
-    from trainer.tasks.chat import ChatTask
+    from trainer.tasks.text_generation.training import ChatTask
 
     return ChatTask(
         ModelArguments(model_name_or_path=data),

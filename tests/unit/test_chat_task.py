@@ -14,8 +14,8 @@ from tests.support.chat_models import FAMILIES, family_model, family_tokenizer, 
 from trainer.common.errors import UserError
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.model_flags import ModelArguments
-from trainer.tasks.chat_examples import IGNORED, encode_row, marked_template
-from trainer.tasks.text_generation import ChatArguments
+from trainer.tasks.text_generation.loss_mask import IGNORED, encode_row, marked_template
+from trainer.tasks.text_generation.spec import ChatArguments
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 CHAT = [
@@ -40,7 +40,7 @@ def learnt_runs(tokenizer, ids: list[int], labels: list[int]) -> list[str]:
 
 
 def chat_task(tmp_path, tokenizer=None, **options):
-    from trainer.tasks.chat import ChatTask
+    from trainer.tasks.text_generation.training import ChatTask
 
     task = ChatTask(
         ModelArguments(model_name_or_path=str(tmp_path)),

@@ -14,7 +14,9 @@ from radon.visitors import Class
 from tests.support.helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "trainer"
-MAX_C_FUNCTIONS = 7
+ROLES = ("spec", "training", "trainer", "serving", "demo")
+"""The modules every task folder has in the same role (docs/tasks.md, "Adding a task")."""
+MAX_C_FUNCTIONS = 5
 """Functions graded C (complexity 11-20) allowed in trainer/; D and worse are not."""
 
 
@@ -42,11 +44,15 @@ def test_no_function_is_hard_to_follow():
 
 def test_module_names_say_one_thing():
     """A module name means the same in every package: `hardware` the detected node in one
-    package and the dataclass in another read alike in a traceback and in an import."""
+    package and the dataclass in another read alike in a traceback and in an import. The task
+    folders' role modules (`spec`, `training`, ...) are the one exception: the same role in
+    every folder (tests/unit/test_task_folders.py)."""
     packages = defaultdict(list)
     for path in PACKAGE.rglob("*.py"):
-        if path.name not in ("__init__.py", "__main__.py"):
-            packages[path.stem].append(str(path.parent.relative_to(REPO_ROOT)))
+        in_task_folder = path.parent.parent == PACKAGE / "tasks"
+        if path.name in ("__init__.py", "__main__.py") or (in_task_folder and path.stem in ROLES):
+            continue
+        packages[path.stem].append(str(path.parent.relative_to(REPO_ROOT)))
     assert {name: where for name, where in packages.items() if len(where) > 1} == {}
 
 
@@ -130,3 +136,32 @@ def imported_modules(path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.append(node.module)
     return names
+
+
+def test_the_architecture_names_every_module():
+    """docs/architecture.md's module lists are the code's: a module of a package with a
+    section of its own ("### `trainer/data/`") is named there; any other (the ways in, a task
+    folder's helpers) somewhere in the document. A task folder's role modules are described
+    once, in the roles table (their presence: tests/unit/test_task_folders.py)."""
+    doc = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    unnamed = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        if parts[0] == "tasks" and len(parts) == 3:
+            named = path.stem in ROLES or f"`{parts[1]}/`" in doc and f"`{path.name}`" in doc
+        else:
+            named = f"`{path.name}`" in package_section(doc, parts[0] if len(parts) > 1 else "")
+        if not named:
+            unnamed.append(str(path.relative_to(REPO_ROOT)))
+    assert unnamed == []
+
+
+def package_section(doc: str, package: str) -> str:
+    """The part of docs/architecture.md about `trainer/<package>/`, else all of it."""
+    heading = f"### `trainer/{package}/`"
+    if not package or heading not in doc:
+        return doc
+    section = doc[doc.index(heading) + len(heading) :]
+    return section[: section.find("\n### ")] if "\n### " in section else section

@@ -18,7 +18,7 @@ import torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer
 
 from trainer.common.errors import UserError
-from trainer.node.demo_assets import (
+from trainer.tasks.speech_recognition.demo import (
     DEMO_SENTENCES,
     HELD_OUT_SENTENCES,
     TEST_CLIPS,

@@ -11,12 +11,12 @@ import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
 from tests.support.served_app import serve, wait_ready
-from trainer.tasks.generation_serving import (
+from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.text_generation.serving import (
     MAX_NEW_TOKENS_LIMIT,
     GenerationPredictor,
     checked_generation_parameters,
 )
-from trainer.tasks.instance_media import InstanceError
 
 GREEDY = {"max_new_tokens": 10, "temperature": 0}
 CHAT = [

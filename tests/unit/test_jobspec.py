@@ -238,7 +238,7 @@ def test_a_step_that_cannot_fit_the_machines_gpu_is_refused(tmp_path, capsys):
     gradient checkpointing; with the recipe's LoRA it does (its config read from a model
     cache, as the launcher reads it)."""
     from tests.support.helpers import warm_hub_cache
-    from trainer.tasks.whisper_sizes import whisper_config
+    from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 
     cache = tmp_path / "models"
     warm_hub_cache(cache, "model", "openai/whisper-large-v3")

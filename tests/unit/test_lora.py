@@ -26,8 +26,8 @@ from trainer.preflight.model_plan import PARTS
 from trainer.settings.run_config import Hardware
 from trainer.tasks import build_task
 from trainer.tasks.lora_adapters import parameter_counts
+from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 from trainer.tasks.step_memory import GIB, footprint_of, usable_gpu_bytes
-from trainer.tasks.whisper_sizes import whisper_config
 
 
 def test_lora_trains_adapters_and_the_head_only(text_assets):

@@ -106,9 +106,9 @@ def whisper_footprint(size: str, precision: str, batch: int = 16, world: int = 1
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from trainer.tasks.speech import SpeechRecognitionTask
-    from trainer.tasks.speech_recognition import SpeechArguments
-    from trainer.tasks.whisper_sizes import whisper_config
+    from trainer.tasks.speech_recognition.spec import SpeechArguments
+    from trainer.tasks.speech_recognition.training import SpeechRecognitionTask
+    from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(whisper_config(size))
@@ -186,7 +186,7 @@ def test_activation_estimate_matches_what_autograd_saves(precision, stage):
     it without DeepSpeed (fp32 weights)."""
     from transformers import WhisperForConditionalGeneration
 
-    from trainer.tasks.whisper_sizes import whisper_config
+    from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(whisper_config("tiny", decoder_start_token_id=1))

@@ -31,7 +31,7 @@ from trainer.common.step_time import (
 from trainer.preflight.stop_grace import MICRO_BATCH_TIME
 from trainer.preflight.vertex_machines import ACCELERATORS
 from trainer.settings.run_config import Hardware
-from trainer.tasks.whisper_sizes import whisper_config
+from trainer.tasks.speech_recognition.whisper_sizes import whisper_config
 
 GIB = 2**30
 

@@ -1,5 +1,6 @@
-"""A task is one spec, registered once, asked everywhere (trainer/tasks/registry.py): a fourth task
-defined in tests/support/throwaway_task.py is found by the command line, task inference, the
+"""A task is a folder and one registration, asked everywhere (trainer/tasks/registry.py): a fifth
+task, built as a folder in tests/support/token_classification/ by docs/tasks.md's "Adding a
+task", is found by the command line, task inference, the
 server, offline predictions, the model registry and LoRA, with no product file naming it; every
 task recognises the real configurations of its model families (causal language models are
 text generation's), and no task claims an encoder-decoder text-to-text model."""
@@ -14,7 +15,8 @@ import pytest
 
 from tests.support.helpers import serving
 from tests.support.served_app import LOCAL, serve
-from tests.support.throwaway_task import NAME, TAGGING
+from tests.support.token_classification.spec import NAME
+from tests.support.token_classification.spec import SPEC as TAGGING
 from trainer.common.errors import UserError
 from trainer.config.task_inference import infer_task
 from trainer.tasks import registry
@@ -24,7 +26,7 @@ TAGS = ["O", "WORD"]
 
 
 @pytest.fixture
-def fourth_task(monkeypatch):
+def extra_task(monkeypatch):
     """The throwaway task registered for one test, as a plug-in registers itself."""
     monkeypatch.setattr(registry, "REGISTERED", dict(registry.REGISTERED))
     registry.register(TAGGING)
@@ -33,7 +35,7 @@ def fourth_task(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tagger(tmp_path_factory, text_assets) -> Path:
-    """The tiny BERT with a token-classification head: a delivered model of the fourth task."""
+    """The tiny BERT with a token-classification head: a delivered model of the extra task."""
     from transformers import AutoTokenizer, BertForTokenClassification
 
     from tests.support.labelled_models import with_labelled_head
@@ -50,7 +52,7 @@ def help_text(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def test_the_command_line_offers_the_fourth_task_and_its_flags(fourth_task, capsys):
+def test_the_command_line_offers_the_extra_task_and_its_flags(extra_task, capsys):
     from trainer.command_line.parser import parse_flags
 
     flags = parse_flags(["--task", NAME, "--tags_column_name", "labels"])
@@ -64,14 +66,14 @@ def test_the_command_line_offers_the_fourth_task_and_its_flags(fourth_task, caps
         registry.task_spec("token-tagging")
 
 
-def test_task_inference_asks_the_fourth_task_about_models_and_data(fourth_task, tagger, tmp_path):
+def test_task_inference_asks_the_extra_task_about_models_and_data(extra_task, tagger, tmp_path):
     assert infer_task(str(tagger), None, None, {})[0] == NAME
     (tmp_path / "train.conll").write_text("a WORD\n")
     assert infer_task(None, str(tmp_path), None, {})[0] == NAME
 
 
-def test_the_server_and_offline_predictions_serve_and_score_the_fourth_task(
-    fourth_task, tagger, tmp_path, capsys
+def test_the_server_and_offline_predictions_serve_and_score_the_extra_task(
+    extra_task, tagger, tmp_path, capsys
 ):
     from trainer.predict.__main__ import main as predict
 
@@ -96,7 +98,7 @@ def test_the_server_and_offline_predictions_serve_and_score_the_fourth_task(
     assert results == {"test_exact_tags": 1.0, "test_samples": 1}
 
 
-def test_the_registry_labels_and_lora_defaults_come_from_the_fourth_tasks_spec(fourth_task, tagger):
+def test_the_registry_labels_and_lora_defaults_come_from_the_extra_tasks_spec(extra_task, tagger):
     from trainer.registry.delivered_facts import read_delivered_model
     from trainer.registry.registration_request import registry_labels
     from trainer.settings.data_flags import DataArguments

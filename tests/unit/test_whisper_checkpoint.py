@@ -18,7 +18,7 @@ from transformers import EvalPrediction
 from tests.support.helpers import checked_task, launch_is_a_tripwire
 from trainer.common.errors import UserError
 from trainer.launcher import main as launch
-from trainer.tasks.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
+from trainer.tasks.speech_recognition.whisper_checkpoint import WhisperCheckpoint, read_checkpoint
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_log_mel_on_the_device_uses_the_processors_128_mel_bins(family_checkpoin
     """large-v3's processor makes 128 bins; the device path must compute the same."""
     from transformers import WhisperFeatureExtractor
 
-    from trainer.tasks.speech_batches import LogMelOnDevice, _padded
+    from trainer.tasks.speech_recognition.batches import LogMelOnDevice, _padded
 
     extractor = WhisperFeatureExtractor.from_pretrained(family_checkpoints("large-v3"))
     waveforms = [np.sin(np.linspace(0, 400 * np.pi, n)).astype(np.float32) for n in (8000, 24000)]

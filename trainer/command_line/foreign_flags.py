@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.tasks.text import GLUE_TEXT_COLUMNS
-from trainer.tasks.whisper_sizes import WHISPER_SIZES
+from trainer.tasks.speech_recognition.whisper_sizes import WHISPER_SIZES
+from trainer.tasks.text_classification.training import GLUE_TEXT_COLUMNS
 
 SEQ2SEQ = "run_speech_recognition_seq2seq.py"
 IMAGE = "run_image_classification.py"

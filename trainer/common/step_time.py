@@ -84,12 +84,16 @@ class ForwardFlops:
     """The part of `weights` that trainable weights do: their gradients cost as much again."""
     attention: float
     """Attention's scores and weighted sums."""
+    reference: float = 0.0
+    """A frozen second model's forward pass over the same example, without gradients (a
+    preference-tuning reference; `Task.reference_parameters`); 0 for a task with one model."""
 
     def training(self, checkpointing: bool) -> float:
-        """Forward and backward of one example (the module docstring says why)."""
+        """Forward and backward of one example, and the reference's forward (the module
+        docstring says why)."""
         forward = self.weights + self.attention
         backward = self.weights + self.trainable_weights + 2 * self.attention
-        return forward * (2 if checkpointing else 1) + backward
+        return forward * (2 if checkpointing else 1) + backward + self.reference
 
 
 def _weight_flops(weighted: list[tuple[object, int]]) -> tuple[float, float]:

@@ -48,7 +48,6 @@ from trainer.common.cache import cache_dir
 from trainer.common.errors import UserError
 from trainer.common.secrets import HUB_TOKEN_VARIABLE, parse_references
 from trainer.config.deepspeed import resolve_deepspeed_config
-from trainer.config.demo import DEMO_RECIPE, demo_assets_in
 from trainer.config.hardware_defaults import MIB, fast_defaults, flag_names, loader_workers_for_shm
 from trainer.config.task_inference import infer_task
 from trainer.config.topology import resolve_topology
@@ -58,7 +57,7 @@ from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, TrainingFlags
 from trainer.storage.locations import resolve_output_locations
 from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES, Task
-from trainer.tasks.registry import DEFAULT_TASK, load_task, registered, task_spec
+from trainer.tasks.registry import load_task, registered, task_spec
 
 GIVE_BOTH = (
     "Give both --model_name_or_path and --dataset_name, or neither to run the built-in demo."
@@ -174,18 +173,14 @@ def with_model_and_data(
 def demo_of(task: str, root: Path) -> tuple[DemoAssets, Path]:
     """The task's built-in demo: where its model and data are (or will be built) under `root`,
     and its recipe; UserError for a task without one."""
-    if task == DEFAULT_TASK:
-        return demo_assets_in(root), DEMO_RECIPE
     spec = task_spec(task)
     if spec.demo is None:
-        with_demos = [s.name for s in registered() if s.demo] + [DEFAULT_TASK]
+        with_demos = [s.name for s in registered() if s.demo]
         raise UserError(
             f"The built-in demos are {', '.join(sorted(with_demos))}; for other tasks give "
             "--model_name_or_path and --dataset_name (see docs/tasks.md for recipes)."
         )
-    return DemoAssets(root / f"{task}-model", root / f"{task}-data"), RECIPES_DIR / str(
-        spec.demo_recipe
-    )
+    return spec.demo_assets_in(root), RECIPES_DIR / str(spec.demo_recipe)
 
 
 def check_training_file(options: object) -> None:

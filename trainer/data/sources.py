@@ -177,6 +177,33 @@ def table_header(path: Path) -> list[str]:
     return next(csv.reader([first_line], delimiter=delimiter), [])
 
 
+TABLE_FORMATS = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t"}),
+    ".jsonl": ("json", {}),
+    ".json": ("json", {}),
+    ".parquet": ("parquet", {}),
+}
+"""Local file suffix -> `datasets` builder and its arguments: the tables a folder of them (text
+classification's, text generation's) or `--train_file` may hold."""
+
+
+def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
+    """Split name -> table file, all in one format; the columns all of them have."""
+    suffixes = sorted({path.suffix for path in files.values()})
+    if len(suffixes) > 1:
+        raise UserError(f"{where}: {' and '.join(suffixes)} files mixed; use one format.")
+    builder, load_kwargs = TABLE_FORMATS[suffixes[0]]
+    headers = {split: frozenset(table_header(path)) for split, path in files.items()}
+    return LocalLayout(
+        builder=builder,
+        splits={split: [path] for split, path in files.items()},
+        columns=frozenset.intersection(*headers.values()),
+        load_kwargs=load_kwargs,
+        split_columns=headers,
+    )
+
+
 def table_column(path: Path, column: str) -> list | None:
     """The values of one column of a table file, as `datasets` reads them (an empty CSV cell
     is None); None when they cannot be read here, which leaves the judgement to the

@@ -10,20 +10,18 @@ from pathlib import Path
 
 from trainer.common.cache import torch_extensions_dir
 from trainer.common.handoff import SECRET_VARIABLES_VARIABLE
-from trainer.node.demo_assets import prepare_demo_assets, prepare_task_demo
+from trainer.node.demo_assets import prepare_demo
 from trainer.node.secret_manager import resolve_secrets
 from trainer.settings.run_config import RunConfig
-from trainer.tasks.registry import DEFAULT_TASK, task_spec
+from trainer.tasks.registry import task_spec
 
 
 def prepare_node(config: RunConfig, env: Mapping[str, str]) -> dict[str, str]:
     """Read the run's `--secret`s (before anything starts; their values by variable name), and
     build the demo's assets if it is the demo (on every node, once: nodes share no disk)."""
     secrets = resolve_secrets(config.launcher.secret, env)
-    if config.demo is not None and config.task == DEFAULT_TASK:
-        prepare_demo_assets(config.demo.model_dir.parent)
-    elif config.demo is not None:
-        prepare_task_demo(task_spec(config.task), config.demo)
+    if config.demo is not None:
+        prepare_demo(task_spec(config.task), config.demo)
     return secrets
 
 

@@ -84,10 +84,11 @@ class OutputLocations:
 
 @dataclass(frozen=True)
 class DemoAssets:
-    """Where the built-in demo's model and data are (trainer/node/demo_assets.py builds them)."""
+    """Where a task's built-in demo model and data are (its folder's demo.py builds them, once
+    per node: trainer/node/demo_assets.py)."""
 
-    model_dir: Path  # save_pretrained'd tiny WhisperForConditionalGeneration + WhisperProcessor
-    dataset_dir: Path  # an `audiofolder` dataset directory
+    model_dir: Path  # a save_pretrained'd tiny model and its processor
+    dataset_dir: Path  # a dataset directory in the task's local layout
 
 
 class Value(Generic[T]):

@@ -324,6 +324,15 @@ class Task(ABC):
         plan's micro-batch time (trainer/common/step_time.py); None: no estimate."""
         return None
 
+    def reference_parameters(self, model: PreTrainedModel) -> int:
+        """Weights of a frozen second model the task keeps beside the trained one on each GPU
+        (a preference-tuning reference: as many as the model's in full fine-tuning; none with
+        LoRA, whose reference is the base with the adapter disabled, nor when its outputs are
+        computed before training), counted by the plan like frozen weights and partitioned
+        like them under ZeRO-3 (trainer/tasks/step_memory.py). Its forward pass goes into
+        `forward_flops_per_sample`'s `reference`. 0: the task trains one model."""
+        return 0
+
     @abstractmethod
     def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:
         """Scores evaluation predictions."""

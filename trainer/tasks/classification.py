@@ -137,15 +137,25 @@ class LabelSet:
 
     def check(self, dataset: Dataset, where: str) -> None:
         """Every label of `dataset` must map to one of ours (also catches -1 "no label")."""
+        feature = dataset.features[LABEL]
+        self.check_names(feature, where)
+        values = dataset.unique(LABEL)
+        self.check_labelled(values, feature, where)
+        self.check_known(values, where)
+        self.warn_of_never_learnt(values, where)
+
+    def check_names(self, feature: Any, where: str) -> None:
+        """A ClassLabel column must name our labels, in our order."""
         from datasets import ClassLabel
 
-        feature = dataset.features[LABEL]
         if isinstance(feature, ClassLabel) and tuple(feature.names) != self.names:
             raise UserError(
                 f"{where} names its labels {', '.join(feature.names)}, but the model was "
                 f"built for {', '.join(self.names)} (from {self.source})."
             )
-        values = dataset.unique(LABEL)
+
+    def check_labelled(self, values: list, feature: Any, where: str) -> None:
+        """No example without a label (a benchmark's hidden test labels)."""
         if any(self.no_label(value, feature) for value in values):
             extent = "no labels" if len(values) == 1 else "examples without a label"
             raise UserError(
@@ -153,6 +163,9 @@ class LabelSet:
                 "evaluate on splits with labels (--eval_split_name one that has them, often "
                 "validation; or --train_val_split 0.15 takes one from the training split)."
             )
+
+    def check_known(self, values: list, where: str) -> None:
+        """No label outside the set the model is built for: it would have no output."""
         unknown = [value for value in values if value not in self.ids]
         if unknown:
             shown = ", ".join(repr(value) for value in unknown[:5])
@@ -161,6 +174,9 @@ class LabelSet:
                 f"({', '.join(self.names)}) taken from {self.source}: they occur only "
                 "outside the training split, and the model would have no output for them."
             )
+
+    def warn_of_never_learnt(self, values: list, where: str) -> None:
+        """One warning (from the main process) for classes the training split never shows."""
         never_learnt = [self.names[self.ids[value]] for value in values]
         never_learnt = sorted(set(never_learnt) & set(self.untrained))
         if never_learnt and os.environ.get("RANK", "0") == "0":

@@ -10,6 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.common.flag_fields import flag
+from trainer.tasks.model_config import (
+    IMAGE_CLASSIFIERS,
+    MASKED_LMS,
+    TEXT_CLASSIFIERS,
+    architectures,
+    has_head,
+    model_types,
+)
 from trainer.tasks.predictor import Predictor
 
 LABEL = "label"
@@ -56,47 +64,28 @@ def parse_class_weights(text: str) -> str | tuple[float, ...]:
     return weights
 
 
-def architectures(config: dict) -> list[str]:
-    return list(config.get("architectures") or [])
-
-
-def has_head(config: dict, *heads: str) -> bool:
-    """Whether one of the config's architectures ends with one of `heads`."""
-    return any(name.endswith(heads) for name in architectures(config))
-
-
 def is_image_classifier(config: dict) -> bool:
     """An image-classification architecture, or a pretrained encoder of a type transformers
     classifies images with and not texts (ViT saved without a head: `ViTModel`)."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES as IMAGE,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as TEXT,
-    )
-
     if has_head(config, "ForImageClassification"):
         return True
     model_type = config.get("model_type")
-    return model_type in IMAGE and model_type not in TEXT and is_pretrained_encoder(config)
+    return (
+        model_type in model_types(IMAGE_CLASSIFIERS)
+        and model_type not in model_types(TEXT_CLASSIFIERS)
+        and is_pretrained_encoder(config)
+    )
 
 
 def is_text_classifier(config: dict) -> bool:
     """A sequence-classification architecture, or a pretrained encoder transformers classifies
     texts with (BERT saved as `BertForMaskedLM`); never a model that generates text."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES as MASKED,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES as TEXT,
-    )
-
     if has_head(config, "ForSequenceClassification"):
         return True
     model_type = config.get("model_type")
-    if model_type not in TEXT or not is_pretrained_encoder(config):
+    if model_type not in model_types(TEXT_CLASSIFIERS) or not is_pretrained_encoder(config):
         return False
-    return bool(architectures(config)) or model_type in MASKED
+    return bool(architectures(config)) or model_type in model_types(MASKED_LMS)
 
 
 def is_pretrained_encoder(config: dict) -> bool:

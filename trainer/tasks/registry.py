@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
-from trainer.tasks.image_classification import IMAGE_CLASSIFICATION
-from trainer.tasks.speech_recognition import SPEECH_RECOGNITION
+from trainer.tasks.image_classification import spec as image_classification
+from trainer.tasks.speech_recognition import spec as speech_recognition
 from trainer.tasks.task_spec import TaskSpec
-from trainer.tasks.text_classification import TEXT_CLASSIFICATION
-from trainer.tasks.text_generation import TEXT_GENERATION
+from trainer.tasks.text_classification import spec as text_classification
+from trainer.tasks.text_generation import spec as text_generation
 
 if TYPE_CHECKING:
     from trainer.settings.run_config import RunConfig
@@ -30,11 +30,16 @@ if TYPE_CHECKING:
 
 REGISTERED: dict[str, TaskSpec] = {
     spec.name: spec
-    for spec in (SPEECH_RECOGNITION, IMAGE_CLASSIFICATION, TEXT_GENERATION, TEXT_CLASSIFICATION)
+    for spec in (
+        speech_recognition.SPEC,
+        image_classification.SPEC,
+        text_generation.SPEC,
+        text_classification.SPEC,
+    )
 }
 """`--task` value -> its spec, in the order tasks are asked."""
 
-DEFAULT_TASK = SPEECH_RECOGNITION.name
+DEFAULT_TASK = speech_recognition.SPEC.name
 """The task of a command line that names none and whose model and data say none (the demo)."""
 
 

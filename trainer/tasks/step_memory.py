@@ -49,6 +49,9 @@ class TrainingFootprint:
     quantizable_parameters: int | None = None
     """The frozen weights 8- and 4-bit loading quantizes (`quantizable_weights`): the others
     (embeddings, the LM head, norms, biases) stay unquantized. None: all of them."""
+    reference_parameters: int = 0
+    """A frozen second model's weights beside the trained one (`Task.reference_parameters`),
+    at the width of the frozen weights, partitioned under ZeRO-3 like them."""
 
     def weight_bytes(self) -> float:
         """Trainable weights in fp32 (16-bit under DeepSpeed's mixed precision, whose fp32
@@ -56,7 +59,8 @@ class TrainingFootprint:
         DeepSpeed's mixed precision, one byte in 8 bits, half a byte in 4, where 8/4-bit
         loading quantizes them; the frozen weights it leaves (embeddings, LM head, norms)
         at the full width: PEFT's `prepare_model_for_kbit_training`, which LoRA on a
-        quantized base runs, casts them from bf16 to fp32. ZeRO-3 partitions them all."""
+        quantized base runs, casts them from bf16 to fp32; a frozen reference model's
+        weights as frozen ones of full width. ZeRO-3 partitions them all."""
         params, trainable = self.parameters, self.trainable_parameters
         deepspeed_16bit = self.mixed_precision and self.zero_stage is not None
         width = 2 if deepspeed_16bit else 4
@@ -67,6 +71,7 @@ class TrainingFootprint:
                 self.quantizable_parameters, frozen)  # fmt: skip
         quantized_width = 1 if self.frozen_in_8bit else 0.52
         weights = width * (trainable + frozen - quantized) + quantized_width * quantized
+        weights += width * self.reference_parameters
         return weights / (self.world_size if (self.zero_stage or 0) >= 3 else 1)
 
     def gradient_bytes(self) -> float:
@@ -104,7 +109,9 @@ class TrainingFootprint:
     def describe(self, checkpointing: bool) -> dict:
         """The estimate as the dry run shows it: bytes per GPU by part, and the total."""
         activations = self.batch_size * self.activation_bytes_per_sample(checkpointing)
+        reference = {"reference_parameters": self.reference_parameters}
         return {
+            **(reference if self.reference_parameters else {}),
             "weights_bytes": round(self.weight_bytes()),
             "gradients_bytes": round(self.gradient_bytes()),
             "optimizer_state_bytes": round(self.optimizer_bytes()),
@@ -159,6 +166,7 @@ def footprint_of(config: RunConfig, task: Task, model, world_size: int) -> Train
         frozen_in_8bit=config.model.load_in_8bit,
         frozen_in_4bit=config.model.load_in_4bit,
         quantizable_parameters=frozen_body,
+        reference_parameters=task.reference_parameters(model),
     )
 
 

@@ -1,10 +1,12 @@
 """`TaskSpec`: everything task-specific outside a task's training code, in one object.
 
 Resolution, the command line, the preflight, the server, offline predictions and the model
-registry ask a task's spec, never a table of their own keyed by task name: a task is its spec
-and the modules it names, registered once (trainer/tasks/registry.py). A spec and its module
-import no torch or transformers, so asking every task (which one a model's config.json is
-for, which one a local dataset's files are laid out for) costs nothing; the training code it
+registry ask a task's spec, never a table of their own keyed by task name: a task is a folder
+(its spec in `spec.py`, the modules it names beside it) registered once
+(trainer/tasks/registry.py). A spec and its module import no torch or transformers, so asking
+every task which one a model's config.json is for loads neither
+(tests/processes/test_registry_import.py); recognising a local dataset's layout reads the
+folder's files (and, for images, `datasets`' list of image extensions). The training code it
 names is imported only when a run trains or checks that task.
 """
 
@@ -15,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainer.settings.run_config import DemoAssets
 
 if TYPE_CHECKING:
     from trainer.data.sources import LocalLayout
@@ -44,16 +48,28 @@ class TaskSpec:
     recipes: tuple[str, ...] = ()
     """Its recipes shipped in trainer/recipes/ (each also names the task itself)."""
     demo: str | None = None
-    """`module:function(model_dir, dataset_dir)` building the task's built-in demo (a tiny
-    model and a dataset made offline), run with `demo_recipe` when a command line with this
-    `--task` names neither model nor data; None: the task has none (the default task's demo
-    is trainer/node/demo_assets.py's)."""
+    """The module of the task's built-in demo (its folder's `demo.py`), with two functions:
+    `build_model(model_dir)`, a tiny model made offline, and `build_dataset(dataset_dir)`,
+    its data; run with `demo_recipe` when a command line with this `--task` names neither
+    model nor data (the default task's demo: with no `--task` either). None: the task has
+    none. Each builder writes into an empty folder; the node renames it into place once it
+    is complete (trainer/node/demo_assets.py)."""
     demo_recipe: str | None = None
     """The demo's recipe in trainer/recipes/."""
+    demo_folders: tuple[str, str] | None = None
+    """The demo's model and data folder names in the cache, versioned so that assets an older
+    release built are not reused (bump them when the builders change); None: `<task>-model`
+    and `<task>-data`."""
 
-    def build_demo(self, model_dir: Path, dataset_dir: Path) -> None:
-        module, _, name = (self.demo or "").partition(":")
-        getattr(importlib.import_module(module), name)(model_dir, dataset_dir)
+    def demo_assets_in(self, root: Path) -> DemoAssets:
+        """Where the demo's model and data are, or will be built, under `root`."""
+        model, data = self.demo_folders or (f"{self.name}-model", f"{self.name}-data")
+        return DemoAssets(model_dir=root / model, dataset_dir=root / data)
+
+    def demo_builders(self) -> tuple[Callable[[Path], None], Callable[[Path], None]]:
+        """The demo module's `build_model` and `build_dataset` (the module imported now)."""
+        module = importlib.import_module(str(self.demo))
+        return module.build_model, module.build_dataset
 
     def task_class(self) -> type:
         """Its `Task` subclass (trainer/tasks/base.py, which refers to this module)."""

@@ -37,17 +37,13 @@ from trainer.data.sources import (
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
-from trainer.tasks.english_spelling import restore_english_spelling
 from trainer.tasks.lora_adapters import eight_bit_loading
-from trainer.tasks.metrics import eval_normalizer, word_error_rate
-from trainer.tasks.speech_batches import SAMPLING_RATE, SpeechCollator
-from trainer.tasks.speech_recognition import (
-    SPEECH_RECOGNITION,
-    SpeechArguments,
-    detect_local_layout,
-    transcription,
-)
-from trainer.tasks.whisper_checkpoint import (
+from trainer.tasks.speech_recognition.batches import SAMPLING_RATE, SpeechCollator
+from trainer.tasks.speech_recognition.english_spelling import restore_english_spelling
+from trainer.tasks.speech_recognition.serving import transcription
+from trainer.tasks.speech_recognition.spec import SPEC, SpeechArguments, detect_local_layout
+from trainer.tasks.speech_recognition.wer import eval_normalizer, word_error_rate
+from trainer.tasks.speech_recognition.whisper_checkpoint import (
     Prompt,
     WhisperCheckpoint,
     language_name,
@@ -59,7 +55,7 @@ if TYPE_CHECKING:
 
 
 class SpeechRecognitionTask(Task):
-    spec = SPEECH_RECOGNITION
+    spec = SPEC
     training_arguments_class = Seq2SeqTrainingArguments
     default_metric = "wer"
     metric_names = ("wer",)  # word_error_rate
@@ -205,7 +201,7 @@ class SpeechRecognitionTask(Task):
     @property
     def trainer_class(self):
         # imported when training only, as in Task.trainer_class
-        from trainer.tasks.trainers import WhisperTrainer
+        from trainer.tasks.speech_recognition.trainer import WhisperTrainer
 
         return WhisperTrainer
 

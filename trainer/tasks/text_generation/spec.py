@@ -1,8 +1,8 @@
 """The text generation task's spec: supervised fine-tuning of causal language models (Gemma,
 Llama, Qwen, Mistral, Phi...) on chats, prompt/completion pairs or plain text, through TRL's
 `SFTTrainer`; its flags, which models it claims, the layout of a folder of tables, and how a
-delivered model serves (the training code: trainer/tasks/chat.py; the rows and their loss
-mask: trainer/tasks/chat_examples.py)."""
+delivered model serves (the training code: training.py; the rows and their loss
+mask: loss_mask.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ from pathlib import Path
 
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.data.sources import LocalLayout
-from trainer.tasks.classification_spec import architectures, has_head
-from trainer.tasks.generation_serving import GenerationPredictor
+from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
+from trainer.tasks.model_config import (
+    CAUSAL_LMS,
+    MASKED_LMS,
+    SEQ2SEQ_LMS,
+    architectures,
+    has_head,
+    model_types,
+)
 from trainer.tasks.task_spec import TaskSpec
-from trainer.tasks.text_classification import TABLE_FORMATS, table_layout
+from trainer.tasks.text_generation.serving import GenerationPredictor
 
 NAME = "text-generation"
 
@@ -69,20 +75,14 @@ def is_causal_lm(config: dict) -> bool:
     """A decoder-only language model: its architecture ends ForCausalLM (or LMHeadModel), or,
     naming none, its type is one transformers has only causal language models of (a Llama
     config without `architectures`; never BERT, whose type also has a causal head)."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES as MASKED,
-    )
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES as SEQ2SEQ,
-    )
-
     if architectures(config):
         return has_head(config, *CAUSAL_HEADS)
     kind = config.get("model_type")
-    return kind in CAUSAL and kind not in MASKED and kind not in SEQ2SEQ
+    return (
+        kind in model_types(CAUSAL_LMS)
+        and kind not in model_types(MASKED_LMS)
+        and kind not in model_types(SEQ2SEQ_LMS)
+    )
 
 
 def data_format(columns: set[str] | frozenset[str], text_field: str = "text") -> str | None:
@@ -117,10 +117,10 @@ def detect_local_layout(directory: Path) -> LocalLayout:
 
 ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-TEXT_GENERATION = TaskSpec(
+SPEC = TaskSpec(
     name=NAME,
     flags=ChatArguments,
-    training="trainer.tasks.chat:ChatTask",
+    training="trainer.tasks.text_generation.training:ChatTask",
     claims_model=is_causal_lm,
     detect_layout=detect_local_layout,
     predictor=GenerationPredictor,
@@ -138,6 +138,6 @@ TEXT_GENERATION = TaskSpec(
         "llama-3.1-70b-full-a3.yaml",
         "chat-demo.yaml",
     ),
-    demo="trainer.tasks.chat_demo:build_chat_demo",
+    demo="trainer.tasks.text_generation.demo",
     demo_recipe="chat-demo.yaml",
 )

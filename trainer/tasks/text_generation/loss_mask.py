@@ -20,7 +20,7 @@ cannot be split by rendering: TRL's marked training copy of it is used where TRL
 
 A row that is not one (no role, empty content, wrong types, a chat with no assistant turn, a
 chat the template itself refuses, such as a system turn for Gemma) is `BadRow`: skipped and
-counted under --max_bad_examples by the task (trainer/tasks/chat.py).
+counted under --max_bad_examples by the task (training.py).
 """
 
 from __future__ import annotations

@@ -20,16 +20,11 @@ from typing import TYPE_CHECKING
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
-from trainer.data.sources import FILES, LocalLayout, table_column
+from trainer.data.sources import FILES, TABLE_FORMATS, LocalLayout, table_column, table_layout
 from trainer.data.streams import is_stream
 from trainer.tasks.classification import ClassificationTask, LabelSet
-from trainer.tasks.text_classification import (
-    TABLE_FORMATS,
-    TEXT_CLASSIFICATION,
-    TextArguments,
-    table_layout,
-    top_label,
-)
+from trainer.tasks.text_classification.serving import top_label
+from trainer.tasks.text_classification.spec import SPEC, TextArguments
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -60,7 +55,7 @@ FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test"
 
 
 class TextClassificationTask(ClassificationTask):
-    spec = TEXT_CLASSIFICATION
+    spec = SPEC
     input_column = "text"
     input_flag = "text_column_name"
     predicted_top_k = 1

@@ -1,9 +1,9 @@
 """Text generation: supervised fine-tuning of a causal language model through TRL's `SFTTrainer`
-(trainer/tasks/chat_trainer.py), with this project's keep-work machinery around it as for every
+(trainer.py), with this project's keep-work machinery around it as for every
 task (the training program mixes it into the Trainer class the task names).
 
 The data is tokenised here, before the Trainer sees it, as `input_ids` and `labels`
-(trainer/tasks/chat_examples.py: the loss on the assistant's turns or the completion, found
+(loss_mask.py: the loss on the assistant's turns or the completion, found
 for any chat template): TRL takes such a dataset as it is, and packs it with `--packing` (its
 best-fit-decreasing packing, padding-free: position ids restart at each example, and the
 attention kept within each). Rows that are not chats, pairs or texts are skipped and counted
@@ -14,7 +14,7 @@ Data: conversational (`messages`), prompt/completion (two texts, or two lists of
 plain text (`--dataset_text_field`), from a hub dataset, a local folder of JSONL, Parquet or
 CSV files (one per split), or a shard set; with `--streaming true`, the training split is
 tokenised as it is read and its bad and long rows counted as they are read
-(trainer/tasks/chat_stream.py).
+(stream.py).
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ from trainer.data.sources import (
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
-from trainer.tasks.chat_examples import (
+from trainer.tasks.lora_adapters import eight_bit_loading
+from trainer.tasks.text_generation.loss_mask import (
     BadRow,
     TemplateNotSplittable,
     encode_row,
     marked_template,
     training_template,
 )
-from trainer.tasks.chat_stream import StreamEncoder, tokenised_stream
-from trainer.tasks.lora_adapters import eight_bit_loading
-from trainer.tasks.text_generation import (
+from trainer.tasks.text_generation.spec import (
     FORMATS_LINE,
-    TEXT_GENERATION,
+    SPEC,
     ChatArguments,
     data_format,
 )
+from trainer.tasks.text_generation.stream import StreamEncoder, tokenised_stream
 
 if TYPE_CHECKING:
     from datasets import Dataset, IterableDataset
@@ -68,7 +68,7 @@ JSON: a column holds one type)."""
 
 
 class ChatTask(Task):
-    spec = TEXT_GENERATION
+    spec = SPEC
     default_metric = "perplexity"  # exp(eval loss): the same order, in words a person reads
     metric_names = ("perplexity",)
     lower_is_better = frozenset({"perplexity"})  # and loss, which the Trainer knows itself
@@ -232,7 +232,7 @@ class ChatTask(Task):
         return encoded.select(kept).select_columns(list(TOKENISED))
 
     def streamed(self, stream: IterableDataset, spec: str, training: bool) -> IterableDataset:
-        """A training stream tokenised as it is read (trainer/tasks/chat_stream.py): the same
+        """A training stream tokenised as it is read (stream.py): the same
         examples, bad and long rows counted by the training process. How the loss is masked
         is chosen on the stream's first rows (a split read whole tries all its rows)."""
         where = f"split {spec} of {self.data_args.dataset_name or FILES}"
@@ -333,7 +333,7 @@ class ChatTask(Task):
 
     def predicted_values(self, predictions: Any, processor: Any) -> list[dict]:
         """The trainer's answers as they are: made by the server's own `continuation`
-        (trainer/tasks/generation_serving.py, chat_trainer.py `generate_all`)."""
+        (serving.py, chat_trainer.py `generate_all`)."""
         return list(predictions)
 
     def data_collator(self, processor: Any):
@@ -344,7 +344,7 @@ class ChatTask(Task):
 
     @property
     def trainer_class(self):
-        from trainer.tasks.chat_trainer import ChatTrainer
+        from trainer.tasks.text_generation.trainer import ChatTrainer
 
         where = f"split {self.data_args.train_split_name} of {self.data_args.dataset_name}"
         return partial(ChatTrainer, chat=self.options, samples=self._samples, where=where)

@@ -32,17 +32,27 @@ def chat(country: str, capital: str, question: str) -> dict:
     ]}  # fmt: skip
 
 
-def build_chat_demo(model_dir: Path, dataset_dir: Path) -> None:
-    """The demo's chats (every question form of every country to train on, the first form of
-    each to evaluate on) and its tiny model, saved in the two folders."""
+def chats() -> tuple[list[dict], list[dict]]:
+    """The demo's chats, the same on every machine: every question form of every country to
+    train on (shuffled), the first form of each to evaluate on."""
     rng = random.Random(0)
     train = [chat(c, k, q) for c, k in zip(COUNTRIES, CAPITALS, strict=True) for q in QUESTIONS]
     rng.shuffle(train)
     test = [chat(c, k, QUESTIONS[0]) for c, k in zip(COUNTRIES, CAPITALS, strict=True)]
-    dataset_dir.mkdir(parents=True)
+    return train, test
+
+
+def build_dataset(dataset_dir: Path) -> None:
+    """The demo's data: a JSONL file per split (the training chats eight times over)."""
+    train, test = chats()
+    dataset_dir.mkdir(parents=True, exist_ok=True)
     for split, rows in (("train", train * 8), ("test", test)):
         (dataset_dir / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    save_tiny_qwen2(model_dir, [json.dumps(row) for row in train])
+
+
+def build_model(model_dir: Path) -> None:
+    """The demo's model: a tiny Qwen2 whose tokenizer is trained on the training chats."""
+    save_tiny_qwen2(model_dir, [json.dumps(row) for row in chats()[0]])
 
 
 def save_tiny_qwen2(model_dir: Path, corpus: list[str]) -> None:

@@ -31,13 +31,8 @@ from trainer.data.bad_examples import mark_undecodable, screen
 from trainer.data.streams import is_stream
 from trainer.tasks.base import LENGTH_SAMPLING_STRATEGIES
 from trainer.tasks.classification import ClassificationTask, LabelSet
-from trainer.tasks.image_classification import (
-    IMAGE,
-    IMAGE_CLASSIFICATION,
-    TOP_K,
-    ImageArguments,
-    ranked_labels,
-)
+from trainer.tasks.image_classification.serving import IMAGE, TOP_K, ranked_labels
+from trainer.tasks.image_classification.spec import SPEC, ImageArguments
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -45,7 +40,7 @@ if TYPE_CHECKING:
 
 
 class ImageClassificationTask(ClassificationTask):
-    spec = IMAGE_CLASSIFICATION
+    spec = SPEC
     input_column = IMAGE
     input_flag = "image_column_name"
     predicted_top_k = TOP_K

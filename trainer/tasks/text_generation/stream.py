@@ -1,5 +1,5 @@
 """Text generation's training split as a stream (`--streaming true`): the rows tokenised as they
-are read, by the same `encode_row` and loss mask as a split read whole (trainer/tasks/chat.py),
+are read, by the same `encode_row` and loss mask as a split read whole (training.py),
 in `datasets`' batched map over the stream (in the DataLoader's workers).
 
 A stream cannot be counted before training, so what a whole split reports in one line before
@@ -10,7 +10,7 @@ training is counted as the stream is read:
   undecodable media in a stream.
 - The rows cut to `--max_seq_length`, and those the cut left with nothing to learn (dropped),
   ride along in the batches (`CUTS`) to the training process, which counts them
-  (trainer/tasks/chat_trainer.py): one line when training ends, or, with
+  (trainer.py): one line when training ends, or, with
   `--refuse_long_examples`, a UserError at the first one.
 
 With `--packing`, each batch of rows (`BATCH_ROWS`, the batch TRL's own packing maps over) is
@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.data.bad_examples import UNDECODABLE
 from trainer.data.shard_index import KEY_COLUMN
-from trainer.tasks.chat_examples import IGNORED, BadRow, TemplateNotSplittable, encode_row
+from trainer.tasks.text_generation.loss_mask import (
+    IGNORED,
+    BadRow,
+    Encoded,
+    TemplateNotSplittable,
+    encode_row,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,29 +68,38 @@ class StreamEncoder:
         rows = [
             dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)
         ]
-        ids, labels, bad = [], [], []
-        cut = empty = 0
-        for row in rows:
-            try:
-                encoded = encode_row(self.tokenizer, row, self.found, self.options, self.marked)
-            except (BadRow, TemplateNotSplittable) as error:
-                key = row.get(KEY_COLUMN)
-                bad.append(f"{'row ' + str(key) if key is not None else 'a row'} ({error})")
-                continue
-            cut += encoded.truncated
-            if all(label == IGNORED for label in encoded.labels):
-                empty += encoded.truncated  # as a split read whole: dropped
-                continue
-            ids.append(encoded.input_ids)
-            labels.append(encoded.labels)
+        encoded, bad = self.encoded(rows)
+        kept = [row for row in encoded if _learns(row)]
+        ids, labels = [row.input_ids for row in kept], [row.labels for row in kept]
         out = self.packed(ids, labels) if self.packing else {"input_ids": ids, "labels": labels}
+        # a row cut until nothing was left to learn is dropped, as in a split read whole
+        counts = [sum(row.truncated for row in encoded), len(rows) - len(bad),
+                  sum(row.truncated for row in encoded if not _learns(row))]  # fmt: skip
+        return self.with_counts_and_bad_rows(out, counts, bad)
+
+    def with_counts_and_bad_rows(self, out: dict, counts: list[int], bad: list[str]) -> dict:
+        """The batch's counts (cut, good, emptied) on its first example, and an empty example
+        per bad row carrying its line, for the training process to count."""
         good = len(out["input_ids"])
-        out[CUTS] = [[cut, len(rows) - len(bad), empty]] + [[0, 0, 0]] * (good - 1) if good else []
+        out[CUTS] = [counts] + [[0, 0, 0]] * (good - 1) if good else []
         out[UNDECODABLE] = [None] * good + bad
         for column in ("input_ids", "labels", *(("seq_lengths",) if self.packing else ())):
             out[column] = list(out[column]) + [[] for _ in bad]
         out[CUTS] += [[0, 0, 0] for _ in bad]
         return out
+
+    def encoded(self, rows: list[dict]) -> tuple[list[Encoded], list[str]]:
+        """The rows encoded, and a line for each bad one (its key where the stream has one)."""
+        encoded, bad = [], []
+        for row in rows:
+            try:
+                encoded.append(
+                    encode_row(self.tokenizer, row, self.found, self.options, self.marked)
+                )
+            except (BadRow, TemplateNotSplittable) as error:
+                key = row.get(KEY_COLUMN)
+                bad.append(f"{'row ' + str(key) if key is not None else 'a row'} ({error})")
+        return encoded, bad
 
     def packed(self, ids: list[list[int]], labels: list[list[int]]) -> dict[str, list]:
         """TRL's best-fit-decreasing packing of one batch: the function its `pack_dataset`
@@ -97,6 +112,10 @@ class StreamEncoder:
             return {"input_ids": [], "labels": [], "seq_lengths": []}
         table = pa.table({"input_ids": ids, "labels": labels})
         return _pack_bfd(table, self.options.max_seq_length, "truncate").to_pydict()
+
+
+def _learns(row: Encoded) -> bool:
+    return any(label != IGNORED for label in row.labels)
 
 
 @dataclass

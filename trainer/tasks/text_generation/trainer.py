@@ -6,7 +6,7 @@ its `TrainingArguments`, the keep-work mixin and callbacks); here those argument
 `SFTConfig` (as `SFTTrainer` itself converts plain `TrainingArguments`) with the task's flags:
 `--max_seq_length` as TRL's `max_length`, `--packing` as best-fit-decreasing packing, which
 TRL makes padding-free (position ids restart at each example, and the model's attention keeps
-each example to itself). The datasets arrive tokenised with their labels (trainer/tasks/chat.py),
+each example to itself). The datasets arrive tokenised with their labels (training.py),
 so TRL's own masking options stay off: it trains on the labels as given.
 
 Each evaluation adds the perplexity (exp of the evaluation loss), and with
@@ -28,9 +28,9 @@ from transformers.trainer_utils import PredictionOutput
 from trl import SFTConfig, SFTTrainer
 
 from trainer.common.errors import UserError
-from trainer.tasks.chat_stream import CUTS, CountedCuts
-from trainer.tasks.generation_serving import continuation, end_of_turn_ids
-from trainer.tasks.text_generation import ChatArguments
+from trainer.tasks.text_generation.serving import continuation, end_of_turn_ids
+from trainer.tasks.text_generation.spec import ChatArguments
+from trainer.tasks.text_generation.stream import CUTS, CountedCuts
 
 SHOWN_CHARACTERS = 160
 """How much of a prompt, reference or output a sample line shows."""
@@ -67,7 +67,7 @@ class ChatTrainer(SFTTrainer):
         """A training stream (trainer/data/streams.py `ResumableStream`, made by the streaming
         Trainer from the task's tokenised stream) reaches TRL as the `datasets` stream inside
         it, which TRL takes as it is (`_prepare_dataset`); the Trainer then reads the
-        resumable one, and counts the cut rows it carries (trainer/tasks/chat_stream.py)."""
+        resumable one, and counts the cut rows it carries (stream.py)."""
         self.chat = chat
         self.samples = samples
         self.where = where
@@ -187,7 +187,7 @@ class ChatTrainer(SFTTrainer):
         return answers
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test"):
-        """Generations for the test split's prompts (trainer/tasks/chat.py `load_test_split`),
+        """Generations for the test split's prompts (training.py `load_test_split`),
         each rank generating all of them (the global main process writes)."""
         prompts = [json.loads(text) for text in test_dataset["prompt_json"]]
         outputs = self.generate_all(prompts)
