@@ -37,7 +37,7 @@ from tests.support.image_build import (
     shell_commands,
     stages,
 )
-from trainer import jobspec
+from trainer.jobspec.custom_job import installing_command
 from trainer.preflight import vertex_machines
 
 DS_BUILD_ENV = REPO_ROOT / "docker" / "ds-build.env"
@@ -385,7 +385,7 @@ def test_the_installing_command_runs_the_sdist_on_the_image_offline(tmp_path, ch
     sdist gets the pool's args."""
     python, env, user_base = image_python(tmp_path)
     uri = f"gs://bucket/job/packages/0123456789abcdef/{checkout_sdist.name}"
-    shell, flag, script, name = jobspec.installing_command(uri)
+    shell, flag, script, name = installing_command(uri)
     assert f"/gcs/bucket/job/packages/0123456789abcdef/{checkout_sdist.name}" in script
     script = script.replace(f"/gcs/{uri.removeprefix('gs://')}", str(checkout_sdist))
     env |= {"PATH": f"{python.parent}:{env['PATH']}", "PIP_NO_INDEX": "1",

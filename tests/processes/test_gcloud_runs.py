@@ -23,8 +23,9 @@ from google.cloud.aiplatform_v1.types import CustomJobSpec, HyperparameterTuning
 
 from tests.support.helpers import CONFIG, HPTUNING, REPO_ROOT, parse_strictly
 from tests.support.image_build import CLOUDBUILD
-from trainer import jobspec
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
+from trainer.jobspec import __main__ as jobspec
+from trainer.jobspec.custom_job import DEFAULT_ENV, DEFAULT_IMAGE, SPOT_SAVE_INTERVAL_MINUTES
 
 REGION = "europe-west4"
 
@@ -131,10 +132,10 @@ def test_custom_job_create_sends_config_yaml_as_written(capture, tmp_path):
             "acceleratorType": "NVIDIA_TESLA_A100",
             "acceleratorCount": 8,
         }
-        assert pool["containerSpec"]["imageUri"] == jobspec.DEFAULT_IMAGE
+        assert pool["containerSpec"]["imageUri"] == DEFAULT_IMAGE
         assert pool["containerSpec"]["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
         env = {item["name"]: item["value"] for item in pool["containerSpec"]["env"]}
-        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
+        assert env == DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
         assert pool["diskSpec"] == {"bootDiskSizeGb": 200}
     assert spec["baseOutputDirectory"] == {"outputUriPrefix": "gs://BUCKET/whisper-small-sr"}
     assert spec["scheduling"] == {
@@ -290,9 +291,7 @@ def test_spot_job_is_sent_with_restarts_a_wait_and_saves_by_time(capture, tmp_pa
     }
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         args = pool["containerSpec"]["args"]
-        assert args[args.index("--save_interval_minutes") + 1] == str(
-            jobspec.SPOT_SAVE_INTERVAL_MINUTES
-        )
+        assert args[args.index("--save_interval_minutes") + 1] == str(SPOT_SAVE_INTERVAL_MINUTES)
     assert sent.scheduling.strategy.name == "SPOT"
     assert sent.scheduling.restart_job_on_worker_restart and not sent.scheduling.disable_retries
     assert sent.scheduling.max_wait_duration.total_seconds() == 4 * 3600
@@ -358,14 +357,14 @@ def test_a_python_package_job_is_sent_as_written(capture, tmp_path, gcs):
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         assert "containerSpec" not in pool
         spec = pool["pythonPackageSpec"]
-        assert spec["executorImageUri"] == jobspec.DEFAULT_IMAGE
+        assert spec["executorImageUri"] == DEFAULT_IMAGE
         assert spec["pythonModule"] == "trainer"
         (uri,) = spec["packageUris"]
         sdist = r"vertex_hf_trainer-0\.1\.0\.tar\.gz"
         assert re.fullmatch(rf"{base}/packages/[0-9a-f]{{16}}/{sdist}", uri)
         assert spec["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
         env = {item["name"]: item["value"] for item in spec["env"]}
-        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
+        assert env == DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
     for pool in sent.worker_pool_specs:
         assert pool.python_package_spec.python_module == "trainer"
         assert not pool.container_spec.image_uri
@@ -384,7 +383,7 @@ def test_a_python_package_command_job_is_sent_as_written(capture, tmp_path, gcs)
     for pool in body["jobSpec"]["workerPoolSpecs"]:
         assert "pythonPackageSpec" not in pool
         spec = pool["containerSpec"]
-        assert spec["imageUri"] == jobspec.DEFAULT_IMAGE
+        assert spec["imageUri"] == DEFAULT_IMAGE
         shell, flag, script, name = spec["command"]
         assert (shell, flag, name) == ("sh", "-c", "trainer")
         mounted = rf"/gcs/{BUCKET}/package-command-sent/packages/[0-9a-f]{{16}}/"
@@ -395,7 +394,7 @@ def test_a_python_package_command_job_is_sent_as_written(capture, tmp_path, gcs)
         ), script
         assert spec["args"] == ["whisper-small.yaml", "--deepspeed", "zero2"]
         env = {item["name"]: item["value"] for item in spec["env"]}
-        assert env == jobspec.DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
+        assert env == DEFAULT_ENV | {GPUS_PER_REPLICA_VARIABLE: "8"}
     for pool in sent.worker_pool_specs:
         assert list(pool.container_spec.command) == spec["command"]
     assert trial == sent

@@ -18,9 +18,10 @@ from google.cloud.aiplatform_v1.types import CustomJobSpec
 
 from tests.support.helpers import REPO_ROOT, parse_strictly
 from tests.support.job_specs import rendered
-from trainer import jobspec
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.config.deepspeed import PRESETS_DIR
+from trainer.jobspec import __main__ as jobspec
+from trainer.jobspec.custom_job import DEFAULT_IMAGE
 from trainer.packaging import sdist_digest
 
 
@@ -51,7 +52,7 @@ def test_python_package_uploads_the_checkouts_sdist_and_runs_it_on_the_image(gcs
     )
     for spec, image_pool in zip(specs, image_job["workerPoolSpecs"], strict=True):
         assert spec == {
-            "executorImageUri": jobspec.DEFAULT_IMAGE,
+            "executorImageUri": DEFAULT_IMAGE,
             "packageUris": [uri],
             "pythonModule": "trainer",
             "args": image_pool["containerSpec"]["args"],

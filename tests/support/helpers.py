@@ -164,7 +164,7 @@ def answer_json(handler, status: int, payload: dict) -> None:
 def jobspec_refusal(argv: list[str], dest: Path, capsys) -> str:
     """`python -m trainer.jobspec ARGV` in-process, which must refuse: exit code 2, one
     `error:` line, nothing written to `dest`. Returns that line."""
-    from trainer import jobspec
+    from trainer.jobspec import __main__ as jobspec
 
     try:
         jobspec.main([*argv, "--dest", str(dest)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from trainer import jobspec
+from trainer.jobspec import __main__ as jobspec
 
 
 def rendered(*argv: str) -> dict[str, dict]:

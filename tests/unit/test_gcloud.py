@@ -16,7 +16,7 @@ from google.protobuf import json_format
 
 from tests.support.helpers import CONFIG, HPTUNING, jobspec_refusal, parse_strictly
 from tests.support.image_build import CLOUDBUILD
-from trainer import jobspec
+from trainer.jobspec.custom_job import DEFAULT_IMAGE
 
 
 def test_gcloud_is_installed():
@@ -42,7 +42,7 @@ def test_job_specs_run_the_immutable_tag_cloud_build_pushes():
     pushed = immutable.replace("${PROJECT_ID}", "PROJECT_ID")
     for name, value in config["substitutions"].items():
         pushed = pushed.replace(f"${{{name}}}", value)
-    assert pushed == jobspec.DEFAULT_IMAGE
+    assert pushed == DEFAULT_IMAGE
     assert not pushed.endswith(":latest")
     for spec in (CONFIG, HPTUNING):
         data = yaml.safe_load(spec.read_text())

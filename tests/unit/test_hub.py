@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import free_port, warm_hub_cache
 from tests.support.helpers import launch_is_a_tripwire, use_hub_at
-from trainer import jobspec
 from trainer.common.errors import UserError
+from trainer.jobspec import __main__ as jobspec
 from trainer.launcher import main as launch
 from trainer.preflight.hub_checks import check_hub_ids, hub_cache_dir, hub_ids
 

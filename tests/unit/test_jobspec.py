@@ -24,9 +24,10 @@ from tests.support.helpers import (
     trainer_env,
 )
 from tests.support.job_specs import rendered
-from trainer import jobspec
 from trainer.command_line.recipes import RECIPES_DIR
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
+from trainer.jobspec import __main__ as jobspec
+from trainer.jobspec.custom_job import DEFAULT_ENV, DEFAULT_IMAGE, SPOT_SAVE_INTERVAL_MINUTES
 from trainer.preflight import vertex_machines
 from trainer.settings.run_config import Hardware
 from trainer.storage.store import open_store
@@ -59,7 +60,7 @@ def test_checked_in_specs_parse_strictly_into_vertex_messages():
     assert chief.machine_spec.machine_type == "a2-highgpu-8g"
     assert chief.machine_spec.accelerator_count == 8
     assert chief.machine_spec.accelerator_type.name == "NVIDIA_TESLA_A100"
-    assert chief.container_spec.image_uri == jobspec.DEFAULT_IMAGE
+    assert chief.container_spec.image_uri == DEFAULT_IMAGE
     assert list(chief.container_spec.args) == ["whisper-small.yaml", "--deepspeed", "zero2"]
     pools = yaml.safe_load(CONFIG.read_text())["workerPoolSpecs"]
     assert pools[0] == {**pools[1], "replicaCount": 1}, "the chief is a worker, one replica"
@@ -141,11 +142,11 @@ def test_generated_specs_parse_strictly_and_say_what_the_flags_asked(argv):
         if options.spot and "--save_interval_minutes" not in training_flags:
             expected_args += [
                 "--save_interval_minutes",
-                str(jobspec.SPOT_SAVE_INTERVAL_MINUTES),
+                str(SPOT_SAVE_INTERVAL_MINUTES),
             ]  # a Spot job saves by time
         assert args == expected_args
         env = {item.name: item.value for item in pool.container_spec.env}
-        expected_env = jobspec.DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
+        expected_env = DEFAULT_ENV | dict(item.split("=", 1) for item in options.env)
         gpus = str(pool.machine_spec.accelerator_count)  # what the launcher must see
         assert env == expected_env | {GPUS_PER_REPLICA_VARIABLE: gpus}
         assert pool.container_spec.image_uri == options.image

@@ -13,8 +13,8 @@ from google.cloud.aiplatform_v1.types import BatchPredictionJob
 from google.protobuf import json_format
 
 from tests.support.helpers import jobspec_refusal
-from trainer import jobspec
-from trainer.jobspec_batch import BatchPredictionArguments
+from trainer.jobspec import __main__ as jobspec
+from trainer.jobspec.batch import BatchPredictionArguments
 
 MODEL = "projects/my-project/locations/europe-west4/models/1234@2"
 

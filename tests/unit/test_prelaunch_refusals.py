@@ -402,18 +402,19 @@ def test_register_model_aliases_and_deployment_timeout_are_checked_before_launch
 def test_a_job_spec_registers_with_the_serving_image_of_its_own_commit():
     """`trainer.jobspec` names the serving image cloudbuild.yaml pushed beside --image from
     the same commit (IMAGE-serve:TAG); an image pinned by digest names none: one line."""
-    from trainer import jobspec
+    from trainer.jobspec.__main__ import parse_arguments
+    from trainer.jobspec.custom_job import container_args
 
-    options, flags = jobspec.parse_arguments([
+    options, flags = parse_arguments([
         "--image", "us-central1-docker.pkg.dev/p/r/vertex-hf-trainer:abc123",
         "--register_model", "whisper-demo"])  # fmt: skip
-    args = jobspec.container_args(options, flags)
+    args = container_args(options, flags)
     assert args[-2:] == [
         "--serving_image",
         "us-central1-docker.pkg.dev/p/r/vertex-hf-trainer-serve:abc123",
     ]
-    options, flags = jobspec.parse_arguments([
+    options, flags = parse_arguments([
         "--image", "us-docker.pkg.dev/p/r/trainer@sha256:" + "ab" * 32,
         "--register_model", "whisper-demo"])  # fmt: skip
     with pytest.raises(UserError, match="pass --serving_image"):
-        jobspec.container_args(options, flags)
+        container_args(options, flags)

@@ -30,7 +30,6 @@ from tests.support.helpers import (
 )
 from tests.support.secret_manager_fake import running_fake
 from tests.support.secret_references import DENIED, RESOURCE
-from trainer import jobspec
 from trainer.command_line.parser import FlagParser, build_parser
 from trainer.common.errors import UserError
 from trainer.common.handoff import RUN_CONFIG_VARIABLE
@@ -43,6 +42,7 @@ from trainer.common.secrets import (
     secret_values,
 )
 from trainer.config.resolve import resolve_run
+from trainer.jobspec import __main__ as jobspec
 from trainer.launcher import main as launch
 from trainer.launcher.plan import build_launch_plan
 from trainer.node.secret_manager import EMULATOR_VARIABLE

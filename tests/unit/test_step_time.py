@@ -18,7 +18,6 @@ from transformers import (
 )
 
 from tests.support.helpers import REPO_ROOT, assert_planned, warm_hub_cache
-from trainer import jobspec
 from trainer.common import step_time
 from trainer.common.step_time import (
     ASSUMED_UTILISATION,
@@ -28,6 +27,7 @@ from trainer.common.step_time import (
     peak_flops,
     whisper_forward_flops,
 )
+from trainer.jobspec import __main__ as jobspec
 from trainer.preflight.stop_grace import MICRO_BATCH_TIME
 from trainer.preflight.vertex_machines import ACCELERATORS
 from trainer.settings.run_config import Hardware

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Iterator
 from itertools import takewhile
 
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
@@ -87,39 +88,57 @@ def check_repeated_flags(argv: list[str]) -> None:
         raise UserError(f"{shown} both set {effective}: give one of them.")
 
 
-def _flags(argv: list[str]):
+FlagRead = tuple[list[str], str, str | None, ForeignFlag | str | None]
+"""A flag as `_flags` reads it; its table entry may also be "whisper_task"."""
+
+
+def _flags(argv: list[str]) -> Iterator[FlagRead]:
     """(tokens, canonical name, value, table entry or None) per flag of `argv`; tokens that
     are no flag's value pass through on their own."""
     i = 0
     while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            yield [token], token, None, None
-            i += 1
-            continue
-        raw, inline = token.split("=", 1) if "=" in token else (token, None)
-        name = canonical(raw)
-        foreign = FOREIGN_FLAGS.get(name)
-        following = argv[i + 1] if i + 1 < len(argv) else None
-        if name == "--task":
-            value = inline if inline is not None else following
-            if value in WHISPER_TASKS:
-                yield [token], name, value, "whisper_task"
-                i += 1 if inline is not None else 2
-                continue
-        if name in LIST_FLAGS and inline is None:
-            values = list(takewhile(_list_value, argv[i + 1 :]))
-            joined = [token, ",".join(values)] if values else [token]
-            yield joined, name, joined[-1] if values else None, None
-            i += 1 + len(values)
-            continue
-        if foreign is None:
-            yield [token], name, inline, None
-            i += 1
-            continue
-        value, used = _value(foreign, inline, following)
-        yield argv[i : i + used], name, value, foreign
+        flag, used = _flag_at(argv, i)
+        yield flag
         i += used
+
+
+def _flag_at(argv: list[str], i: int) -> tuple[FlagRead, int]:
+    """The flag that starts at `argv[i]`, and how many tokens it spans: its value may be the
+    token after it, and a list flag's values run up to the next flag."""
+    token = argv[i]
+    if not token.startswith("--"):
+        return ([token], token, None, None), 1
+    raw, inline = token.split("=", 1) if "=" in token else (token, None)
+    name = canonical(raw)
+    following = argv[i + 1] if i + 1 < len(argv) else None
+    if name == "--task" and (whisper := _whisper_task(token, inline, following)):
+        return whisper
+    if name in LIST_FLAGS and inline is None:
+        return _list_flag(token, name, argv[i + 1 :])
+    foreign = FOREIGN_FLAGS.get(name)
+    if foreign is None:
+        return ([token], name, inline, None), 1
+    value, used = _value(foreign, inline, following)
+    return (argv[i : i + used], name, value, foreign), used
+
+
+def _whisper_task(
+    token: str, inline: str | None, following: str | None
+) -> tuple[FlagRead, int] | None:
+    """`--task transcribe` or `translate`: run_speech_recognition_seq2seq.py's Whisper task,
+    not ours (which selects the training task); None for any other value."""
+    value = inline if inline is not None else following
+    if value not in WHISPER_TASKS:
+        return None
+    return ([token], "--task", value, "whisper_task"), 1 if inline is not None else 2
+
+
+def _list_flag(token: str, name: str, rest: list[str]) -> tuple[FlagRead, int]:
+    """A list flag as TRL's parsers take it (`--f a b`): its values up to the next flag or
+    recipe, joined by commas as ours takes them."""
+    values = list(takewhile(_list_value, rest))
+    joined = [token, ",".join(values)] if values else [token]
+    return (joined, name, joined[-1] if values else None, None), 1 + len(values)
 
 
 def _list_value(token: str) -> bool:

@@ -68,18 +68,31 @@ def masked_value(name: str, value: object) -> object:
 def secret_values(argv: Iterable[str], env: Mapping[str, str]) -> list[str]:
     """What `mask` hides: values of secret-looking flags in `argv` (`--x V`, `--x=V`) and of
     `env`'s secret-looking variables or those the launcher filled with secrets."""
-    argv = list(argv)
+    return secret_variable_values(env) + secret_flag_values(list(argv))
+
+
+def secret_variable_values(env: Mapping[str, str]) -> list[str]:
+    """The values of `env`'s variables that look secret by name, or that the launcher filled
+    with resolved `--secret` references (any name: TRAINER_SECRET_VARIABLES lists them)."""
     filled = set(env.get(SECRET_VARIABLES_VARIABLE, "").split(","))
-    values = [v for name, v in env.items() if v and (looks_secret(name) or name in filled)]
+    return [v for name, v in env.items() if v and (looks_secret(name) or name in filled)]
+
+
+def secret_flag_values(argv: list[str]) -> list[str]:
+    """The values of `argv`'s secret-looking flags, given either way argparse takes them."""
+    values = []
     for i, token in enumerate(argv):
         name, equals, inline = token.partition("=")
-        if not name.startswith("--") or not looks_secret(name):
-            continue
-        if equals:
-            values.append(inline)
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            values.append(argv[i + 1])
+        if name.startswith("--") and looks_secret(name):
+            values += [inline] if equals else separate_value(argv, i)
     return values
+
+
+def separate_value(argv: list[str], i: int) -> list[str]:
+    """The value of the flag `argv[i]` given as the next token (`--x V`), if one follows: a
+    flag followed by another flag, or by nothing, has none to hide."""
+    following = argv[i + 1] if i + 1 < len(argv) else None
+    return [] if following is None or following.startswith("--") else [following]
 
 
 def mask(text: str, secrets: Iterable[str]) -> str:

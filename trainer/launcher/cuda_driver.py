@@ -80,29 +80,53 @@ def check_cuda_driver(
     if torch_cuda is None:
         return CudaCheck("torch is a CPU build: no NVIDIA driver is used", False)
     cuda = f"{torch_cuda[0]}.{torch_cuda[1]}"
-    if proc_text is None:
-        return CudaCheck(f"NVIDIA driver: none loaded (a CPU run); torch's CUDA {cuda}", False)
-    driver = parse_driver_version(proc_text)
-    if driver is None:
-        return CudaCheck(f"NVIDIA driver: unrecognised ({proc_text.strip()!r}); CUDA {cuda}", False)
+    driver = None if proc_text is None else parse_driver_version(proc_text)
     native = NATIVE_DRIVER.get(torch_cuda[0])
-    if native is None:
-        return CudaCheck(f"NVIDIA driver {dotted(driver)}, CUDA {cuda}: not checked", False)
+    if driver is None or native is None:
+        return unchecked_driver(proc_text, driver, cuda)
     if driver >= native:
         return CudaCheck(f"NVIDIA driver {dotted(driver)}, torch's CUDA {cuda}: native", False)
     needs = f"torch's CUDA {cuda} needs driver {dotted(native)} or newer"
-    compat_branch = FORWARD_COMPATIBLE_BRANCH.get(torch_cuda[0])
-    if compat_branch is None or driver[0] < compat_branch:
-        compat = (
-            f", or {compat_branch}+ on a data-center GPU with CUDA's forward-compatibility "
-            "libraries"
-            if compat_branch
-            else ""
-        )
-        raise UserError(
-            f"NVIDIA driver {dotted(driver)} is too old: {needs}{compat}. Use a machine whose "
-            "driver is newer (docs/deploy.md, GPU drivers)."
-        )
+    refuse_a_driver_without_compatibility(driver, torch_cuda[0], needs)
+    return through_compat_libraries(driver, needs, compat_present, compat_active)
+
+
+def unchecked_driver(proc_text: str | None, driver: tuple[int, ...] | None, cuda: str) -> CudaCheck:
+    """The line for a driver that cannot be held against torch's CUDA: none loaded (a CPU
+    run), a version file this cannot read, or a CUDA major version without a known oldest
+    driver. Nothing is refused then: the line says why the versions were not compared."""
+    if proc_text is None:
+        return CudaCheck(f"NVIDIA driver: none loaded (a CPU run); torch's CUDA {cuda}", False)
+    if driver is None:
+        return CudaCheck(f"NVIDIA driver: unrecognised ({proc_text.strip()!r}); CUDA {cuda}", False)
+    return CudaCheck(f"NVIDIA driver {dotted(driver)}, CUDA {cuda}: not checked", False)
+
+
+def refuse_a_driver_without_compatibility(
+    driver: tuple[int, ...], cuda_major: int, needs: str
+) -> None:
+    """UserError for a driver too old for torch's CUDA that forward compatibility does not
+    cover either (no compatible branch known for this CUDA, or one older than it), saying
+    what would run."""
+    compat_branch = FORWARD_COMPATIBLE_BRANCH.get(cuda_major)
+    if compat_branch is not None and driver[0] >= compat_branch:
+        return
+    compat = (
+        f", or {compat_branch}+ on a data-center GPU with CUDA's forward-compatibility libraries"
+        if compat_branch
+        else ""
+    )
+    raise UserError(
+        f"NVIDIA driver {dotted(driver)} is too old: {needs}{compat}. Use a machine whose "
+        "driver is newer (docs/deploy.md, GPU drivers)."
+    )
+
+
+def through_compat_libraries(
+    driver: tuple[int, ...], needs: str, compat_present: bool, compat_active: bool
+) -> CudaCheck:
+    """A driver forward compatibility covers: CUDA runs through its libraries, which the
+    image must hold (UserError if not); the line says whether they are on the path yet."""
     if not compat_present:
         raise UserError(
             f"NVIDIA driver {dotted(driver)} is too old: {needs}, and CUDA's "

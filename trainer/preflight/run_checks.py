@@ -25,6 +25,7 @@ from trainer.settings.run_config import RunConfig
 from trainer.storage.locations import check_output_locations
 from trainer.storage.run_records import RunIdentity, check_ownership, claim
 from trainer.tasks import build_task
+from trainer.tasks.base import Task
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,12 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
     (trainer/storage/run_records.py)."""
     task = build_task(config)
     outputs = on_node and not config.launcher.dry_run
+    chief_writes = outputs and config.topology.node_rank == 0
     identity = RunIdentity.from_env(env)
     owner = check_outputs(config, identity) if outputs else None
-    registration = run_registration(config, env, on_node=on_node)  # --register_model
-    if registration is not None and outputs and config.topology.node_rank == 0:
-        check_register_permission(registration.place)  # with the job's own credentials
+    check_registration(config, env, on_node, chief_writes)
     sources = task.sources()  # several when streams are interleaved
-    notices = [line for source in (sources if on_node else ()) for line in source.check_inputs()]
+    notices = input_notices(sources) if on_node else []
     task.check_model()
     if not config.launcher.skip_hub_check:  # before the plan reads the model's config
         datasets = [source.data_args.dataset_name for source in sources]
@@ -63,9 +63,25 @@ def check_run(config: RunConfig, env: Mapping[str, str], on_node: bool = True) -
     args = check_training_arguments(config, packages_here=on_node)
     if on_node:  # a job spec's nodes write with their own token (--secret)
         check_hub_writes(args.push_to_hub, args.hub_token, env)
-    if outputs and config.topology.node_rank == 0:
+    if chief_writes:
         claim(config.locations.checkpoints, identity, owner)
     return Preflight(model, tuple(dict.fromkeys(notices)))  # interleaved sources may repeat one
+
+
+def check_registration(
+    config: RunConfig, env: Mapping[str, str], on_node: bool, chief_writes: bool
+) -> None:
+    """--register_model's settings; and on the chief of a run that writes its outputs, that
+    the job's own credentials may register a model: found before training, not after it."""
+    registration = run_registration(config, env, on_node=on_node)
+    if registration is not None and chief_writes:
+        check_register_permission(registration.place)
+
+
+def input_notices(sources: list[Task]) -> list[str]:
+    """Every data source's own input check (a node's data paths), and the notice lines they
+    leave: one half of a sentence pair, say."""
+    return [line for source in sources for line in source.check_inputs()]
 
 
 def hub_ids_of(config: RunConfig, datasets: list[str | None]) -> list[tuple[str, str]]:

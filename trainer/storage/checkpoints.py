@@ -505,20 +505,31 @@ class CheckpointUploader:
         """Until every node's done-marker of `name` is there; `PeerGaveUp` when a node
         says its part will not come, TransferError after `peer_timeout`."""
         deadline = time.monotonic() + self.peer_timeout
-        while True:
-            listed = target.child(NODE_MARKERS).list_files()
-            missing = [r for r in range(self.num_nodes) if f"node-{r}.json" not in listed]
-            if not missing:
-                return
-            for node in (node for node in missing if f"node-{node}{GAVE_UP_SUFFIX}" in listed):
-                word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
-                raise PeerGaveUp(name, node, word.get("reason", "?"), bool(word.get("skipped")))
-            step = checkpoint_step(name)
-            for node in (node for node in missing if self._peers_abandoned[node] >= step):
-                raise PeerGaveUp(name, node, PEER_WORD_BY_AGREEMENT, skipped=False)
+        while missing := self._parts_to_come(target, name):
             if time.monotonic() > deadline:
                 raise TransferError(f"nodes {missing} did not finish uploading {name}")
             time.sleep(PEER_POLL_SECONDS)
+
+    def _parts_to_come(self, target: Store, name: str) -> list[int]:
+        """The nodes whose done-marker of `name` is not there yet, looked up once; PeerGaveUp
+        for the first that will not upload its part: from its gave-up marker, which says why,
+        else from the step the ranks agreed it abandoned (`hear_peers`: the marker may never
+        come)."""
+        listed = target.child(NODE_MARKERS).list_files()
+        missing = [r for r in range(self.num_nodes) if f"node-{r}.json" not in listed]
+        for node in (node for node in missing if f"node-{node}{GAVE_UP_SUFFIX}" in listed):
+            raise self._peer_word(target, name, node)
+        step = checkpoint_step(name)
+        for node in (node for node in missing if self._peers_abandoned[node] >= step):
+            raise PeerGaveUp(name, node, PEER_WORD_BY_AGREEMENT, skipped=False)
+        return missing
+
+    @staticmethod
+    def _peer_word(target: Store, name: str, node: int) -> PeerGaveUp:
+        """What `node` wrote when it gave its part of `name` up: its reason, and whether it
+        skipped the checkpoint (a newer one came first) rather than failed to upload it."""
+        word = json.loads(target.read_text(gave_up_marker(node)) or "{}")
+        return PeerGaveUp(name, node, word.get("reason", "?"), bool(word.get("skipped")))
 
     def _tidy(self, best: str | None) -> None:
         """The chief's retention after a checkpoint completed; its failure fails nothing. Left

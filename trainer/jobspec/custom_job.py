@@ -1,50 +1,20 @@
-"""`python -m trainer.jobspec`: write config.yaml and hptuning.yaml for Vertex AI.
-
-Both jobs repeat the same worker pools, and a hand-edited spec fails late: Vertex AI
-rejects an accelerator count the machine does not offer only after submission, a training
-flag's typo only once the image is on every node. This writes both files from a few flags,
-checks machine, output location and training flags first (with the launcher's parser), and
-leaves one `error:` line and exit code 2 when something is wrong. The checked-in files are
-its output for the defaults; `--check` says whether files on disk still match (tests use it).
-
-With `--python_package` every pool runs this checkout's code on the released image: its
-sdist is uploaded next to the job's outputs, and each pool becomes a `pythonPackageSpec`
-with the image as executor (or, with `--python_package_command`, a `containerSpec` whose
-command installs it first, as the Vertex AI SDK does for custom images): a code change
-reaches Vertex AI in minutes, without an image build (docs/deploy.md).
-"""
+"""The CustomJobSpec that config.yaml holds and every tuning trial runs: the flags of
+`python -m trainer.jobspec` that shape a job, their checks (the image pinned, the package's
+bucket, placement, scheduling, the A3 fabric: what Vertex AI would otherwise refuse only
+once the job is submitted), and each worker pool's machine, env and container args, or,
+with --python_package, the installed sdist as its program."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import sys
-import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-import yaml
-
-from trainer import jobspec_batch
-from trainer.command_line.parser import FlagParser
-from trainer.command_line.recipes import RECIPES_DIR
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.common.secrets import SECRET_FLAG_VARIABLES, looks_secret, mask, secret_values
-from trainer.config.deepspeed import preset_names
-from trainer.config.resolve import greater_is_better, resolve_run
 from trainer.config.topology import GPUS_PER_REPLICA_VARIABLE
-from trainer.packaging import stage_package
-from trainer.preflight.run_checks import check_run
-from trainer.preflight.stop_grace import stop_grace_warning
-from trainer.preflight.vertex_machines import machine_hardware, resolve_accelerator
-from trainer.settings.run_config import RunConfig
-from trainer.storage.failure_kinds import brief
-from trainer.storage.store import open_store
-from trainer.tasks.registry import load_task
+from trainer.preflight.vertex_machines import resolve_accelerator
 
 DEFAULT_IMAGE = "us-central1-docker.pkg.dev/PROJECT_ID/vertex-trainer/vertex-hf-trainer:COMMIT_SHA"
 """cloudbuild.yaml's immutable push target, `:${_TAG}` (the commit SHA), with its default
@@ -173,16 +143,6 @@ class JobSpecArguments:
     )
     max_trial_count: int = flag(8, "Tuning: trials in total.")
     parallel_trial_count: int = flag(2, "Tuning: trials at once.")
-
-
-@dataclass
-class FileArguments:
-    """Where the files go; not part of the spec, so not recorded in the files' header."""
-
-    dest: str = flag(".", "Directory the two files are written to.")
-    check: bool = flag(
-        False, "Write nothing (and upload nothing); exit 1 if the files on disk differ."
-    )
 
 
 def check_options(options: JobSpecArguments) -> None:
@@ -335,99 +295,6 @@ def check_image_is_pinned(image: str) -> None:
         )
 
 
-def refuse_secrets(options: JobSpecArguments, training_flags: list[str]) -> None:
-    """A job spec is readable by everyone who can list the project's jobs, and lands in git:
-    it may name secrets (`--secret NAME=projects/...`, resolved on the nodes), never hold one."""
-    names = [item.split("=", 1)[0] for item in options.env]
-    names += [flag.split("=", 1)[0] for flag in training_flags if flag.startswith("--")]
-    for name in names:
-        if looks_secret(name):
-            flag = name.lstrip("-").replace("-", "_")
-            variable = SECRET_FLAG_VARIABLES.get(flag, flag.upper())
-            raise UserError(
-                f"{name} looks like a secret, and a job spec is readable by everyone who can "
-                "list the project's jobs: store it in Secret Manager and pass --secret "
-                f"{variable}=projects/PROJECT/secrets/SECRET/versions/latest instead "
-                "(docs/deploy.md)."
-            )
-
-
-def check_the_run(
-    options: JobSpecArguments, training_flags: list[str], env: Mapping[str, str]
-) -> tuple[RunConfig, dict]:
-    """The run every node will make, resolved as the chief's launcher will, on the spec's
-    machines (GPU type, count and memory; all nodes' world size), and checked by the same
-    preflight (trainer/preflight/run_checks.py) but for what only a node can see: UserError
-    for the first problem. A /gcs/ recipe or DeepSpeed JSON is read through Cloud Storage.
-    Returns the run and the model's plan (parameters, memory and micro-batch time per GPU)."""
-    if options.deepspeed not in preset_names() and not options.deepspeed.startswith("/gcs/"):
-        raise UserError(
-            f"--deepspeed {options.deepspeed} is neither a preset ({', '.join(preset_names())}) "
-            "nor a /gcs/BUCKET/... path the nodes can read."
-        )
-    recipe = options.recipe
-    if not recipe.startswith("/gcs/") and (
-        Path(recipe).name != recipe or not (RECIPES_DIR / recipe).is_file()
-    ):
-        raise UserError(
-            f"--recipe {recipe} is not shipped in the image: put it in trainer/recipes/ and "
-            "rebuild the image, or upload it and give its /gcs/BUCKET/... path."
-        )
-    gpu, count = accelerator(options)
-    hardware = machine_hardware(options.machine_type, gpu, count)
-    chief_env = {**env, **node_env(options, count)}
-    with tempfile.TemporaryDirectory() as folder:
-        scratch = Path(folder)
-        recipe, _, deepspeed, *flags = container_args(options, training_flags)
-        argv = [read_here(recipe, scratch), "--deepspeed", read_here(deepspeed, scratch), *flags]
-        config = resolve_run(argv, chief_env, hardware)
-        if config.launcher.dry_run:
-            raise UserError("--dry-run in a job spec would make every node exit without training.")
-        skip_hub_check = options.skip_hub_check or config.launcher.skip_hub_check
-        config = replace(config, launcher=replace(config.launcher, skip_hub_check=skip_hub_check))
-        plan = check_run(config, chief_env, on_node=False).model
-    return config, plan
-
-
-def warn_of_spot_losses(options: JobSpecArguments, run: RunConfig, plan: dict) -> None:
-    """With --spot, one `warning:` line (on stderr, beside the files written or compared with
-    --check) when the plan's estimate of a micro-batch on the spec's GPU exceeds
-    --stop_grace_seconds: a preemption would then lose the work since the newest complete
-    checkpoint (trainer/preflight/stop_grace.py). Without --spot a SIGTERM is rare (a
-    stopped job, a VM's maintenance), and the training processes warn on any job once they
-    have timed their micro-batches."""
-    warning = stop_grace_warning(run, plan) if options.spot else None
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-
-
-def read_here(path: str, scratch: Path) -> str:
-    """A file the nodes read through the bucket's mount (/gcs/BUCKET/...), copied into a
-    folder of its own in `scratch` (a recipe and a DeepSpeed JSON may share a name) through
-    Cloud Storage; any other path as it is."""
-    if not path.startswith("/gcs/"):
-        return path
-    folder, name = path.rsplit("/", 1)
-    try:
-        text = open_store(folder).read_text(name)
-    except UserError as error:  # no credentials: its line says what to do
-        raise UserError(f"{path} cannot be read from here to check the job: {error}") from None
-    except Exception as error:  # noqa: BLE001 - any storage failure
-        raise UserError(
-            f"{path} cannot be read from here to check the job ({brief(error)}): the nodes "
-            "read it through the bucket's mount; check that it exists and your credentials "
-            "can read it."
-        ) from None
-    if text is None:
-        raise UserError(
-            f"{path} does not exist: upload it first (gcloud storage cp FILE "
-            f"gs://{path.removeprefix('/gcs/')})."
-        )
-    copy = Path(tempfile.mkdtemp(dir=scratch)) / name
-    copy.write_text(text)
-    return str(copy)
-
-
 def node_env(options: JobSpecArguments, gpus: int) -> dict[str, str]:
     """What Vertex AI and the spec give the chief's container: the pools' addresses in
     CLUSTER_SPEC, the output locations under --base_output_dir, the spec's variables."""
@@ -546,75 +413,6 @@ def custom_job_spec(
     }
 
 
-def tuning_job(
-    options: JobSpecArguments,
-    training_flags: list[str],
-    run: RunConfig,
-    package_uri: str | None = None,
-) -> dict:
-    """A HyperparameterTuningJob without displayName (gcloud takes it as a flag). Vertex AI
-    appends `--learning_rate=...` and `--warmup_steps=...` to every trial's args, after the
-    recipe, so they override it. The metric is the one HypertuneCallback reports
-    (trainer/training/callbacks.py): the flags' `metric_for_best_model`, with its direction."""
-    task_class, training = load_task(run.task), run.training.values
-    metric = (training["metric_for_best_model"] or task_class.default_metric).removeprefix("eval_")
-    goal = "MAXIMIZE" if greater_is_better(task_class, training) else "MINIMIZE"
-    return {
-        "studySpec": {
-            "metrics": [{"metricId": metric, "goal": goal}],
-            "parameters": [
-                {
-                    "parameterId": "learning_rate",
-                    "doubleValueSpec": {"minValue": 1.0e-6, "maxValue": 1.0e-4},
-                    "scaleType": "UNIT_LOG_SCALE",
-                },
-                {
-                    "parameterId": "warmup_steps",
-                    "integerValueSpec": {"minValue": 0, "maxValue": 1000},
-                    "scaleType": "UNIT_LINEAR_SCALE",
-                },
-            ],
-            "measurementSelectionType": "BEST_MEASUREMENT",
-        },
-        "maxTrialCount": options.max_trial_count,
-        "parallelTrialCount": options.parallel_trial_count,
-        "trialJobSpec": custom_job_spec(options, training_flags, package_uri),
-    }
-
-
-def render(
-    argv: list[str], env: Mapping[str, str] | None = None, upload: bool = True
-) -> dict[str, str]:
-    """File name -> content, for this command line (pure apart from the run's checks and,
-    with --python_package, the sdist built last and uploaded unless `upload` is false).
-    The run is checked as the chief's launcher will (`check_the_run`): a job a node would
-    refuse, or whose model or dataset the Hub no longer serves, fails before any GPU; a
-    --spot job whose micro-batch would outlast the stop grace gets a `warning:` line."""
-    options, training_flags = parse_arguments(argv)
-    check_options(options)
-    refuse_secrets(options, training_flags)
-    run, plan = check_the_run(options, training_flags, os.environ if env is None else env)
-    warn_of_spot_losses(options, run, plan)
-    package_uri = stage_package(options.base_output_dir, upload) if options.python_package else None
-    command = _command(argv)
-    submit = {
-        "config.yaml": "gcloud ai custom-jobs create --region=REGION --display-name=NAME "
-        "--config=config.yaml",
-        "hptuning.yaml": "gcloud ai hp-tuning-jobs create --region=REGION --display-name=NAME "
-        "--config=hptuning.yaml",
-    }
-    specs = {
-        "config.yaml": custom_job_spec(options, training_flags, package_uri),
-        "hptuning.yaml": tuning_job(options, training_flags, run, package_uri),
-    }
-    return {
-        name: f"# {submit[name]}\n# Written by: {command}\n"
-        "# Change it by running that again with other flags (see docs/deploy.md), not by hand.\n"
-        + yaml.safe_dump(spec, sort_keys=False, width=100)
-        for name, spec in specs.items()
-    }
-
-
 PACKAGE_MODULE = "trainer"
 """What a `pythonPackageSpec` runs from the installed sdist: `python -m trainer`, the
 launcher, as the image's entrypoint does."""
@@ -643,67 +441,3 @@ def check_package_bucket(options: JobSpecArguments) -> None:
             "--python_package uploads the sdist next to the job's outputs, and no bucket is "
             f"known: give --base_output_dir gs://YOUR_BUCKET/..., not {options.base_output_dir}."
         )
-
-
-def parse_arguments(argv: list[str]) -> tuple[JobSpecArguments, list[str]]:
-    """The generator's flags; anything else is a training flag for every node."""
-    namespace, training_flags = _parser(JobSpecArguments).parse_known_args(argv)
-    return JobSpecArguments(**vars(namespace)), training_flags
-
-
-def _parser(dataclass_type: type):
-    return FlagParser([dataclass_type], prog="python -m trainer.jobspec")
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        for dataclass_type in (JobSpecArguments, FileArguments):
-            print(_parser(dataclass_type).format_help())
-        print("Any other flag is passed to the training program on every node.\n")
-        print(jobspec_batch.parser().format_help())
-        return
-    try:
-        output, spec_argv = _parser(FileArguments).parse_known_args(argv)
-        files, submit = written_files(spec_argv, Path(output.dest), upload=not output.check)
-    except UserError as error:
-        print(f"error: {mask(str(error), secret_values(argv, os.environ))}", file=sys.stderr)
-        sys.exit(2)
-    if output.check:
-        sys.exit(check_files(Path(output.dest), files, spec_argv))
-    Path(output.dest).mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (Path(output.dest) / name).write_text(text)
-        print(f"wrote {Path(output.dest) / name}")
-    if submit:
-        print(f"submit it: {submit}")
-
-
-def written_files(
-    spec_argv: list[str], dest: Path, upload: bool
-) -> tuple[dict[str, str], str | None]:
-    """The files this command line writes, and the command that submits them where the
-    files do not say it themselves (a batch prediction request is plain JSON)."""
-    if jobspec_batch.requested(spec_argv):
-        return jobspec_batch.render(spec_argv, dest)
-    return render(spec_argv, upload=upload), None
-
-
-def check_files(dest: Path, files: dict[str, str], spec_argv: list[str]) -> int:
-    """1, after a line for each file on disk that differs from what this writes; else 0."""
-    stale = [name for name, text in files.items() if not _matches(dest / name, text)]
-    for name in stale:
-        print(f"{dest / name} is not what this writes: {_command(spec_argv)}")
-    return 1 if stale else 0
-
-
-def _command(argv: list[str]) -> str:
-    return shlex.join(["python", "-m", "trainer.jobspec", *argv])
-
-
-def _matches(path: Path, text: str) -> bool:
-    return path.is_file() and path.read_text() == text
-
-
-if __name__ == "__main__":
-    main()
