@@ -165,3 +165,27 @@ def package_section(doc: str, package: str) -> str:
         return doc
     section = doc[doc.index(heading) + len(heading) :]
     return section[: section.find("\n### ")] if "\n### " in section else section
+
+
+def test_the_architecture_shows_the_layers_pyproject_enforces():
+    """The layers block of docs/architecture.md is the layers contract, line for line."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in contracts["contracts"] if c.get("containers") is None
+                  and c["type"] == "layers")  # fmt: skip
+    doc = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("## Packages and their layers") :]
+    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n"))]
+    assert block.splitlines() == [f'"{layer}",' for layer in layers]
+
+
+def test_the_architecture_names_the_task_folders_roles():
+    """The roles table of docs/architecture.md ("`trainer/tasks/`") has a row per role module,
+    the ones tests/unit/test_task_folders.py requires of every folder and the optional ones."""
+    doc = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    section = package_section(doc, "tasks")
+    rows = [line.split("|")[1].strip(" `") for line in section.splitlines()
+            if line.startswith("| `")]  # fmt: skip
+    assert rows == [f"{role}.py" for role in ("spec", "training", "trainer", "serving", "demo")]
+    assert sorted(rows) == sorted(f"{role}.py" for role in ROLES)
