@@ -407,10 +407,10 @@ def chat_step(context: Context, step: ChatStep) -> dict:
     import torch
     from chat_memory import SHAPE
 
-    from trainer.common.step_time import encoder_forward_flops, peak_flops
+    from trainer.common.step_time import peak_flops
 
     length, steps = (256, 1) if context.cpu else (4096, 3)
-    model, counts = chat_model(context, step, LLAMA_31_8B if not context.cpu else SHAPE)
+    model, counts = chat_model(context, step, LLAMA_31_8B if not context.cpu else SHAPE, length)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, length), device=context.device)
@@ -427,9 +427,10 @@ def chat_step(context: Context, step: ChatStep) -> dict:
         synchronize(context)
         times.append(time.perf_counter() - started)
     seconds = sum(times[1:]) / steps
-    flops = encoder_forward_flops(model, length).training(True)
+    flops = counts["flops"]
     peak = None if context.cpu else peak_flops(torch.cuda.get_device_name(0), "16-bit")
-    mfu = f"MFU {flops / seconds / peak:.2f}" if peak else "MFU - (no peak known for a CPU)"
+    mfu = f"MFU {flops / seconds / peak:.2f}" if peak else "MFU - (no peak known here)"
+    mfu = f"{flops / seconds / 1e12:.3g} model TFLOP/s, {mfu}"
     used, estimate = (
         peak_bytes(context, counts["rss_before"]),
         plan_estimate(model, counts, step, length),
@@ -440,13 +441,17 @@ def chat_step(context: Context, step: ChatStep) -> dict:
                         "peak_bytes": used, "estimated_bytes": estimate}}  # fmt: skip
 
 
-def chat_model(context: Context, step: ChatStep, shape: dict):
+def chat_model(context: Context, step: ChatStep, shape: dict, length: int):
     """Llama of `shape`, random weights (fp32, as the task loads it; bf16 under a 4-bit base),
-    LoRA on the task's targets, gradient checkpointing; and its parameter counts."""
+    LoRA on the task's targets, gradient checkpointing; its parameter counts, and the model
+    FLOPs of a row of `length` tokens (the task's count, `forward_flops_per_sample`, of the
+    frozen base: LoRA's backward, no recomputation; counted before 4-bit packing halves the
+    weights' element counts)."""
     import psutil
     import torch
     import transformers
 
+    from trainer.common.step_time import encoder_forward_flops
     from trainer.settings.model_flags import ModelArguments
     from trainer.tasks.lora_adapters import parameter_counts, with_lora
     from trainer.tasks.step_memory import quantizable_weights
@@ -454,20 +459,24 @@ def chat_model(context: Context, step: ChatStep, shape: dict):
 
     torch.manual_seed(0)
     counts = {"rss_before": psutil.Process().memory_info().rss}
-    if not context.cpu:
-        torch.cuda.reset_peak_memory_stats()
     if step.liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama()
     config = transformers.LlamaConfig(**shape, attn_implementation=step.attention)
-    dtype = torch.bfloat16 if step.quantized else torch.float32
+    torch.set_default_dtype(torch.bfloat16 if step.quantized else torch.float32)
     with torch.device(context.device):
-        model = transformers.LlamaForCausalLM(config).to(dtype)
+        model = transformers.LlamaForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
+    model.requires_grad_(False)
+    counts["flops"] = encoder_forward_flops(model, length).training(False)
     counts["total"] = parameter_counts(model)[1]
     counts["quantizable"] = quantizable_weights(model)
     if step.quantized:
         quantize_4bit(model)
+    if not context.cpu:  # the peak from here: the 16-bit weights 4-bit packing replaced are gone
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     lora = ModelArguments(peft="lora", lora_dropout=0.0, load_in_4bit=step.quantized)
     model = with_lora(model, lora, SPEC.lora_targets)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
