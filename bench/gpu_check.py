@@ -592,7 +592,7 @@ def serving(context: Context, task: str) -> dict:
     import serve
 
     model_dir = served_model(context, task)
-    budget = {"requests": 16} if context.cpu else {"duration": 2.0}
+    budget = {"requests": 8} if context.cpu else {"duration": 2.0}
     bodies = [json.dumps({"instances": [one]}).encode() for one in serve.instances(task)]
     per_second = {}
     with running_servers(context, model_dir) as servers:
