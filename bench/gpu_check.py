@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -70,99 +70,47 @@ class Context:
 
     cpu: bool
     scratch: Path
-    figures: dict = field(default_factory=dict)
+    partial: Path | None = None
+    """Where `note` writes what was measured so far (a part past its limit keeps it)."""
 
     @property
     def device(self) -> str:
         return "cpu" if self.cpu else "cuda"
 
+    def note(self, measured: str) -> None:
+        """What the part measured so far: its row's figures if it is killed past its limit."""
+        if self.partial is not None:
+            self.partial.write_text(json.dumps({"measured": measured}))
+
 
 PAPER_MFU = "on paper: 40 % MFU for a 7-9B step (docs/benchmarks.md, 'The MFU of a 7-9B step')"
 PLAN = "the plan's estimate within 0.6-1.15 of the peak (on CPU: bench/chat_memory.py)"
 PARTS = [
-    Part(
-        "cuda-stack",
-        "cuda_stack",
-        "torch, NCCL and DeepSpeed's fused ops load (docker/check-stack.sh checks the build)",
-        25,
-        120,
-    ),
-    Part(
-        "zygote",
-        "zygote",
-        "the training processes fork from the zygote: no 'fresh "
-        "interpreters' line (on CPU: tests/processes/test_zygote_runs.py)",
-        45,
-        150,
-    ),
-    Part("chat-lora-sdpa", "chat_lora_sdpa", f"{PAPER_MFU}; {PLAN}", 60, 120),
-    Part(
-        "chat-lora-flash-attn",
-        "chat_lora_flash",
-        f"packed rows on flash-attn's varlen kernels beat sdpa (docs/tasks.md, 'Packing'); {PLAN}",
-        40,
-        60,
-    ),
-    Part(
-        "chat-qlora",
-        "chat_qlora",
-        f"QLoRA's 4-bit base fits an L4 (recipe llama-3.1-8b-qlora-l4.yaml); {PLAN}",
-        55,
-        60,
-    ),
-    Part(
-        "chat-liger",
-        "chat_liger",
-        f"Liger's fused kernels raise tokens/s and lower the peak against chat-lora-sdpa; {PLAN}",
-        40,
-        60,
-    ),
-    Part(
-        "task-steps",
-        "task_steps",
-        "ASSUMED_UTILISATION 0.2 of trainer/common/step_time.py "
-        "(H100, docs/benchmarks.md 'A micro-batch's time': 0.17-0.34)",
-        45,
-        150,
-    ),
-    Part(
-        "serving-whisper",
-        "serving_whisper",
-        "the server beats one at a time at 16 clients; "
-        "2 workers per GPU (docs/serving.md; on CPU: bench/serve.py)",
-        35,
-        150,
-    ),
-    Part(
-        "serving-bert",
-        "serving_bert",
-        "the server >= 1.5x one at a time at 16 clients; 2 workers per GPU (docs/serving.md)",
-        30,
-        150,
-    ),
-    Part(
-        "serving-chat",
-        "serving_chat",
-        "batched generation >= 2x one at a time at 16 clients; 2 workers per GPU (docs/serving.md)",
-        45,
-        150,
-    ),
-    Part(
-        "generation",
-        "generation",
-        "the generation engine's tokens/s beside vLLM's (docs/serving.md, 'Generation')",
-        30,
-        120,
-    ),
-    Part(
-        "preemption",
-        "preemption",
-        "SIGTERM mid-step to a complete checkpoint within "
-        "--stop_grace_seconds (docs/restarts.md; on CPU: bench/stop_checkpoint.py)",
-        25,
-        60,
-    ),
-]
+    Part("cuda-stack", "cuda_stack",
+         "torch, NCCL and DeepSpeed's fused ops load (docker/check-stack.sh checks the build)",
+         20, 120),
+    Part("zygote", "zygote", "the training processes fork from the zygote: no 'fresh "
+         "interpreters' line (on CPU: tests/processes/test_zygote_runs.py)", 45, 150),
+    Part("chat-lora-sdpa", "chat_lora_sdpa", f"{PAPER_MFU}; {PLAN}", 45, 120),
+    Part("chat-lora-flash-attn", "chat_lora_flash", "packed rows on flash-attn's varlen "
+         f"kernels beat sdpa (docs/tasks.md, 'Packing'); {PLAN}", 35, 60),
+    Part("chat-qlora", "chat_qlora", "QLoRA's 4-bit base fits an L4 "
+         f"(recipe llama-3.1-8b-qlora-l4.yaml); {PLAN}", 50, 60),
+    Part("chat-liger", "chat_liger", "Liger's fused kernels raise tokens/s and lower the "
+         f"peak against chat-lora-sdpa; {PLAN}", 35, 60),
+    Part("task-steps", "task_steps", "ASSUMED_UTILISATION 0.2 of trainer/common/step_time.py "
+         "(H100, docs/benchmarks.md 'A micro-batch's time': 0.17-0.34)", 40, 150),
+    Part("serving-whisper", "serving_whisper", "the server beats one at a time at 16 clients; "
+         "2 workers per GPU (docs/serving.md; on CPU: bench/serve.py)", 45, 180),
+    Part("serving-bert", "serving_bert", "the server >= 1.5x one at a time at 16 clients; "
+         "2 workers per GPU (docs/serving.md)", 40, 150),
+    Part("serving-chat", "serving_chat", "batched generation >= 2x one at a time at 16 "
+         "clients; 2 workers per GPU (docs/serving.md)", 50, 150),
+    Part("generation", "generation", "the generation engine's tokens/s beside vLLM's "
+         "(docs/serving.md, 'Generation')", 45, 120),
+    Part("preemption", "preemption", "SIGTERM mid-step to a complete checkpoint within "
+         "--stop_grace_seconds (docs/restarts.md; on CPU: bench/stop_checkpoint.py)", 25, 60),
+]  # fmt: skip
 
 
 # --- running the parts ----------------------------------------------------------------------
@@ -176,6 +124,7 @@ def run_part(part: Part, out: Path, cpu: bool) -> dict:
     results.mkdir(parents=True, exist_ok=True)
     result = results / f"{part.name}.json"
     result.unlink(missing_ok=True)
+    partial_of(result).unlink(missing_ok=True)
     argv = [sys.executable, __file__, "--child", str(part.source), part.function, str(result),
             "--out", str(out), *(["--cpu"] if cpu else [])]  # fmt: skip
     limit = part.limit(cpu)
@@ -197,11 +146,17 @@ def run_part(part: Part, out: Path, cpu: bool) -> dict:
 def outcome(returncode: int, result: Path, log: Path, limit: float) -> dict:
     """The row's status, reason and figures from the child's exit and its result file."""
     if returncode == -signal.SIGKILL:
-        return {"status": "timed out", "reason": f"past its {limit:g} s limit"}
+        partial = partial_of(result)
+        so_far = json.loads(partial.read_text()) if partial.exists() else {}
+        return so_far | {"status": "timed out", "reason": f"past its {limit:g} s limit"}
     if returncode != 0 or not result.exists():
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         return {"status": "failed", "reason": (lines or ["no output"])[-1][:300]}
     return json.loads(result.read_text())
+
+
+def partial_of(result: Path) -> Path:
+    return result.with_suffix(".partial.json")
 
 
 def part_environment(cpu: bool) -> dict[str, str]:
@@ -296,6 +251,7 @@ def cuda_stack(context: Context) -> dict:
         count = torch.cuda.device_count()
         figures.append(f"{count} x {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}")
         figures.append("NCCL " + ".".join(map(str, torch.cuda.nccl.version())))
+    (context.scratch / "store").unlink(missing_ok=True)  # a run before's
     store = dist.FileStore(str(context.scratch / "store"), 1)
     dist.init_process_group("gloo" if context.cpu else "nccl", store=store, rank=0,
                             world_size=1)  # fmt: skip
@@ -499,7 +455,7 @@ def quantize_4bit(model) -> None:
             parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
             quantized = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
                                           compute_dtype=torch.bfloat16, quant_type="nf4",
-                                          compress_statistics=True)  # fmt: skip
+                                          compress_statistics=True, device="meta")  # fmt: skip
             quantized.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False,
                                                  quant_type="nf4", compress_statistics=True
                                                  ).to(linear.weight.device)  # fmt: skip
@@ -599,6 +555,7 @@ def serving(context: Context, task: str) -> dict:
         for clients in CLIENTS:  # each level on both servers in turn: a changing load meets both
             for workers, server in servers.items():
                 per_second[workers, clients] = serve.drive(server, bodies, clients, budget)
+                context.note(f"so far: {requests_line(per_second)}")
     name = serve.TASK_MODELS[task] if task != "chat" or context.cpu else "1B Llama"
     return {"measured": f"{name} requests/s: {requests_line(per_second)}",
             "figures": {f"{w} workers, {c} clients": figures["per_second"]
@@ -625,11 +582,13 @@ def running_servers(context: Context, model_dir: Path):
 
 
 def requests_line(per_second: dict) -> str:
-    """`1 worker: 1c 3.2, 4c 9.8, 16c 20.1; 2 workers: ...` (requests/s at each client count)."""
+    """`1 worker: 1c 3.2, 4c 9.8, 16c 20.1; 2 workers: ...` (requests/s at each client count
+    measured so far)."""
     cells = []
     for workers in WORKERS:
-        levels = [f"{c}c {per_second[workers, c]['per_second']:.1f}" for c in CLIENTS]
-        cells.append(f"{workers} worker{'s' * (workers > 1)}: {', '.join(levels)}")
+        levels = [f"{c}c {per_second[workers, c]['per_second']:.1f}"
+                  for c in CLIENTS if (workers, c) in per_second]  # fmt: skip
+        cells.append(f"{workers} worker{'s' * (workers > 1)}: {', '.join(levels) or '-'}")
     return "; ".join(cells)
 
 
@@ -685,6 +644,7 @@ def generation(context: Context) -> dict:
         engine = serve.drive(server, bodies, 16, budget)["per_second"] * serve.CHAT_TOKENS
     finally:
         server.stop()
+    context.note(f"engine {engine:,.0f} tokens/s; vLLM started, not done")
     return {"measured": f"engine {engine:,.0f} tokens/s; vLLM {vllm_tokens(context, model_dir)}"}
 
 
@@ -716,7 +676,7 @@ def preemption(context: Context) -> dict:
 
     from tests.support.gcs_emulator import running_emulator
 
-    size_mb = 64 if context.cpu else 1024
+    size_mb = 64 if context.cpu else 256
     with running_emulator() as emulator:
         os.environ["STORAGE_EMULATOR_HOST"] = emulator
         env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -741,7 +701,8 @@ def main() -> None:
     if args.child:
         scratch = args.out / "scratch"
         scratch.mkdir(exist_ok=True)
-        child(args.child[0], args.child[1], Path(args.child[2]), Context(args.cpu, scratch))
+        result = Path(args.child[2])
+        child(args.child[0], args.child[1], result, Context(args.cpu, scratch, partial_of(result)))
         return
     parts = [part for part in PARTS if not args.parts or part.name in args.parts]
     header = header_of(args.cpu)

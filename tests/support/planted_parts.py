@@ -21,5 +21,6 @@ def skips(context: Context) -> dict:
 
 
 def sleeps_past_its_limit(context: Context) -> dict:
+    context.note("3 widgets/s so far")
     time.sleep(600)
     return {"measured": "never"}

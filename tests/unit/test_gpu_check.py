@@ -7,7 +7,7 @@ import json
 import signal
 
 from bench import gpu_check
-from bench.gpu_check import COLUMNS, GPU_BUDGET_S, PARTS, outcome, write_table
+from bench.gpu_check import COLUMNS, GPU_BUDGET_S, PARTS, outcome, partial_of, write_table
 
 HEADER = {"mode": "GPU", "device": "1 x NVIDIA H100 80GB HBM3", "date": "2026-12-05 01:00 UTC",
           "commit": "abc1234", "wall_s": 412.0}  # fmt: skip
@@ -54,6 +54,9 @@ def test_a_killed_part_timed_out_and_a_crashed_one_failed_with_its_last_line(tmp
     missing = tmp_path / "result.json"
 
     assert outcome(-signal.SIGKILL, missing, log, 45) == {
+        "status": "timed out", "reason": "past its 45 s limit"}  # fmt: skip
+    partial_of(missing).write_text(json.dumps({"measured": "engine 900 tokens/s"}))
+    assert outcome(-signal.SIGKILL, missing, log, 45) == {"measured": "engine 900 tokens/s",
         "status": "timed out", "reason": "past its 45 s limit"}  # fmt: skip
     assert outcome(1, missing, log, 45) == {"status": "failed", "reason": "ValueError: no such GPU"}
     assert outcome(0, missing, log, 45)["status"] == "failed"  # it exited without its row
