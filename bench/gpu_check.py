@@ -305,6 +305,7 @@ def zygote(context: Context) -> dict:
     return {
         "measured": f"{processes} process(es): {verdict}; first step {first[1]} s",
         "status": "failed" if fresh else "ok",
+        "reason": "the training processes did not fork from the zygote" if fresh else "",
     }
 
 
