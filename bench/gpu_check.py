@@ -85,6 +85,8 @@ class Context:
 
 PAPER_MFU = "on paper: 40 % MFU for a 7-9B step (docs/benchmarks.md, 'The MFU of a 7-9B step')"
 PLAN = "the plan's estimate within 0.6-1.15 of the peak (on CPU: bench/chat_memory.py)"
+ONCE_ON_A_GPU = "bench/serve.py on an H100 (docs/benchmarks.md 'On a GPU, measured once')"
+HOW_MANY = "docs/serving.md, 'How many workers' (a GPU on paper; measured on CPU only)"
 PARTS = [
     Part("cuda-stack", "cuda_stack",
          "torch, NCCL and DeepSpeed's fused ops load (docker/check-stack.sh checks the build)",
@@ -100,12 +102,13 @@ PARTS = [
          f"peak against chat-lora-sdpa; {PLAN}", 35, 60),
     Part("task-steps", "task_steps", "ASSUMED_UTILISATION 0.2 of trainer/common/step_time.py "
          "(H100, docs/benchmarks.md 'A micro-batch's time': 0.17-0.34)", 40, 150),
-    Part("serving-whisper", "serving_whisper", "the server beats one at a time at 16 clients; "
-         "2 workers per GPU (docs/serving.md; on CPU: bench/serve.py)", 45, 180),
-    Part("serving-bert", "serving_bert", "the server >= 1.5x one at a time at 16 clients; "
-         "2 workers per GPU (docs/serving.md)", 40, 150),
-    Part("serving-chat", "serving_chat", "batched generation >= 2x one at a time at 16 "
-         "clients; 2 workers per GPU (docs/serving.md)", 50, 150),
+    Part("serving-whisper", "serving_whisper", f"1 worker: {ONCE_ON_A_GPU}; 2 workers gain "
+         f"nothing on whisper-small: {HOW_MANY}", 45, 180),
+    Part("serving-bert", "serving_bert", f"1 worker: {ONCE_ON_A_GPU}; start with 2 workers for "
+         f"BERT-base: {HOW_MANY}", 40, 150),
+    Part("serving-chat", "serving_chat", "1 worker: docs/benchmarks.md 'Generation (a small "
+         f"Llama), measured' (CPU); 2 workers gain nothing on a generation model: {HOW_MANY}",
+         50, 150),
     Part("generation", "generation", "the generation engine's tokens/s beside vLLM's "
          "(docs/serving.md, 'Generation')", 45, 120),
     Part("preemption", "preemption", "SIGTERM mid-step to a complete checkpoint within "
