@@ -140,10 +140,22 @@ def run_part(part: Part, out: Path, cpu: bool) -> dict:
         try:
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            end_tree(process)
     row["seconds"] = round(time.monotonic() - started, 1)
     return row | outcome(process.returncode, result, logs / f"{part.name}.log", limit)
+
+
+def end_tree(process: subprocess.Popen) -> None:
+    """SIGKILL to the part's process, its session and every descendant, those in process groups
+    of their own too (a compile's jobs under ninja): nothing it started outlives it."""
+    import psutil
+
+    descendants = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGKILL)
+    for descendant in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            descendant.kill()
+    process.wait()
 
 
 def outcome(returncode: int, result: Path, log: Path, limit: float) -> dict:

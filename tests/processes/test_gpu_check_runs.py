@@ -10,12 +10,20 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from bench.gpu_check import COLUMNS, PARTS, STATUSES, Part, header_of, run_all
 from tests.support.helpers import REPO_ROOT
 
 PLANTED = REPO_ROOT / "tests" / "support" / "planted_parts.py"
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def planted(name: str, function: str, limit: float = 60) -> Part:
@@ -35,6 +43,8 @@ def test_a_part_past_its_limit_times_out_and_the_others_still_give_their_rows(tm
     assert by_part["sleeper"]["reason"] == "past its 3 s limit"
     assert by_part["sleeper"]["seconds"] < 60
     assert by_part["sleeper"]["measured"] == "3 widgets/s so far"  # what it noted before
+    grandchild = int((tmp_path / "scratch" / "grandchild.pid").read_text())
+    assert not running(grandchild)  # ended with the part, though in a session of its own
     assert by_part["fine"] | {"seconds": 0} == {
         "part": "fine", "status": "ok", "reason": "", "measured": "42 widgets/s on cpu",
         "claim": "the claim of fine", "limit_s": 60, "seconds": 0,

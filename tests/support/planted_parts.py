@@ -3,6 +3,7 @@ that measures, one that fails, one that skips, one that sleeps past its limit.""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 from gpu_check import Context, Skip  # the runner's own module, as its child loaded it
@@ -21,6 +22,10 @@ def skips(context: Context) -> dict:
 
 
 def sleeps_past_its_limit(context: Context) -> dict:
+    """It notes a figure, starts a process in a session of its own (as ninja starts a
+    compile's jobs in process groups of their own), and sleeps."""
     context.note("3 widgets/s so far")
+    grandchild = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    (context.scratch / "grandchild.pid").write_text(str(grandchild.pid))
     time.sleep(600)
     return {"measured": "never"}
