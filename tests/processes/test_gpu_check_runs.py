@@ -64,8 +64,8 @@ def test_a_part_past_its_limit_times_out_and_the_others_still_give_their_rows(tm
 
 CPU_PARTS = ["cuda-stack", "zygote", "chat-lora-sdpa", "chat-lora-flash-attn", "chat-qlora",
              "chat-liger", "serving-chat", "generation", "preemption"]  # fmt: skip
-"""What the slow test runs with --cpu (100 s on a shared 2-core machine at a load average of 5;
-over 4 minutes at 9 with task-steps too, so not it): every part but task-steps (bench/
+"""What the slow test runs with --cpu (on a shared 2-core machine: 100 s at a load average of 5,
+204 s at 10; with task-steps too, 262 s at 9, so not it): every part but task-steps (bench/
 step_time.py's passes: only the whole --cpu run, on demand, runs it) and the Whisper and BERT
 servers, whose code is serving-chat's (bench/serve.py's server, 1 and 2 workers, 1, 4 and 16
 clients). The whole --cpu run: docs/benchmarks.md, "The GPU check". The parts CUDA needs skip
