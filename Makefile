@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 PIP_PINNED := $(BIN)/pip install --quiet --constraint constraints.txt
 PIP := $(PIP_PINNED) --build-constraint constraints.txt
 
-.PHONY: install demo demo-chat test test-all lint format bench image-check image-test clean
+.PHONY: install demo demo-chat test test-all lint format bench gpu-check image-check image-test clean
 
 install: $(STAMP)
 
@@ -62,6 +62,16 @@ format: install
 
 bench: install
 	$(BIN)/python bench/preprocessing.py
+
+# The GPU path proved in one command (bench/gpu_check.py, docs/benchmarks.md "The GPU check"):
+# every part on this node's GPUs, each in its own process with its own time limit (under
+# 8 minutes in all on one H100-class GPU), one table as Markdown and JSON in OUT
+# (outputs/gpu-check unless given: make gpu-check OUT=folder).
+# GPU_CHECK_FLAGS=--cpu: every part at tiny sizes on this CPU.
+OUT ?= outputs/gpu-check
+GPU_CHECK_FLAGS ?=
+gpu-check: install
+	$(BIN)/python bench/gpu_check.py --out $(OUT) $(GPU_CHECK_FLAGS)
 
 # The image's Python stack with CUDA torch and DeepSpeed's compiled ops, built for real in a
 # fresh venv outside the repository (slow: GBs of wheels, a compile; not part of `make test`).

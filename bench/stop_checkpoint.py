@@ -47,23 +47,29 @@ from trainer.storage.store import open_store  # noqa: E402
 CHECKPOINT = "checkpoint-1"
 
 
-def node(size_mb: int, checkpoints: str, out: Path) -> None:
-    """One node: hold the state, wait for SIGTERM, save, upload, report timings as JSON."""
+def node(size_mb: int, checkpoints: str, out: Path, step_on: str | None = None) -> None:
+    """One node: hold the state, wait for SIGTERM, save, upload, report timings as JSON.
+    `step_on` a device: the state lives there and steps (matmuls) run until SIGTERM, which
+    comes mid-step; the step in flight ends before the save (bench/gpu_check.py)."""
     import torch
     from safetensors.torch import save_file
 
     from trainer.storage.checkpoints import CheckpointUploader
 
-    weights = torch.randn((size_mb << 20) // 5 // 2, dtype=torch.bfloat16)
-    optimizer = torch.randn((size_mb << 20) * 3 // 5 // 4, dtype=torch.float32)
+    device = step_on or "cpu"
+    weights = torch.randn((size_mb << 20) // 5 // 2, dtype=torch.bfloat16, device=device)
+    optimizer = torch.randn((size_mb << 20) * 3 // 5 // 4, dtype=torch.float32, device=device)
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(time.monotonic()))
     print("ready", flush=True)
     while not stopped:
-        time.sleep(0.005)
+        if step_on:
+            step(weights)
+        else:
+            time.sleep(0.005)
     folder = out / CHECKPOINT
     folder.mkdir(parents=True)
-    save_file({"weights": weights}, folder / "model.safetensors")
+    save_file({"weights": weights.cpu()}, folder / "model.safetensors")
     torch.save({"module": weights}, folder / "mp_rank_00_model_states.pt")
     torch.save({"optimizer_state_dict": optimizer},
                folder / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")  # fmt: skip
@@ -79,11 +85,24 @@ def node(size_mb: int, checkpoints: str, out: Path) -> None:
                       "upload_s": time.monotonic() - saved}), flush=True)  # fmt: skip
 
 
-def measure(size_mb: int, scratch: Path, env: dict[str, str]) -> dict:
+def step(weights) -> None:
+    """A training step's stand-in: a few matmuls on the state's device, synchronised."""
+    import torch
+
+    side = 1024 if weights.is_cuda else 128
+    block = weights[: side * side].view(side, side)
+    for _ in range(8):
+        block @ block
+    if weights.is_cuda:
+        torch.cuda.synchronize()
+
+
+def measure(size_mb: int, scratch: Path, env: dict[str, str], step_on: str | None = None) -> dict:
     checkpoints = f"gs://{BUCKET}/stop-{uuid.uuid4().hex}"
     manifest_store = open_store(checkpoints).child(CHECKPOINT)
+    stepping = ["--step-on", step_on] if step_on else []
     process = subprocess.Popen(
-        [sys.executable, __file__, "--node", str(size_mb), checkpoints, str(scratch)],
+        [sys.executable, __file__, "--node", str(size_mb), checkpoints, str(scratch), *stepping],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert process.stdout.readline().strip() == "ready"
@@ -102,10 +121,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--node", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--step-on", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.node:
         size, checkpoints, scratch = options.node
-        node(int(size), checkpoints, Path(scratch) / f"node-{uuid.uuid4().hex}")
+        node(int(size), checkpoints, Path(scratch) / f"node-{uuid.uuid4().hex}", options.step_on)
         return
 
     with running_emulator() as emulator, tempfile.TemporaryDirectory() as scratch:
