@@ -187,10 +187,7 @@ def make_app(
             )
         bad = refused_instances(prepared)
         if len(bad) == len(instances):
-            return JSONResponse({"error": f"{len(bad)} of {len(instances)} instances cannot "
-                                 "be predicted", "instances": [
-                                     {"index": i, "error": e} for i, e in bad.items()]},
-                                status_code=400)  # fmt: skip
+            return answered(len(instances), bad, [])
         good = [item for index, item in enumerate(prepared) if index not in bad]
         try:
             predictions = await waited_for(request, batcher.predict(good, parameters), deadline)
@@ -208,9 +205,7 @@ def make_app(
             return error_response(504, f"dropped: {dropped}")  # fmt: skip
         except Exception as error:  # noqa: BLE001 - the batch's forward pass failed
             return error_response(500, f"the prediction failed: {type(error).__name__}")
-        answers = iter(predictions)
-        return {"predictions": [{"error": bad[index]} if index in bad else next(answers)
-                                for index in range(len(instances))]}  # fmt: skip
+        return answered(len(instances), bad, predictions)
 
     page = PAGE.replace("{{predict_route}}", html.escape(contract.predict_route)).replace(
         "{{health_route}}", html.escape(contract.health_route)
@@ -317,6 +312,24 @@ async def caller_gone(request: Request) -> None:
     is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def answered(count: int, bad: dict[int, str], predictions: list) -> JSONResponse | dict:
+    """The predictions of a request's `count` instances: those refused before the model
+    (`bad`) and those the predictor answered `{"error": ...}` alone (a prompt too long for
+    its new tokens) in their places; 400, naming each, when no instance got a prediction."""
+    answers = iter(predictions)
+    rows = [{"error": bad[index]} if index in bad else next(answers) for index in range(count)]
+    failed = {index: row["error"] for index, row in enumerate(rows) if is_error(row)}
+    if len(failed) == count:
+        return JSONResponse({"error": f"{count} of {count} instances cannot be predicted",
+                             "instances": [{"index": i, "error": e} for i, e in failed.items()]},
+                            status_code=400)  # fmt: skip
+    return {"predictions": rows}
+
+
+def is_error(row: object) -> bool:
+    return isinstance(row, dict) and set(row) == {"error"}
 
 
 def error_response(status: int, message: str) -> JSONResponse:
