@@ -189,8 +189,9 @@ def make_app(
         if len(bad) == len(instances):
             return answered(len(instances), bad, [])
         good = [item for index, item in enumerate(prepared) if index not in bad]
+        each = [parameters | (item.parameters or {}) for item in good]  # batched by these
         try:
-            predictions = await waited_for(request, batcher.predict(good, parameters), deadline)
+            predictions = await waited_for(request, batcher.predict(good, each), deadline)
         except QueueFull as error:
             return error_response(503, str(error))
         except Dropped as dropped:

@@ -44,6 +44,9 @@ class Prepared:
     30 s chunk (the last one marked `is_last`)."""
     truncated: bool = False
     """A text longer than the model takes (its start is scored)."""
+    parameters: dict | None = None
+    """The instance's own parameters, over the request's (a generation instance's
+    `max_tokens`, as Model Garden's instances carry them); None: the request's alone."""
 
 
 class Predictor(ABC):

@@ -17,6 +17,7 @@ checked before the instance is queued, so a bad value is a 400 that costs no for
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,10 @@ DEFAULT_MAX_NEW_TOKENS = 256
 MAX_NEW_TOKENS_LIMIT = 8192
 """The most one request may ask for: a larger value is a 400, not an hour on the GPU."""
 MAX_STOP_STRINGS = 8
+MAX_CHOICES = 16
+"""The most answers (`n`) one instance may ask for."""
+PROMPT_FIELDS = ("prompt", "messages")
+"""An instance object's own text; its other fields are parameters (`PARAMETER_CHECKS`)."""
 
 FINISHED_BY_STOP = "stop"
 """The model ended its turn (an end-of-sequence token) or wrote one of the `stop` strings."""
@@ -46,8 +51,11 @@ def generated(text: str, finish_reason: str, prompt_tokens: int, completion_toke
     }
 
 
-def checked_generation_parameters(parameters: object) -> dict[str, Any]:
-    """The request's generation parameters, or InstanceError naming the first bad one."""
+def checked_generation_parameters(parameters: object, what: str = "parameter") -> dict[str, Any]:
+    """The request's generation parameters, or InstanceError naming the first bad one
+    (`what`: "parameter", or "field" for an instance's own). Model Garden's `max_tokens` is
+    `max_new_tokens`; `raw_response` (Model Garden's vLLM: true, the generated text alone,
+    which is all this server answers) is checked and dropped."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -55,12 +63,17 @@ def checked_generation_parameters(parameters: object) -> dict[str, Any]:
     unknown = sorted(set(parameters) - set(PARAMETER_CHECKS))
     if unknown:
         known = ", ".join(PARAMETER_CHECKS)
-        raise InstanceError(f"unknown parameter {unknown[0]!r} (known: {known})")
+        raise InstanceError(f"unknown {what} {unknown[0]!r} (known: {known})")
     for name, value in parameters.items():
         problem = PARAMETER_CHECKS[name](value)
         if problem:
-            raise InstanceError(f"parameter {name!r} {problem}")
-    return dict(parameters)
+            raise InstanceError(f"{what} {name!r} {problem}")
+    checked = {name: value for name, value in parameters.items() if name != "raw_response"}
+    if "max_tokens" in checked:
+        if "max_new_tokens" in checked:
+            raise InstanceError(f"give the {what} max_tokens or max_new_tokens, not both")
+        checked["max_new_tokens"] = checked.pop("max_tokens")
+    return checked
 
 
 def _is_int(value: object) -> bool:
@@ -80,15 +93,25 @@ def _stop_problem(value: object) -> str | None:
     return None
 
 
+def _max_new_tokens_problem(value: object) -> str | None:
+    if _is_int(value) and 1 <= value <= MAX_NEW_TOKENS_LIMIT:
+        return None
+    return f"must be an integer from 1 to {MAX_NEW_TOKENS_LIMIT}"
+
+
 PARAMETER_CHECKS: dict[str, Callable[[object], str | None]] = {
-    "max_new_tokens": lambda v: None if _is_int(v) and 1 <= v <= MAX_NEW_TOKENS_LIMIT
-    else f"must be an integer from 1 to {MAX_NEW_TOKENS_LIMIT}",
+    "max_new_tokens": _max_new_tokens_problem,
+    "max_tokens": _max_new_tokens_problem,
+    "n": lambda v: None if _is_int(v) and 1 <= v <= MAX_CHOICES
+    else f"must be an integer from 1 to {MAX_CHOICES}",
     "temperature": lambda v: None if _is_number(v) and 0 <= v <= 100
     else "must be a number from 0 (greedy) to 100",
     "top_p": lambda v: None if _is_number(v) and 0 < v <= 1 else "must be a number in (0, 1]",
     "top_k": lambda v: None if _is_int(v) and v >= 0 else "must be an integer of at least 0",
     "stop": _stop_problem,
     "seed": lambda v: None if _is_int(v) and 0 <= v < 2**63 else "must be a non-negative integer",
+    "raw_response": lambda v: None if v is True else "must be true (this server answers the "
+    "generated text alone, never the prompt with it)",
 }  # fmt: skip
 """Each parameter a request may give, and what is wrong with a value (None: nothing)."""
 
@@ -123,6 +146,17 @@ class GenerationPredictor(Predictor):
 
     def checked_parameters(self, parameters: object) -> dict[str, Any]:
         return checked_generation_parameters(parameters)
+
+    def prepare(self, instance: object) -> Prepared:
+        """The prompt tokenized, with the instance's own parameters (Model Garden's
+        instances carry `max_tokens`, `temperature`, ...), which override the request's."""
+        own = None
+        if isinstance(instance, dict) and set(instance) != {"b64"}:
+            fields = {k: v for k, v in instance.items() if k not in PROMPT_FIELDS}
+            own = checked_generation_parameters(fields, "field") or None
+        prepared = self.prepared(self.decoded(instance))
+        prepared.parameters = own
+        return prepared
 
     def decoded(self, instance: object) -> tuple[str, bool]:
         """(the text the model continues, whether it is a rendered chat)."""
@@ -176,7 +210,23 @@ class GenerationPredictor(Predictor):
         """The most tokens, prompt and generation together, the model takes (None: unsaid)."""
         return getattr(self.pipe.model.config, "max_position_embeddings", None)
 
-    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list:
+        """Each instance's answer (a list of `n` when it asks for more than one), its own
+        parameters over the request's: instances that ask for the same are generated
+        together (the server's batcher sends only such; `trainer.predict` may mix them)."""
+        groups: dict[str, list[int]] = {}
+        for index, prepared in enumerate(batch):
+            key = json.dumps(parameters | (prepared.parameters or {}), sort_keys=True)
+            groups.setdefault(key, []).append(index)
+        answers: list = [None] * len(batch)
+        for indexes in groups.values():
+            alike = [batch[index] for index in indexes]
+            asked = parameters | (alike[0].parameters or {})
+            for index, answer in zip(indexes, self.predict_alike(alike, asked), strict=True):
+                answers[index] = answer
+        return answers
+
+    def predict_alike(self, batch: list[Prepared], parameters: dict[str, Any]) -> list:
         """Each instance's answer, or `{"error": ...}` for one alone: a prompt that cannot
         fit with its new tokens is refused without a forward pass, and when the batch's
         `generate()` fails, each prompt is tried alone, so that a failure is only its own
@@ -231,8 +281,10 @@ class GenerationPredictor(Predictor):
         prompts = [prepared.model_inputs[0]["input_ids"] for prepared in batch]
         width = max(len(ids) for ids in prompts)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_ids()[0]
+        choices = parameters.get("n", 1)
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+        input_ids, mask = (t.repeat_interleave(choices, dim=0) for t in (input_ids, mask))
         kwargs = self.generate_kwargs(parameters, pad)
         if "seed" in parameters:
             torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
@@ -240,8 +292,11 @@ class GenerationPredictor(Predictor):
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
         stops = _stop_strings(parameters)
-        return [self.answer(row[width:], len(ids), stops)
-                for row, ids in zip(out.tolist(), prompts, strict=True)]  # fmt: skip
+        rows = [self.answer(row[width:], len(prompts[i // choices]), stops)
+                for i, row in enumerate(out.tolist())]  # fmt: skip
+        if choices == 1:
+            return rows
+        return [rows[start : start + choices] for start in range(0, len(rows), choices)]
 
     def generate_kwargs(self, parameters: dict[str, Any], pad: int) -> dict[str, Any]:
         """`generate()`'s arguments: the model's generation config, overridden by the request."""
@@ -281,9 +336,11 @@ class GenerationPredictor(Predictor):
     def score(self, scored: list[tuple[Any, dict]], parameters: dict) -> dict[str, float]:
         """The share of answers equal to their reference (whitespace at the ends aside), and
         the mean tokens generated."""
-        exact = [str(reference).strip() == answer.get("text", "").strip() and "error" not in
-                 answer for reference, answer in scored]  # fmt: skip
-        tokens = [answer.get("completion_tokens", 0) for _, answer in scored]
+        answers = [answer[0] if isinstance(answer, list) else answer for _, answer in scored]
+        references = [str(reference).strip() for reference, _ in scored]
+        exact = [reference == answer.get("text", "").strip() and "error" not in answer
+                 for reference, answer in zip(references, answers, strict=True)]  # fmt: skip
+        tokens = [answer.get("completion_tokens", 0) for answer in answers]
         return {"exact_match": sum(exact) / len(exact),
                 "mean_completion_tokens": sum(tokens) / len(tokens)}  # fmt: skip
 
