@@ -32,6 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from trainer.serve.batching import Batcher, QueueFull
 from trainer.serve.contract import Contract
+from trainer.serve.openai_routes import add_openai_routes, openai_route
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.load_failure import load_failure_line
 from trainer.tasks.predictor import Predictor
@@ -154,6 +155,10 @@ def make_app(
         preprocessing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    answer_openai = add_openai_routes(
+        app, lambda: (holder.get("batcher"), state.predictor, state.failure), preprocessing,
+        max_request_bytes,
+    )  # fmt: skip
 
     @app.get(contract.health_route)
     async def health():
@@ -173,6 +178,9 @@ def make_app(
         predictor = state.predictor
         try:
             body = await read_body(request, max_request_bytes)
+            route = openai_body_route(body, request.headers.get("content-type", ""))
+            if route and predictor.openai_formats:
+                return await answer_openai(json.loads(body), route)
             instances, parameters = parsed_request(
                 body, request.headers.get("content-type", ""), dict(request.query_params),
                 predictor, queue_size,
@@ -250,6 +258,17 @@ def parsed_request(
         return instances, predictor.checked_parameters(parameters)
     except InstanceError as error:
         raise RequestError(400, str(error)) from None
+
+
+def openai_body_route(body: bytes, content_type: str) -> str | None:
+    """The OpenAI route a JSON body sent to the prediction route is for (none: a prediction
+    request, or no JSON)."""
+    if content_type.partition(";")[0].strip().lower() not in ("", "application/json"):
+        return None
+    try:
+        return openai_route(json.loads(body))
+    except ValueError:
+        return None
 
 
 def json_request(body: bytes, queue_size: int) -> tuple[list, object]:

@@ -24,6 +24,14 @@ from typing import Any
 
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor, Prepared
+from trainer.tasks.text_generation.chat_completions import (
+    CHAT,
+    COMPLETIONS,
+    REQUEST_FORMAT,
+    message_text,
+    openai_request,
+    reply,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 256
 """Tokens generated when neither the request nor the model's generation_config.json says."""
@@ -121,6 +129,7 @@ class GenerationPredictor(Predictor):
     media_key = "prompt"
     reference_columns = ("completion", "reference")
     raw_media_types = ("text/plain",)
+    openai_formats = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
     def __init__(self, pipe, task: str) -> None:
         super().__init__(pipe, task)
@@ -150,6 +159,8 @@ class GenerationPredictor(Predictor):
     def prepare(self, instance: object) -> Prepared:
         """The prompt tokenized, with the instance's own parameters (Model Garden's
         instances carry `max_tokens`, `temperature`, ...), which override the request's."""
+        if isinstance(instance, dict) and REQUEST_FORMAT in instance:
+            return self.prepared_openai(instance)
         own = None
         if isinstance(instance, dict) and set(instance) != {"b64"}:
             fields = {k: v for k, v in instance.items() if k not in PROMPT_FIELDS}
@@ -157,6 +168,52 @@ class GenerationPredictor(Predictor):
         prepared = self.prepared(self.decoded(instance))
         prepared.parameters = own
         return prepared
+
+    def prepared_openai(self, instance: dict) -> Prepared:
+        """An OpenAI request's body as an instance (`"@requestFormat": "chatCompletions"`, as
+        Model Garden's containers take it; or `completions`), answered in OpenAI's format."""
+        form = instance[REQUEST_FORMAT]
+        body = {k: v for k, v in instance.items() if k != REQUEST_FORMAT}
+        if body.get("stream"):
+            raise InstanceError("stream: true is answered on /v1/chat/completions and "
+                                "/v1/completions, not on the prediction route")  # fmt: skip
+        asked, parameters = openai_request(body, form)
+        decoded = (self.rendered_chat(asked), True) if form == CHAT else (asked, False)
+        checked = checked_generation_parameters(parameters, "field")
+        prepared = self.prepared(decoded)
+        prepared.parameters, prepared.reply = checked, reply(form, body.get("model"))
+        return prepared
+
+    def streamer(self, on_text: Callable[[str], None]) -> Any:
+        """A streamer for `generate()` (transformers' `BaseStreamer`) that hands `on_text`
+        each new piece of the answer's text as its tokens come (the prompt and special tokens
+        left out; a piece ending inside a character waits for the rest of it)."""
+        from transformers.generation.streamers import BaseStreamer
+
+        tokenizer = self.pipe.tokenizer
+
+        class Pieces(BaseStreamer):
+            def __init__(self) -> None:
+                self.ids: list[int] | None = None  # None: the prompt is yet to come
+                self.sent = 0
+
+            def put(self, value) -> None:
+                if self.ids is None:
+                    self.ids = []
+                    return
+                self.ids += value.reshape(-1).tolist()
+                self.hand_on(partial=True)
+
+            def end(self) -> None:
+                self.hand_on(partial=False)
+
+            def hand_on(self, partial: bool) -> None:
+                text = tokenizer.decode(self.ids or [], skip_special_tokens=True)
+                if len(text) > self.sent and not (partial and text.endswith("\ufffd")):
+                    on_text(text[self.sent :])
+                    self.sent = len(text)
+
+        return Pieces()
 
     def decoded(self, instance: object) -> tuple[str, bool]:
         """(the text the model continues, whether it is a rendered chat)."""
@@ -177,11 +234,11 @@ class GenerationPredictor(Predictor):
     def rendered_chat(self, messages: object) -> str:
         """The chat in the model's own template, ending where the assistant's turn begins."""
         if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages
+            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+            for m in messages
         ):  # fmt: skip
-            raise InstanceError('"messages" must be a non-empty list of {"role", "content"} '
-                                "strings")  # fmt: skip
+            raise InstanceError('"messages" must be a non-empty list of {"role", "content"}')
+        messages = [{**m, "content": message_text(m["content"])} for m in messages]
         tokenizer = self.pipe.tokenizer
         if not tokenizer.chat_template:
             raise InstanceError('this model has no chat template: send {"prompt": ...}')
@@ -223,7 +280,9 @@ class GenerationPredictor(Predictor):
             alike = [batch[index] for index in indexes]
             asked = parameters | (alike[0].parameters or {})
             for index, answer in zip(indexes, self.predict_alike(alike, asked), strict=True):
-                answers[index] = answer
+                written = batch[index].reply
+                answers[index] = written(answer) if written and "error" not in answer else (
+                    answer)  # fmt: skip
         return answers
 
     def predict_alike(self, batch: list[Prepared], parameters: dict[str, Any]) -> list:
@@ -282,10 +341,10 @@ class GenerationPredictor(Predictor):
         width = max(len(ids) for ids in prompts)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_ids()[0]
         choices = parameters.get("n", 1)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
-        input_ids, mask = (t.repeat_interleave(choices, dim=0) for t in (input_ids, mask))
+        input_ids, mask = left_padded(prompts, width, pad, choices)
         kwargs = self.generate_kwargs(parameters, pad)
+        if batch[0].streamer is not None:
+            kwargs["streamer"] = batch[0].streamer  # the instance is alone in its batch
         if "seed" in parameters:
             torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
         with torch.inference_mode():
@@ -343,6 +402,15 @@ class GenerationPredictor(Predictor):
         tokens = [answer.get("completion_tokens", 0) for answer in answers]
         return {"exact_match": sum(exact) / len(exact),
                 "mean_completion_tokens": sum(tokens) / len(tokens)}  # fmt: skip
+
+
+def left_padded(prompts: list[list[int]], width: int, pad: int, copies: int):
+    """The prompts' ids and attention mask, left-padded to `width`, each row `copies` times."""
+    import torch
+
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+    return input_ids.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
 
 
 def end_of_turn_ids(model, tokenizer) -> list[int]:
