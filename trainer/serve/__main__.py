@@ -29,6 +29,10 @@ request past it is answered 504 and dropped before its forward pass while its ca
 waits; none of its own for a batch job (a long generation or clip is answered, not retried;
 a caller that gives up is still noticed). 0: no deadline."""
 DEFAULT_DEPLOYMENT = "shared"
+BATCHING_STOPPED = "the server ends (exit 1), for Vertex AI to start the container again"
+"""What one process does when its batching loop stops: a server whose health stayed 503
+would keep its open port, which is all Vertex AI's liveness check looks at, and never serve
+again (`--workers N` starts another worker instead)."""
 
 
 def parser(env) -> argparse.ArgumentParser:
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
         request_timeout=args.request_timeout_s or None, gcs_read_prefixes=prefixes,
-        model_location=location,
+        model_location=location, on_batching_stopped=stop_failed,
+        after_batching_stops=BATCHING_STOPPED,
     )  # fmt: skip
     port = args.port or contract.port
     server = uvicorn.Server(
