@@ -169,3 +169,15 @@ def test_raw_predict_bodies_on_the_prediction_route_are_answered_as_openais(serv
     ).json()
     assert completion["object"] == "text_completion"
     assert completion["usage"]["completion_tokens"] == 3
+
+
+def test_a_prompt_too_long_for_its_tokens_is_refused_streamed_or_not(served):
+    from openai import APIError, BadRequestError
+
+    _, client = served
+    long = [{"role": "user", "content": "Hello " * 130}]
+    with pytest.raises(BadRequestError, match="positions"):
+        client.chat.completions.create(model="tiny", messages=long, max_tokens=200)
+    with pytest.raises(APIError, match="positions"):
+        list(client.chat.completions.create(model="tiny", messages=long, max_tokens=200,
+                                            stream=True))  # fmt: skip

@@ -1,5 +1,7 @@
 """The HTTP side: Vertex AI's two routes (and `GET /` nowhere else), health 503 until the
-model is ready, requests checked before any of their instances is queued.
+model is ready, requests checked before any of their instances is queued; for a task that
+answers them, OpenAI's `/v1/chat/completions` and `/v1/completions` (openai_routes.py), whose
+bodies the prediction route also answers (rawPredict).
 
 A request is `{"instances": [...], "parameters": {...}}`; the answer `{"predictions": [...]}`,
 one per instance, in order. An instance that cannot be predicted (not audio, not an image, a

@@ -124,7 +124,18 @@ def streamed(batcher: Batcher, predictor: Predictor, prepared: Prepared, chunk: 
     result = asyncio.ensure_future(batcher.predict([prepared], [own]))
     stops = prepared.parameters.get("stop") or []
     events = sse_events(result, pieces, [stops] if isinstance(stops, str) else stops, chunk)
-    return StreamingResponse(events, media_type="text/event-stream")
+    return StreamingResponse(dropped_when_gone(events, result), media_type="text/event-stream")
+
+
+async def dropped_when_gone(events: AsyncIterator[str], result: asyncio.Future):
+    """The events; when the caller goes first (the response stops being read), its
+    instance is dropped if it is still queued (a generation already running runs on)."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        if not result.done():
+            result.cancel()
 
 
 async def generated_pieces(result: asyncio.Future, pieces: asyncio.Queue) -> AsyncIterator[str]:
