@@ -227,3 +227,31 @@ def test_a_worker_whose_batching_loop_stops_turns_health_503_and_is_replaced(
         r"planted fault; the worker ends and another starts; health answers 503 until it is "
         r"ready", lines[0]), lines  # fmt: skip
     assert f"worker {broken} started again" in log.read_text()
+
+
+def test_one_process_whose_batching_loop_stops_ends_for_vertex_to_restart_it(
+    tmp_path, text_classifier, demo_cache
+):
+    """Without --workers there is no supervisor to start another: the server ends, exit 1,
+    with one line, so that Vertex AI restarts the container (its health would else stay 503
+    behind an open port for good)."""
+    port, log = free_port(), tmp_path / "serve.log"
+    (tmp_path / "hold").mkdir()
+    env = trainer_env(demo_cache, HOLD_DIR=str(tmp_path / "hold"))
+    env = with_start_hook(env, tmp_path / "hook", BROKEN_LOOP)
+    server = start([str(text_classifier), "--port", str(port)], env, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(server, url + "/health", log)
+        (tmp_path / "hold" / "break").touch()
+        answer = httpx.post(url + "/predict", json={"instances": ["fine"]})
+        assert answer.status_code == 200, answer.text
+        assert server.wait(timeout=60) == 1
+    finally:
+        if server.poll() is None:
+            server.kill()
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+    assert lines == [
+        "error: the batching loop stopped: RuntimeError: a planted fault; the "
+        "server ends (exit 1), for Vertex AI to start the container again"
+    ], lines

@@ -119,7 +119,10 @@ def test_a_seed_repeats_a_sample(predictor):
         ({"stop": ["a", 3]}, "stop"),
         ({"stop": [str(i) for i in range(9)]}, "stop"),
         ({"seed": -1}, "seed"),
-        ({"max_tokens": 5}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"raw_response": False}, "raw_response"),
+        ({"max_length": 5}, "max_length"),
     ],
 )
 def test_each_bad_parameter_is_named_before_anything_is_queued(parameters, named):
@@ -214,3 +217,41 @@ def test_bad_generation_requests_are_400_and_cost_no_forward_pass(endless, capsy
     forward_passes = [line for line in capsys.readouterr().out.splitlines()
                       if '"prediction batch"' in line]  # fmt: skip
     assert len(forward_passes) == 1  # the chat's only
+
+
+def test_model_garden_instances_carry_their_own_parameters(endless):
+    """As Model Garden's vLLM instances carry them: a probe asking for 3 tokens gets 3, each
+    instance of one request its own length, an unknown field refused for its instance alone,
+    `n` answers for `n`, and a batch job's `modelParameters: {"max_tokens": 50}` taken."""
+    instances = [
+        {"prompt": "Hello", "max_tokens": 3, "temperature": 0},
+        {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "top_p": 1.0, "top_k": 1,
+         "raw_response": True},
+        {"prompt": "Hello", "max_lenght": 3},
+        {"prompt": "Hello", "max_tokens": 2, "n": 3, "temperature": 0},
+    ]  # fmt: skip
+    with serve(endless) as url:
+        wait_ready(url)
+        answer = httpx.post(url + "/predict", json={"instances": instances}, timeout=60)
+        batch_job = httpx.post(url + "/predict", timeout=60, json={
+            "instances": [{"prompt": "Hello"}], "parameters": {"max_tokens": 4}})  # fmt: skip
+        overridden = httpx.post(url + "/predict", timeout=60, json={
+            "instances": [{"prompt": "Hello", "max_tokens": 6}],
+            "parameters": {"max_tokens": 4, "temperature": 0}})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    three, five, unknown, several = answer.json()["predictions"]
+    assert three["completion_tokens"] == 3 and five["completion_tokens"] == 5
+    assert five["text"].startswith(three["text"])
+    assert "'max_lenght'" in unknown["error"] and "max_tokens" in unknown["error"]
+    assert [one["completion_tokens"] for one in several] == [2, 2, 2]
+    assert several[0]["text"] == several[2]["text"] == five["text"][: len(several[0]["text"])]
+    assert batch_job.json()["predictions"][0]["completion_tokens"] == 4
+    assert overridden.json()["predictions"][0]["completion_tokens"] == 6
+
+
+def test_offline_predictions_of_mixed_instances_get_their_own_parameters(endless):
+    prepared = [endless.prepare({"prompt": "Hello", "max_tokens": n}) for n in (2, 7, 2)]
+    answers = endless.predict(prepared, {"temperature": 0})
+    assert [answer["completion_tokens"] for answer in answers] == [2, 7, 2]
+    with pytest.raises(InstanceError, match="not both"):
+        endless.prepare({"prompt": "Hi", "max_tokens": 2, "max_new_tokens": 3})

@@ -21,9 +21,18 @@ DEFAULT_MAX_WAIT_MS = 10.0
 DEFAULT_QUEUE_SIZE = 256
 DEFAULT_MAX_REQUEST_BYTES = 10 * 2**20
 """Vertex AI's limit on dedicated and private endpoints (1.5 MB on a shared public one)."""
-DEFAULT_REQUEST_TIMEOUT_S = 50.0
-"""Below a shared public endpoint's 60 s: a request past it is answered 504 and dropped
-before its forward pass, since its caller is about to give up on it."""
+DEPLOYMENT_TIMEOUTS_S = {"shared": 50.0, "dedicated": 590.0, "batch": 0.0}
+"""The default deadline (s) for what the server is deployed as: below a shared public
+endpoint's 60 s and a dedicated endpoint's default 10 minutes (its `inferenceTimeout`, at
+most 1 h, is set when the endpoint is created: raise --request_timeout_s with it), so that a
+request past it is answered 504 and dropped before its forward pass while its caller still
+waits; none of its own for a batch job (a long generation or clip is answered, not retried;
+a caller that gives up is still noticed). 0: no deadline."""
+DEFAULT_DEPLOYMENT = "shared"
+BATCHING_STOPPED = "the server ends (exit 1), for Vertex AI to start the container again"
+"""What one process does when its batching loop stops: a server whose health stayed 503
+would keep its open port, which is all Vertex AI's liveness check looks at, and never serve
+again (`--workers N` starts another worker instead)."""
 
 
 def parser(env) -> argparse.ArgumentParser:
@@ -49,10 +58,17 @@ def parser(env) -> argparse.ArgumentParser:
     p.add_argument("--max_request_bytes", type=int,
                    default=int(env.get("SERVE_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)),
                    help="larger bodies get 413 ($SERVE_MAX_REQUEST_BYTES)")  # fmt: skip
+    p.add_argument("--deployment", default=env.get("SERVE_DEPLOYMENT", DEFAULT_DEPLOYMENT),
+                   help="what the server is deployed as, which sets the default "
+                        "--request_timeout_s: shared (a shared public endpoint, 50 s), "
+                        "dedicated (a dedicated endpoint, 590 s) or batch (a batch "
+                        "prediction job, none) ($SERVE_DEPLOYMENT)")  # fmt: skip
+    timeout = env.get("SERVE_REQUEST_TIMEOUT_S")
     p.add_argument("--request_timeout_s", type=float,
-                   default=float(env.get("SERVE_REQUEST_TIMEOUT_S", DEFAULT_REQUEST_TIMEOUT_S)),
+                   default=float(timeout) if timeout else None,
                    help="a request not answered by then gets 504 and is dropped before its "
-                        "forward pass; 0: no limit ($SERVE_REQUEST_TIMEOUT_S)")  # fmt: skip
+                        "forward pass; 0: no limit (default: --deployment's) "
+                        "($SERVE_REQUEST_TIMEOUT_S)")  # fmt: skip
     p.add_argument("--gcs_read_prefixes", default=env.get("SERVE_GCS_READ_PREFIXES", ""),
                    help="comma-separated gs:// buckets or folders an instance may name, read "
                         "with the server's credentials; the model's bucket is always one "
@@ -92,9 +108,20 @@ def checked_arguments(args: argparse.Namespace, contract: Contract) -> tuple[str
     for name in ("max_batch_size", "queue_size", "max_request_bytes", "workers"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1")
+    if args.deployment not in DEPLOYMENT_TIMEOUTS_S:
+        raise ValueError(f"--deployment (or SERVE_DEPLOYMENT) is {args.deployment!r}: one of "
+                         f"{', '.join(DEPLOYMENT_TIMEOUTS_S)}")  # fmt: skip
+    if args.request_timeout_s is None:
+        args.request_timeout_s = DEPLOYMENT_TIMEOUTS_S[args.deployment]
     if args.max_wait_ms < 0 or args.request_timeout_s < 0:
         raise ValueError("--max_wait_ms and --request_timeout_s must not be negative")
     return location, read_prefixes(args.gcs_read_prefixes, location)
+
+
+def deadline_words(args: argparse.Namespace) -> str:
+    """The deadline said on the server's first line, and where it comes from."""
+    limit = f"{args.request_timeout_s:g} s" if args.request_timeout_s else "no limit"
+    return f"request deadline {limit} (deployed as {args.deployment})"
 
 
 def loader(location: str):
@@ -148,15 +175,17 @@ def main(argv: list[str] | None = None) -> None:
         contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
         request_timeout=args.request_timeout_s or None, gcs_read_prefixes=prefixes,
-        model_location=location,
+        model_location=location, on_batching_stopped=stop_failed,
+        after_batching_stops=BATCHING_STOPPED,
     )  # fmt: skip
     port = args.port or contract.port
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=port, log_level="warning", access_log=False)
     )
     print(f"serving {location} on {args.host}:{port} (predict {contract.predict_route}, "
-          f"health {contract.health_route}); instances may name gs:// objects under: "
-          f"{', '.join(prefixes) or 'none'}; loading the model", flush=True)  # fmt: skip
+          f"health {contract.health_route}); {deadline_words(args)}; instances may name "
+          f"gs:// objects under: {', '.join(prefixes) or 'none'}; loading the model",
+          flush=True)  # fmt: skip
     server.run()
     sys.exit(1 if failed else 0)
 

@@ -1,5 +1,7 @@
 """The HTTP side: Vertex AI's two routes (and `GET /` nowhere else), health 503 until the
-model is ready, requests checked before any of their instances is queued.
+model is ready, requests checked before any of their instances is queued; for a task that
+answers them, OpenAI's `/v1/chat/completions` and `/v1/completions` (openai_routes.py), whose
+bodies the prediction route also answers (rawPredict).
 
 A request is `{"instances": [...], "parameters": {...}}`; the answer `{"predictions": [...]}`,
 one per instance, in order. An instance that cannot be predicted (not audio, not an image, a
@@ -32,6 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from trainer.serve.batching import Batcher, QueueFull
 from trainer.serve.contract import Contract
+from trainer.serve.openai_routes import add_openai_routes, openai_route
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.load_failure import load_failure_line
 from trainer.tasks.predictor import Predictor
@@ -154,6 +157,10 @@ def make_app(
         preprocessing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    answer_openai = add_openai_routes(
+        app, lambda: (holder.get("batcher"), state.predictor, state.failure), preprocessing,
+        max_request_bytes,
+    )  # fmt: skip
 
     @app.get(contract.health_route)
     async def health():
@@ -173,6 +180,9 @@ def make_app(
         predictor = state.predictor
         try:
             body = await read_body(request, max_request_bytes)
+            route = openai_body_route(body, request.headers.get("content-type", ""))
+            if route and predictor.openai_formats:
+                return await answer_openai(json.loads(body), route)
             instances, parameters = parsed_request(
                 body, request.headers.get("content-type", ""), dict(request.query_params),
                 predictor, queue_size,
@@ -187,13 +197,11 @@ def make_app(
             )
         bad = refused_instances(prepared)
         if len(bad) == len(instances):
-            return JSONResponse({"error": f"{len(bad)} of {len(instances)} instances cannot "
-                                 "be predicted", "instances": [
-                                     {"index": i, "error": e} for i, e in bad.items()]},
-                                status_code=400)  # fmt: skip
+            return answered(len(instances), bad, [])
         good = [item for index, item in enumerate(prepared) if index not in bad]
+        each = [parameters | (item.parameters or {}) for item in good]  # batched by these
         try:
-            predictions = await waited_for(request, batcher.predict(good, parameters), deadline)
+            predictions = await waited_for(request, batcher.predict(good, each), deadline)
         except QueueFull as error:
             return error_response(503, str(error))
         except Dropped as dropped:
@@ -208,9 +216,7 @@ def make_app(
             return error_response(504, f"dropped: {dropped}")  # fmt: skip
         except Exception as error:  # noqa: BLE001 - the batch's forward pass failed
             return error_response(500, f"the prediction failed: {type(error).__name__}")
-        answers = iter(predictions)
-        return {"predictions": [{"error": bad[index]} if index in bad else next(answers)
-                                for index in range(len(instances))]}  # fmt: skip
+        return answered(len(instances), bad, predictions)
 
     page = PAGE.replace("{{predict_route}}", html.escape(contract.predict_route)).replace(
         "{{health_route}}", html.escape(contract.health_route)
@@ -254,6 +260,17 @@ def parsed_request(
         return instances, predictor.checked_parameters(parameters)
     except InstanceError as error:
         raise RequestError(400, str(error)) from None
+
+
+def openai_body_route(body: bytes, content_type: str) -> str | None:
+    """The OpenAI route a JSON body sent to the prediction route is for (none: a prediction
+    request, or no JSON)."""
+    if content_type.partition(";")[0].strip().lower() not in ("", "application/json"):
+        return None
+    try:
+        return openai_route(json.loads(body))
+    except ValueError:
+        return None
 
 
 def json_request(body: bytes, queue_size: int) -> tuple[list, object]:
@@ -317,6 +334,24 @@ async def caller_gone(request: Request) -> None:
     is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def answered(count: int, bad: dict[int, str], predictions: list) -> JSONResponse | dict:
+    """The predictions of a request's `count` instances: those refused before the model
+    (`bad`) and those the predictor answered `{"error": ...}` alone (a prompt too long for
+    its new tokens) in their places; 400, naming each, when no instance got a prediction."""
+    answers = iter(predictions)
+    rows = [{"error": bad[index]} if index in bad else next(answers) for index in range(count)]
+    failed = {index: row["error"] for index, row in enumerate(rows) if is_error(row)}
+    if len(failed) == count:
+        return JSONResponse({"error": f"{count} of {count} instances cannot be predicted",
+                             "instances": [{"index": i, "error": e} for i, e in failed.items()]},
+                            status_code=400)  # fmt: skip
+    return {"predictions": rows}
+
+
+def is_error(row: object) -> bool:
+    return isinstance(row, dict) and set(row) == {"error"}
 
 
 def error_response(status: int, message: str) -> JSONResponse:

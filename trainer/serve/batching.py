@@ -113,10 +113,14 @@ class Batcher:
         finally:
             self.arrivals.remove(arrival)
 
-    async def predict(self, items: list, parameters: dict) -> list:
-        """Each item's prediction, in order (a failure in its batch is raised here)."""
+    async def predict(self, items: list, parameters: dict | list[dict]) -> list:
+        """Each item's prediction, in order (a failure in its batch is raised here);
+        `parameters` the request's, or each item's own (items of other parameters go in other
+        batches)."""
         loop = asyncio.get_running_loop()
-        waiting = [Waiting(item, parameters, loop.create_future()) for item in items]
+        each = parameters if isinstance(parameters, list) else [parameters] * len(items)
+        waiting = [Waiting(item, asked, loop.create_future())
+                   for item, asked in zip(items, each, strict=True)]  # fmt: skip
         if self.queue.maxsize - self.queue.qsize() < len(waiting):
             raise QueueFull(f"{self.queue.qsize()} instances are waiting; try again")
         for entry in waiting:

@@ -44,6 +44,15 @@ class Prepared:
     30 s chunk (the last one marked `is_last`)."""
     truncated: bool = False
     """A text longer than the model takes (its start is scored)."""
+    parameters: dict | None = None
+    """The instance's own parameters, over the request's (a generation instance's
+    `max_tokens`, as Model Garden's instances carry them); None: the request's alone."""
+    reply: Callable[[Any], dict] | None = None
+    """What writes its answer in the format it came in (a chat completion for an OpenAI
+    request); None: the task's own answer."""
+    streamer: Any = None
+    """Where the model's thread hands the answer's text as it is generated (a transformers
+    streamer; one instance alone in its batch); None: the whole answer at the end."""
 
 
 class Predictor(ABC):
@@ -70,6 +79,14 @@ class Predictor(ABC):
     gcs_read_prefixes: tuple[str, ...] | None = None
     """The gs:// prefixes an instance may name (the server sets them: its callers read with
     its credentials); None: any (`python -m trainer.predict`, run by the data's owner)."""
+    openai_formats: ClassVar[dict[str, str]] = {}
+    """The OpenAI routes the task answers (`chat/completions`, `completions`), each with the
+    `@requestFormat` an instance of its body carries; none: those routes answer 404."""
+
+    def streamer(self, on_text: Callable[[str], None]) -> Any:
+        """A streamer handing the generated text to `on_text` as it comes, on the model's
+        thread (a task that streams); None: the task answers whole."""
+        return None
 
     def __init__(self, pipe, task: str) -> None:
         self.pipe = pipe

@@ -17,18 +17,31 @@ checked before the instance is queued, so a bad value is a 400 that costs no for
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor, Prepared
+from trainer.tasks.text_generation.chat_completions import (
+    CHAT,
+    COMPLETIONS,
+    REQUEST_FORMAT,
+    message_text,
+    openai_request,
+    reply,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 256
 """Tokens generated when neither the request nor the model's generation_config.json says."""
 MAX_NEW_TOKENS_LIMIT = 8192
 """The most one request may ask for: a larger value is a 400, not an hour on the GPU."""
 MAX_STOP_STRINGS = 8
+MAX_CHOICES = 16
+"""The most answers (`n`) one instance may ask for."""
+PROMPT_FIELDS = ("prompt", "messages")
+"""An instance object's own text; its other fields are parameters (`PARAMETER_CHECKS`)."""
 
 FINISHED_BY_STOP = "stop"
 """The model ended its turn (an end-of-sequence token) or wrote one of the `stop` strings."""
@@ -46,8 +59,11 @@ def generated(text: str, finish_reason: str, prompt_tokens: int, completion_toke
     }
 
 
-def checked_generation_parameters(parameters: object) -> dict[str, Any]:
-    """The request's generation parameters, or InstanceError naming the first bad one."""
+def checked_generation_parameters(parameters: object, what: str = "parameter") -> dict[str, Any]:
+    """The request's generation parameters, or InstanceError naming the first bad one
+    (`what`: "parameter", or "field" for an instance's own). Model Garden's `max_tokens` is
+    `max_new_tokens`; `raw_response` (Model Garden's vLLM: true, the generated text alone,
+    which is all this server answers) is checked and dropped."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -55,12 +71,17 @@ def checked_generation_parameters(parameters: object) -> dict[str, Any]:
     unknown = sorted(set(parameters) - set(PARAMETER_CHECKS))
     if unknown:
         known = ", ".join(PARAMETER_CHECKS)
-        raise InstanceError(f"unknown parameter {unknown[0]!r} (known: {known})")
+        raise InstanceError(f"unknown {what} {unknown[0]!r} (known: {known})")
     for name, value in parameters.items():
         problem = PARAMETER_CHECKS[name](value)
         if problem:
-            raise InstanceError(f"parameter {name!r} {problem}")
-    return dict(parameters)
+            raise InstanceError(f"{what} {name!r} {problem}")
+    checked = {name: value for name, value in parameters.items() if name != "raw_response"}
+    if "max_tokens" in checked:
+        if "max_new_tokens" in checked:
+            raise InstanceError(f"give the {what} max_tokens or max_new_tokens, not both")
+        checked["max_new_tokens"] = checked.pop("max_tokens")
+    return checked
 
 
 def _is_int(value: object) -> bool:
@@ -80,15 +101,25 @@ def _stop_problem(value: object) -> str | None:
     return None
 
 
+def _max_new_tokens_problem(value: object) -> str | None:
+    if _is_int(value) and 1 <= value <= MAX_NEW_TOKENS_LIMIT:
+        return None
+    return f"must be an integer from 1 to {MAX_NEW_TOKENS_LIMIT}"
+
+
 PARAMETER_CHECKS: dict[str, Callable[[object], str | None]] = {
-    "max_new_tokens": lambda v: None if _is_int(v) and 1 <= v <= MAX_NEW_TOKENS_LIMIT
-    else f"must be an integer from 1 to {MAX_NEW_TOKENS_LIMIT}",
+    "max_new_tokens": _max_new_tokens_problem,
+    "max_tokens": _max_new_tokens_problem,
+    "n": lambda v: None if _is_int(v) and 1 <= v <= MAX_CHOICES
+    else f"must be an integer from 1 to {MAX_CHOICES}",
     "temperature": lambda v: None if _is_number(v) and 0 <= v <= 100
     else "must be a number from 0 (greedy) to 100",
     "top_p": lambda v: None if _is_number(v) and 0 < v <= 1 else "must be a number in (0, 1]",
     "top_k": lambda v: None if _is_int(v) and v >= 0 else "must be an integer of at least 0",
     "stop": _stop_problem,
     "seed": lambda v: None if _is_int(v) and 0 <= v < 2**63 else "must be a non-negative integer",
+    "raw_response": lambda v: None if v is True else "must be true (this server answers the "
+    "generated text alone, never the prompt with it)",
 }  # fmt: skip
 """Each parameter a request may give, and what is wrong with a value (None: nothing)."""
 
@@ -98,6 +129,7 @@ class GenerationPredictor(Predictor):
     media_key = "prompt"
     reference_columns = ("completion", "reference")
     raw_media_types = ("text/plain",)
+    openai_formats = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
     def __init__(self, pipe, task: str) -> None:
         super().__init__(pipe, task)
@@ -124,6 +156,65 @@ class GenerationPredictor(Predictor):
     def checked_parameters(self, parameters: object) -> dict[str, Any]:
         return checked_generation_parameters(parameters)
 
+    def prepare(self, instance: object) -> Prepared:
+        """The prompt tokenized, with the instance's own parameters (Model Garden's
+        instances carry `max_tokens`, `temperature`, ...), which override the request's."""
+        if isinstance(instance, dict) and REQUEST_FORMAT in instance:
+            return self.prepared_openai(instance)
+        own = None
+        if isinstance(instance, dict) and set(instance) != {"b64"}:
+            fields = {k: v for k, v in instance.items() if k not in PROMPT_FIELDS}
+            own = checked_generation_parameters(fields, "field") or None
+        prepared = self.prepared(self.decoded(instance))
+        prepared.parameters = own
+        return prepared
+
+    def prepared_openai(self, instance: dict) -> Prepared:
+        """An OpenAI request's body as an instance (`"@requestFormat": "chatCompletions"`, as
+        Model Garden's containers take it; or `completions`), answered in OpenAI's format."""
+        form = instance[REQUEST_FORMAT]
+        body = {k: v for k, v in instance.items() if k != REQUEST_FORMAT}
+        if body.get("stream"):
+            raise InstanceError("stream: true is answered on /v1/chat/completions and "
+                                "/v1/completions, not on the prediction route")  # fmt: skip
+        asked, parameters = openai_request(body, form)
+        decoded = (self.rendered_chat(asked), True) if form == CHAT else (asked, False)
+        checked = checked_generation_parameters(parameters, "field")
+        prepared = self.prepared(decoded)
+        prepared.parameters, prepared.reply = checked, reply(form, body.get("model"))
+        return prepared
+
+    def streamer(self, on_text: Callable[[str], None]) -> Any:
+        """A streamer for `generate()` (transformers' `BaseStreamer`) that hands `on_text`
+        each new piece of the answer's text as its tokens come (the prompt and special tokens
+        left out; a piece ending inside a character waits for the rest of it)."""
+        from transformers.generation.streamers import BaseStreamer
+
+        tokenizer = self.pipe.tokenizer
+
+        class Pieces(BaseStreamer):
+            def __init__(self) -> None:
+                self.ids: list[int] | None = None  # None: the prompt is yet to come
+                self.sent = 0
+
+            def put(self, value) -> None:
+                if self.ids is None:
+                    self.ids = []
+                    return
+                self.ids += value.reshape(-1).tolist()
+                self.hand_on(partial=True)
+
+            def end(self) -> None:
+                self.hand_on(partial=False)
+
+            def hand_on(self, partial: bool) -> None:
+                text = tokenizer.decode(self.ids or [], skip_special_tokens=True)
+                if len(text) > self.sent and not (partial and text.endswith("\ufffd")):
+                    on_text(text[self.sent :])
+                    self.sent = len(text)
+
+        return Pieces()
+
     def decoded(self, instance: object) -> tuple[str, bool]:
         """(the text the model continues, whether it is a rendered chat)."""
         if isinstance(instance, str):
@@ -143,11 +234,11 @@ class GenerationPredictor(Predictor):
     def rendered_chat(self, messages: object) -> str:
         """The chat in the model's own template, ending where the assistant's turn begins."""
         if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages
+            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+            for m in messages
         ):  # fmt: skip
-            raise InstanceError('"messages" must be a non-empty list of {"role", "content"} '
-                                "strings")  # fmt: skip
+            raise InstanceError('"messages" must be a non-empty list of {"role", "content"}')
+        messages = [{**m, "content": message_text(m["content"])} for m in messages]
         tokenizer = self.pipe.tokenizer
         if not tokenizer.chat_template:
             raise InstanceError('this model has no chat template: send {"prompt": ...}')
@@ -166,13 +257,82 @@ class GenerationPredictor(Predictor):
             ids = self.pipe.tokenizer(text, add_special_tokens=not chat)["input_ids"]
         if not ids:
             raise InstanceError("the prompt is empty")
-        limit = getattr(self.pipe.model.config, "max_position_embeddings", None)
+        limit = self.positions()
         if limit and len(ids) >= limit:
             raise InstanceError(f"the prompt is {len(ids)} tokens; the model takes fewer than "
                                 f"{limit} in all")  # fmt: skip
         return Prepared([{"input_ids": ids}])
 
-    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+    def positions(self) -> int | None:
+        """The most tokens, prompt and generation together, the model takes (None: unsaid)."""
+        return getattr(self.pipe.model.config, "max_position_embeddings", None)
+
+    def predict(self, batch: list[Prepared], parameters: dict[str, Any]) -> list:
+        """Each instance's answer (a list of `n` when it asks for more than one), its own
+        parameters over the request's: instances that ask for the same are generated
+        together (the server's batcher sends only such; `trainer.predict` may mix them)."""
+        groups: dict[str, list[int]] = {}
+        for index, prepared in enumerate(batch):
+            key = json.dumps(parameters | (prepared.parameters or {}), sort_keys=True)
+            groups.setdefault(key, []).append(index)
+        answers: list = [None] * len(batch)
+        for indexes in groups.values():
+            alike = [batch[index] for index in indexes]
+            asked = parameters | (alike[0].parameters or {})
+            for index, answer in zip(indexes, self.predict_alike(alike, asked), strict=True):
+                written = batch[index].reply
+                answers[index] = written(answer) if written and "error" not in answer else (
+                    answer)  # fmt: skip
+        return answers
+
+    def predict_alike(self, batch: list[Prepared], parameters: dict[str, Any]) -> list:
+        """Each instance's answer, or `{"error": ...}` for one alone: a prompt that cannot
+        fit with its new tokens is refused without a forward pass, and when the batch's
+        `generate()` fails, each prompt is tried alone, so that a failure is only its own
+        (one that fails every prompt alone is raised: the model, not a prompt, is broken)."""
+        answers: list[dict | None] = [self.refusal(prepared, parameters) for prepared in batch]
+        fitting = [index for index, answer in enumerate(answers) if answer is None]
+        if not fitting:
+            return answers
+        rows = [batch[index] for index in fitting]
+        try:
+            generated_rows = self.generate(rows, parameters)
+        except Exception:
+            if len(rows) == 1:
+                raise
+            generated_rows = self.each_alone(rows, parameters)
+        for index, answer in zip(fitting, generated_rows, strict=True):
+            answers[index] = answer
+        return answers
+
+    def refusal(self, prepared: Prepared, parameters: dict[str, Any]) -> dict | None:
+        """`{"error": ...}` naming the numbers when the prompt and its new tokens exceed the
+        model's positions; None when they fit."""
+        limit = self.positions()
+        prompt = len(prepared.model_inputs[0]["input_ids"])
+        wanted = self.max_new_tokens(parameters)
+        if limit and prompt + wanted > limit:
+            return {"error": f"the prompt is {prompt} tokens and {wanted} new tokens were "
+                    f"asked for: {prompt + wanted} in all, over the model's {limit} positions; "
+                    f"ask for at most {limit - prompt} (max_new_tokens or max_tokens)"}  # fmt: skip
+        return None
+
+    def each_alone(self, rows: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
+        """Each row generated by itself, a failure its own `{"error": ...}`; raised when
+        every row fails."""
+        answers, failure = [], None
+        for row in rows:
+            try:
+                answers.append(self.generate([row], parameters)[0])
+            except Exception as error:  # noqa: BLE001 - this row's answer says it
+                failure = error
+                answers.append({"error": f"the generation failed: {type(error).__name__}: "
+                                f"{error}"})  # fmt: skip
+        if all("error" in answer for answer in answers):
+            raise failure
+        return answers
+
+    def generate(self, batch: list[Prepared], parameters: dict[str, Any]) -> list[dict]:
         """One `generate()` over the batch, its prompts left-padded."""
         import torch
 
@@ -180,26 +340,27 @@ class GenerationPredictor(Predictor):
         prompts = [prepared.model_inputs[0]["input_ids"] for prepared in batch]
         width = max(len(ids) for ids in prompts)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_ids()[0]
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+        choices = parameters.get("n", 1)
+        input_ids, mask = left_padded(prompts, width, pad, choices)
         kwargs = self.generate_kwargs(parameters, pad)
+        if batch[0].streamer is not None:
+            kwargs["streamer"] = batch[0].streamer  # the instance is alone in its batch
         if "seed" in parameters:
             torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
         with torch.inference_mode():
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
         stops = _stop_strings(parameters)
-        return [self.answer(row[width:], len(ids), stops)
-                for row, ids in zip(out.tolist(), prompts, strict=True)]  # fmt: skip
+        rows = [self.answer(row[width:], len(prompts[i // choices]), stops)
+                for i, row in enumerate(out.tolist())]  # fmt: skip
+        if choices == 1:
+            return rows
+        return [rows[start : start + choices] for start in range(0, len(rows), choices)]
 
     def generate_kwargs(self, parameters: dict[str, Any], pad: int) -> dict[str, Any]:
         """`generate()`'s arguments: the model's generation config, overridden by the request."""
-        config = self.pipe.model.generation_config
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": parameters.get("max_new_tokens")
-            or config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-            "pad_token_id": pad,
-        }  # fmt: skip
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens(parameters),
+                                  "pad_token_id": pad}  # fmt: skip
         temperature = parameters.get("temperature")
         if temperature == 0:
             kwargs |= {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -211,6 +372,12 @@ class GenerationPredictor(Predictor):
         if stops:
             kwargs |= {"stop_strings": stops, "tokenizer": self.pipe.tokenizer}
         return kwargs
+
+    def max_new_tokens(self, parameters: dict[str, Any]) -> int:
+        """The request's, else the model's generation_config.json's, else the default."""
+        config = self.pipe.model.generation_config
+        return (parameters.get("max_new_tokens") or config.max_new_tokens
+                or DEFAULT_MAX_NEW_TOKENS)  # fmt: skip
 
     def end_ids(self) -> list[int]:
         return end_of_turn_ids(self.pipe.model, self.pipe.tokenizer)
@@ -228,10 +395,22 @@ class GenerationPredictor(Predictor):
     def score(self, scored: list[tuple[Any, dict]], parameters: dict) -> dict[str, float]:
         """The share of answers equal to their reference (whitespace at the ends aside), and
         the mean tokens generated."""
-        exact = [str(reference).strip() == answer["text"].strip() for reference, answer in scored]
-        tokens = [answer["completion_tokens"] for _, answer in scored]
+        answers = [answer[0] if isinstance(answer, list) else answer for _, answer in scored]
+        references = [str(reference).strip() for reference, _ in scored]
+        exact = [reference == answer.get("text", "").strip() and "error" not in answer
+                 for reference, answer in zip(references, answers, strict=True)]  # fmt: skip
+        tokens = [answer.get("completion_tokens", 0) for answer in answers]
         return {"exact_match": sum(exact) / len(exact),
                 "mean_completion_tokens": sum(tokens) / len(tokens)}  # fmt: skip
+
+
+def left_padded(prompts: list[list[int]], width: int, pad: int, copies: int):
+    """The prompts' ids and attention mask, left-padded to `width`, each row `copies` times."""
+    import torch
+
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompts])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+    return input_ids.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
 
 
 def end_of_turn_ids(model, tokenizer) -> list[int]:

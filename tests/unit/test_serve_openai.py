@@ -1,0 +1,183 @@
+"""The generation server's OpenAI routes called as their users call them: the real OpenAI SDK
+pointed at a server on loopback, its answers compared with the server's own format for the
+same request (greedy), and the Vertex AI request forms (predict with `@requestFormat`)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.chat_models import FAMILIES, save_family_model
+from tests.support.served_app import serve, wait_ready
+from trainer.tasks.text_generation.serving import GenerationPredictor
+
+CHAT = [{"role": "user", "content": "What is two plus two?"}]
+PARTS = [{"role": "user", "content": [{"type": "text", "text": "What is"},
+                                       {"type": "text", "text": "two plus two?"}]}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny Llama whose generation config names no end-of-turn token (every answer as long
+    as asked), served; yields (base URL, OpenAI client)."""
+    from openai import OpenAI
+    from transformers import pipeline
+
+    folder = save_family_model(FAMILIES["llama"], tmp_path_factory.mktemp("llama"))
+    pipe = pipeline("text-generation", model=str(folder))
+    pipe.model.generation_config.eos_token_id = None
+    with serve(GenerationPredictor(pipe, "text-generation")) as url:
+        wait_ready(url)
+        yield url, OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def own_format(url: str, instance: dict, parameters: dict) -> dict:
+    body = {"instances": [instance], "parameters": parameters}
+    return httpx.post(url + "/predict", json=body, timeout=60).json()["predictions"][0]
+
+
+def test_the_sdk_completes_a_chat_as_the_servers_own_format_answers_it(served):
+    url, client = served
+    answer = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=6,
+                                            temperature=0)  # fmt: skip
+    own = own_format(url, {"messages": CHAT}, {"max_new_tokens": 6, "temperature": 0})
+    assert answer.object == "chat.completion" and answer.model == "tiny"
+    (choice,) = answer.choices
+    assert choice.message.role == "assistant"
+    assert (choice.message.content, choice.finish_reason) == (own["text"], "length")
+    assert answer.usage.prompt_tokens == own["prompt_tokens"]
+    assert answer.usage.completion_tokens == 6 == own["completion_tokens"]
+    assert answer.usage.total_tokens == own["prompt_tokens"] + 6
+    parts = client.chat.completions.create(model="tiny", messages=PARTS,
+                                           max_completion_tokens=6, temperature=0)  # fmt: skip
+    joined = [{"role": "user", "content": "What is\ntwo plus two?"}]
+    assert parts.choices[0].message.content == own_format(
+        url, {"messages": joined}, {"max_new_tokens": 6, "temperature": 0})["text"]  # fmt: skip
+
+
+def test_the_sdk_asks_for_n_choices_and_stop_strings(served):
+    url, client = served
+    several = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, n=3,
+                                             temperature=0)  # fmt: skip
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert len({c.message.content for c in several.choices}) == 1  # greedy: one answer
+    assert several.usage.completion_tokens == 12
+    free = own_format(url, {"messages": CHAT}, {"max_new_tokens": 12, "temperature": 0})["text"]
+    stop = next(c for c in free[1:] if c.isalnum())
+    stopped = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12,
+                                             temperature=0, stop=[stop])  # fmt: skip
+    assert stopped.choices[0].message.content == free[: free.index(stop, 1)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_the_sdk_streams_a_chat_chunk_by_chunk_with_its_usage(served):
+    url, client = served
+    whole = client.chat.completions.create(model="tiny", messages=PARTS, max_tokens=24,
+                                           temperature=0)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="tiny", messages=PARTS, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(texts) == whole.choices[0].message.content
+    assert len(texts) > 1  # pieces, not the whole answer at once
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
+def test_the_sdk_completes_and_streams_a_prompt(served):
+    url, client = served
+    answer = client.completions.create(model="tiny", prompt="The capital of France",
+                                       max_tokens=5, temperature=0)  # fmt: skip
+    own = own_format(url, {"prompt": "The capital of France"}, {"max_new_tokens": 5,
+                                                                "temperature": 0})  # fmt: skip
+    assert answer.choices[0].text == own["text"] and answer.usage.completion_tokens == 5
+    streamed = client.completions.create(model="tiny", prompt="The capital of France",
+                                         max_tokens=5, temperature=0, stream=True)  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed) == own["text"]
+    default = client.completions.create(model="tiny", prompt="Hello", temperature=0)
+    assert default.usage.completion_tokens == 16  # OpenAI's default length of a completion
+
+
+def test_the_sdk_is_told_what_the_server_cannot_honour(served):
+    from openai import BadRequestError
+
+    _, client = served
+    for extra, named in [({"logprobs": True}, "logprobs"), ({"max_tokens": 0}, "max_tokens"),
+                         ({"extra_body": {"frobnicate": 1}}, "frobnicate")]:  # fmt: skip
+        with pytest.raises(BadRequestError, match=named):
+            client.chat.completions.create(model="tiny", messages=CHAT, **extra)
+    with pytest.raises(BadRequestError, match="image_url"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}])  # fmt: skip
+
+
+def test_predict_takes_chat_completions_instances_as_model_garden_does(served):
+    url, client = served
+    instance = {"@requestFormat": "chatCompletions", "messages": PARTS, "max_tokens": 5,
+                "temperature": 0}  # fmt: skip
+    answer = httpx.post(url + "/predict", json={"instances": [instance, {"prompt": "Hi",
+                        "max_tokens": 2}]}, timeout=60).json()["predictions"]  # fmt: skip
+    sdk = client.chat.completions.create(model="tiny", messages=PARTS, max_tokens=5,
+                                         temperature=0)  # fmt: skip
+    assert answer[0]["object"] == "chat.completion"
+    assert answer[0]["choices"][0]["message"]["content"] == sdk.choices[0].message.content
+    assert answer[0]["usage"] == {
+        "prompt_tokens": sdk.usage.prompt_tokens,
+        "completion_tokens": 5,
+        "total_tokens": sdk.usage.total_tokens,
+    }
+    assert answer[1]["completion_tokens"] == 2
+
+
+def test_a_streamed_answer_comes_as_it_is_generated_not_at_the_end(served):
+    import time
+
+    _, client = served
+    started = time.monotonic()
+    arrivals = []
+    for chunk in client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=300,
+                                                temperature=0, stream=True):  # fmt: skip
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - started)
+    assert len(arrivals) > 10
+    assert arrivals[0] < arrivals[-1] / 3, arrivals  # the first piece long before the last
+
+
+def test_raw_predict_bodies_on_the_prediction_route_are_answered_as_openais(served):
+    """rawPredict and streamRawPredict pass the body as it is to the prediction route, as
+    Model Garden's notebooks send OpenAI bodies through them."""
+    import json
+
+    url, client = served
+    body = {"model": "tiny", "messages": PARTS, "max_tokens": 5, "temperature": 0}
+    raw = httpx.post(url + "/predict", json=body, timeout=60).json()
+    sdk = client.chat.completions.create(**body)
+    assert raw["object"] == "chat.completion"
+    assert raw["choices"][0]["message"]["content"] == sdk.choices[0].message.content
+    with httpx.stream("POST", url + "/predict", json=body | {"stream": True},
+                      timeout=60) as streamed:  # fmt: skip
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    pieces = [json.loads(line[6:])["choices"][0]["delta"].get("content") for line in lines[:-1]]
+    assert "".join(p for p in pieces if p) == sdk.choices[0].message.content
+    completion = httpx.post(
+        url + "/predict", timeout=60, json={"prompt": "Hello", "max_tokens": 3, "temperature": 0}
+    ).json()
+    assert completion["object"] == "text_completion"
+    assert completion["usage"]["completion_tokens"] == 3
+
+
+def test_a_prompt_too_long_for_its_tokens_is_refused_streamed_or_not(served):
+    from openai import APIError, BadRequestError
+
+    _, client = served
+    long = [{"role": "user", "content": "Hello " * 130}]
+    with pytest.raises(BadRequestError, match="positions"):
+        client.chat.completions.create(model="tiny", messages=long, max_tokens=200)
+    with pytest.raises(APIError, match="positions"):
+        list(client.chat.completions.create(model="tiny", messages=long, max_tokens=200,
+                                            stream=True))  # fmt: skip
