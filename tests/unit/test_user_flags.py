@@ -532,10 +532,11 @@ def test_train_val_split_in_the_speech_task(demo_assets):
 # folder of `bert_and_tables` ({root}). Each either plans a launch with the notice it
 # needs, or stops with one line that points the right way.
 ISSUE_LINES = [
-    # a dataset with a validation split, and no --eval_split_name (test by default)
+    # a dataset with a validation split and no test, and no --eval_split_name (test by
+    # default): evaluated on validation, said in one line (issue 52)
     ("--dataset_name {root}/mrpc --text_column_name sentence1,sentence2",
-     "error: " + 'Split "test" not found in {root}/mrpc: it has train, validation. '
-     "(--eval_split_name validation evaluates on its validation split; "),
+     "evaluation split: validation ({root}/mrpc has train and validation, no test; "
+     "--eval_split_name names another)"),
     # --test_file alone
     ("--test_file {root}/sentiment/test.csv --text_column_name sentence",
      "error: --test_file is given without --train_file: "),
