@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from tests.support.helpers import offline_dry_run as dry_run
-from tests.support.helpers import task_of
+from tests.support.helpers import resolved, task_of
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS
 from trainer.command_line.parser import accepted_spellings
+from trainer.common.errors import UserError
 from trainer.tasks.registry import load_task
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
@@ -309,3 +310,86 @@ def test_every_attention_choice_runs_or_is_refused_before_launch(given, said, ll
     else:
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(lines) == 1 and said in lines[0], err
+
+
+# -- the handbook's mixture of one dataset, Axolotl's and LLaMA-Factory's files ----------------
+
+
+def test_a_mixture_of_one_dataset_is_that_dataset_with_its_splits(llm, tmp_path, capsys):
+    """The alignment-handbook's `dataset_mixer: {ID: 1.0}` + `dataset_splits`, and TRL's
+    `dataset_mixture` of one dataset; several are refused in one line (mixed as streams)."""
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    for split in ("train_sft", "test_sft"):
+        (sft / f"{split}.jsonl").write_text((llm / "chats" / "train.jsonl").read_text())
+    model = {"model_name_or_path": str(llm / "llama")}
+    files = {
+        "handbook": {**model, "dataset_mixer": {str(sft): 1.0},
+                     "dataset_splits": ["train_sft", "test_sft"]},
+        "trl": {**model, "dataset_mixture": {"datasets": [{"path": str(sft),
+                                                           "split": "train_sft"}]},
+                "eval_strategy": "no"},
+    }  # fmt: skip
+    planned = {}
+    for name, content in files.items():
+        code, config, err = dry_run(["--config", write_yaml(tmp_path / "r.yaml", content)], capsys)
+        assert code == 0, err
+        data = config["flags"]["data"]
+        planned[name] = data["dataset_name"], data["train_split_name"], data["eval_split_name"]
+    assert planned == {"handbook": (str(sft), "train_sft", "test_sft"),
+                       "trl": (str(sft), "train_sft", "")}  # fmt: skip
+    two = {**model, "dataset_mixer": {str(sft): 0.5, str(llm / "chats"): 0.5}}
+    code, _, err = dry_run(["--config", write_yaml(tmp_path / "r.yaml", two)], capsys)
+    assert code == 2 and "--dataset_mixer is not a flag of this trainer" in err, err
+
+
+def planned_flags(config) -> dict:
+    """The resolved configuration's flags in the dry run's groups."""
+    return {"model": dataclasses.asdict(config.model), "data": dataclasses.asdict(config.data),
+            "task_options": config.task_options, "training": config.training.values}  # fmt: skip
+
+
+def test_an_axolotl_file_is_read_key_by_key(llm, tmp_path, capsys):
+    content = {"base_model": str(llm / "llama"), "strict": False,
+               "datasets": [{"path": str(llm / "kept"), "type": "chat_template"}],
+               "val_set_size": 0, "adapter": "qlora", "sequence_len": 512,
+               "sample_packing": True, "pad_to_sequence_len": True, "lora_r": 8,
+               "lora_target_linear": True, "micro_batch_size": 2, "num_epochs": 2,
+               "lr_scheduler": "cosine", "wandb_project": None, "bf16": "auto",
+               "train_on_inputs": False}  # fmt: skip
+    flags = planned_flags(resolved(["--config", write_yaml(tmp_path / "a.yaml", content)]))
+    assert flags["model"].items() >= {"model_name_or_path": str(llm / "llama"), "peft": "lora",
+                                   "load_in_4bit": True, "lora_r": 8,
+                                   "lora_target_modules": "all-linear"}.items()  # fmt: skip
+    assert flags["task_options"]["max_seq_length"] == 512 and flags["task_options"]["packing"]
+    assert flags["training"]["per_device_train_batch_size"] == 2
+    assert flags["training"]["num_train_epochs"] == 2
+    assert flags["data"]["eval_split_name"] == "validation"  # train and validation, no test
+    content["adapter"] = "lora"  # QLoRA needs a CUDA GPU, which the dry run here lacks
+    code, _, err = dry_run(["--config", write_yaml(tmp_path / "a.yaml", content)], capsys)
+    assert (
+        code == 0 and "Axolotl file: its keys are read as this trainer's flags" in err.splitlines()
+    )
+    notices = [line for line in err.splitlines() if "(Axolotl) ignored" in line]
+    assert notices == ["pad_to_sequence_len (Axolotl) ignored: each batch pads to its longest "
+                       "example"], err  # fmt: skip
+    content["lora_fan_in_fan_out"] = True
+    code, _, err = dry_run(["--config", write_yaml(tmp_path / "a.yaml", content)], capsys)
+    assert code == 2 and err == ("error: lora_fan_in_fan_out (Axolotl) is not read here: python "
+                                 "-m trainer --help lists this trainer's flags "
+                                 "(docs/launching.md).\n")  # fmt: skip
+
+
+def test_a_llama_factory_file_is_read_key_by_key(llm, tmp_path):
+    content = {"model_name_or_path": str(llm / "llama"), "stage": "sft", "do_train": True,
+               "finetuning_type": "lora", "lora_target": "q_proj,v_proj", "lora_rank": 4,
+               "dataset": str(llm / "chats"), "template": "llama3", "cutoff_len": 256,
+               "val_size": 0.25}  # fmt: skip
+    flags = planned_flags(resolved(["--config", write_yaml(tmp_path / "f.yaml", content)]))
+    assert flags["model"]["peft"] == "lora" and flags["model"]["lora_r"] == 4
+    assert flags["model"]["lora_target_modules"] == "q_proj,v_proj"
+    assert flags["task_options"]["max_seq_length"] == 256
+    assert flags["data"]["train_val_split"] == 0.25
+    content["stage"] = "dpo"
+    with pytest.raises(UserError, match=r"^stage \(LLaMA-Factory\) dpo: text-generation here is "):
+        resolved(["--config", write_yaml(tmp_path / "f.yaml", content)])

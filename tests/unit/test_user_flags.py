@@ -30,8 +30,10 @@ from trainer.command_line.foreign_flags import (
     markdown_table,
 )
 from trainer.command_line.parser import known_flags
+from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.node import machine
+from trainer.settings.run_config import Hardware
 
 # Every dataclass field of the Hugging Face example scripts (examples/pytorch/..., current
 # and earlier revisions), the Whisper event's additions, transformers 4.57's
@@ -664,3 +666,527 @@ def test_trls_space_separated_lora_target_modules_are_read_as_its_list(llama_and
     assert every > 4 * spaced[0]
     code, _, err = dry_run([*base, "--lora_target_modules", "q_proj", "v_proj", "r.yaml"], capsys)
     assert code != 0 and "argument(s) that are no flag's value" in err  # not a module name
+
+
+# The lines and files LLM users bring (issue 52), copied from their public sources with only
+# the model and dataset ids pointed at local tiny copies (@QWEN@: a tiny Qwen2, whose end of
+# turn is <|im_end|>; @LLAMA@: a tiny Llama; @CHATS@: chats in train and test; @SFT@: in
+# train_sft and test_sft, the handbook's split names of ultrachat_200k; @KEPT@: in train and
+# validation). Each is planned on this CPU machine ("accepted"), or refused in one line there
+# only for want of a GPU and planned by resolution on an 8 x H100 node ("gpu: LINE"), or
+# refused in one line naming what to use ("refused: LINE"): never a bare refusal, never a
+# traceback.
+TRL_SFT_DOCSTRING = (
+    "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --learning_rate 2.0e-5 "
+    "--num_train_epochs 1 --packing --per_device_train_batch_size 2 "
+    "--gradient_accumulation_steps 8 --eos_token '<|im_end|>' --eval_strategy steps "
+    "--eval_steps 100 --output_dir Qwen2-0.5B-SFT"
+)
+HANDBOOK_CHAT_TEMPLATE = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+    "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ "
+    "'<|system|>\n' + message['content'] + eos_token }}\n{% elif message['role'] == "
+    "'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+    "{% endfor %}"
+)
+ZEPHYR_SFT_FULL = """# Model arguments
+model_name_or_path: @LLAMA@
+model_revision: main
+torch_dtype: bfloat16
+use_flash_attention_2: true
+
+# Data training arguments
+dataset_mixer:
+  @SFT@: 1.0
+dataset_splits:
+- train_sft
+- test_sft
+preprocessing_num_workers: 12
+
+# SFT trainer config
+bf16: true
+do_eval: true
+evaluation_strategy: epoch
+gradient_accumulation_steps: 2
+gradient_checkpointing: true
+hub_model_id: zephyr-7b-sft-full
+hub_strategy: every_save
+learning_rate: 2.0e-05
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+max_seq_length: 2048
+max_steps: -1
+num_train_epochs: 1
+output_dir: data/zephyr-7b-sft-full
+overwrite_output_dir: true
+per_device_eval_batch_size: 16
+per_device_train_batch_size: 32
+push_to_hub: true
+remove_unused_columns: true
+report_to:
+- tensorboard
+save_strategy: "no"
+save_total_limit: null
+seed: 42
+tf32: true
+"""
+ZEPHYR_SFT_QLORA = """# Model arguments
+model_name_or_path: @LLAMA@
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: sdpa
+
+# LoRA arguments
+load_in_4bit: true
+use_peft: true
+lora_r: 16
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_modules:
+- q_proj
+- k_proj
+- v_proj
+- o_proj
+- gate_proj
+- up_proj
+- down_proj
+
+# Data training arguments
+chat_template: @TEMPLATE@
+dataset_mixer:
+  @SFT@: 1.0
+dataset_splits:
+- train_sft
+- test_sft
+preprocessing_num_workers: 12
+
+# SFT trainer config
+bf16: true
+do_eval: true
+eval_strategy: epoch
+gradient_accumulation_steps: 2
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: zephyr-7b-sft-qlora
+hub_strategy: every_save
+learning_rate: 2.0e-04
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+max_seq_length: 2048
+max_steps: -1
+num_train_epochs: 1
+output_dir: data/zephyr-7b-sft-qlora
+overwrite_output_dir: true
+per_device_eval_batch_size: 8
+per_device_train_batch_size: 4
+push_to_hub: true
+report_to:
+- tensorboard
+save_strategy: "steps"
+save_steps: 100
+save_total_limit: 1
+seed: 42
+warmup_ratio: 0.1
+"""
+ZEPHYR_SFT_LORA = """# Model arguments
+model_name_or_path: @LLAMA@
+torch_dtype: auto
+use_flash_attention_2: true
+
+# LoRA arguments
+use_peft: true
+lora_r: 64
+lora_alpha: 16
+lora_dropout: 0.1
+lora_target_modules:
+- q_proj
+- k_proj
+- v_proj
+- o_proj
+
+# Data training arguments
+dataset_mixer:
+  @SFT@: 1.0
+dataset_splits:
+- train_sft
+- test_sft
+preprocessing_num_workers: 12
+
+# SFT trainer config
+bf16: true
+do_eval: true
+evaluation_strategy: epoch
+gradient_accumulation_steps: 128
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: zephyr-7b-sft-lora
+hub_strategy: every_save
+learning_rate: 2.0e-05
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+max_seq_length: 2048
+max_steps: -1
+num_train_epochs: 1
+output_dir: data/zephyr-7b-sft-lora
+overwrite_output_dir: true
+per_device_eval_batch_size: 8
+per_device_train_batch_size: 4
+push_to_hub: true
+report_to:
+- tensorboard
+save_strategy: "no"
+save_total_limit: null
+seed: 42
+"""
+OPEN_R1_QWEN_DEMO = """# Model arguments
+model_name_or_path: @QWEN@
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+
+# Data training arguments
+dataset_name: @CHATS@
+dataset_configs:
+- all
+dataset_num_proc: 8
+
+# SFT trainer config
+bf16: true
+do_eval: true
+eval_strategy: steps
+eval_steps: 100
+gradient_accumulation_steps: 8
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: Qwen2.5-1.5B-Open-R1-Distill
+hub_strategy: every_save
+learning_rate: 2.0e-05
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+packing: true
+max_seq_length: 4096
+max_steps: -1
+num_train_epochs: 1
+output_dir: data/Qwen2.5-1.5B-Open-R1-Distill
+overwrite_output_dir: true
+per_device_eval_batch_size: 4
+per_device_train_batch_size: 2
+push_to_hub: true
+report_to:
+- wandb
+save_strategy: "no"
+seed: 42
+warmup_ratio: 0.1
+"""
+OPEN_R1_SMOLLM2 = """# Model arguments
+# You can download the model and manually change the rope (... comment cut)
+model_name_or_path: @LLAMA@
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: sdpa
+
+# Data training arguments
+dataset_name: @CHATS@
+dataset_num_proc: 48
+
+#SFT hyperparam
+max_seq_length: 8192 # You can set this to 32768 if you change the rope (... cut)
+weight_decay: 0.0001
+optim: adamw_torch
+lr_scheduler_type: linear
+warmup_ratio: 0.1
+learning_rate: 5.0e-05
+gradient_accumulation_steps: 2
+per_device_eval_batch_size: 4
+per_device_train_batch_size: 4 # Change this depending on the context length (... cut)
+
+# SFT trainer config
+max_steps: -1
+num_train_epochs: 3
+bf16: true
+do_eval: false
+eval_strategy: 'no'
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: OpenR1-Qwen-7B-SFT
+hub_strategy: every_save
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+packing: true
+output_dir: data/OpenR1-Qwen-7B-SFT
+overwrite_output_dir: true
+report_to:
+- tensorboard
+save_strategy: "steps"
+save_steps: 500
+save_total_limit: 1
+seed: 42
+"""
+AXOLOTL_LORA_1B = """base_model: @LLAMA@
+# Automatically upload checkpoint and final model to HF
+# hub_model_id: username/custom_model_name
+strict: false
+
+datasets:
+  - path: @KEPT@
+    type: @TYPE@
+dataset_prepared_path: last_run_prepared
+val_set_size: 0.1
+output_dir: ./outputs/lora-out
+
+adapter: @ADAPTER@
+lora_model_dir:
+
+sequence_len: 2048
+sample_packing: true
+eval_sample_packing: true
+pad_to_sequence_len: true
+
+lora_r: 16
+lora_alpha: 32
+lora_dropout: 0.05
+lora_target_modules:
+  - gate_proj
+  - down_proj
+  - up_proj
+  - q_proj
+  - v_proj
+  - k_proj
+  - o_proj
+
+wandb_project:
+wandb_entity:
+wandb_watch:
+wandb_name:
+wandb_log_model:
+
+gradient_accumulation_steps: 2
+micro_batch_size: 2
+num_epochs: 1
+optimizer: @OPTIMIZER@
+lr_scheduler: cosine
+learning_rate: 0.0002
+
+bf16: auto
+tf32: false
+
+gradient_checkpointing: true
+resume_from_checkpoint:
+logging_steps: 1
+@FLASH@
+
+loss_watchdog_threshold: 5.0
+loss_watchdog_patience: 3
+
+warmup_steps: 10
+@EVALS@
+weight_decay: 0.0
+special_tokens:
+  pad_token: "<|end_of_text|>"
+"""
+LLAMA_FACTORY_LORA_SFT = """### model
+model_name_or_path: @LLAMA@
+
+### method
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_target: all
+
+### dataset
+dataset: @DATASET@
+template: llama3
+cutoff_len: 1024
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+
+### output
+output_dir: saves/llama3-8b/lora/sft
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+
+### eval
+val_size: 0.1
+per_device_eval_batch_size: 1
+eval_strategy: steps
+eval_steps: 500
+"""
+AXOLOTL = "axolotl examples/llama-3/lora-1b.yml"
+AXOLOTL_QLORA = "axolotl examples/llama-3/qlora-1b.yml"
+
+
+def axolotl(type_="chat_template", adapter="lora", optimizer="adamw_torch", flash="",
+            evals="") -> str:  # fmt: skip
+    """Axolotl's lora-1b.yml (qlora-1b.yml: adapter qlora, optimizer adamw_bnb_8bit), with
+    its dataset type, optimizer, `flash_attention: true` and `evals_per_epoch: 4
+    saves_per_epoch: 1` as published or left as this machine runs them."""
+    return (AXOLOTL_LORA_1B.replace("@TYPE@", type_).replace("@ADAPTER@", adapter)
+            .replace("@OPTIMIZER@", optimizer).replace("@FLASH@", flash)
+            .replace("@EVALS@", evals))  # fmt: skip
+
+
+USERS_LLM_LINES = [
+    # (source, line or file, verdict)
+    ("TRL README.md, Command Line Interface (trl sft)",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir Qwen2.5-0.5B-SFT",
+     "accepted"),
+    ("TRL README.md (2024), trl sft on imdb",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir opt-sft-imdb",
+     "accepted"),
+    ("TRL docs clis.md, minimal examples",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir runs/sft", "accepted"),
+    ("TRL trl/scripts/sft.py docstring (1.16.0), full training", TRL_SFT_DOCSTRING, "accepted"),
+    ("TRL trl/scripts/sft.py docstring (1.16.0), LoRA", TRL_SFT_DOCSTRING.replace(
+        "2.0e-5", "2.0e-4") + " --use_peft --lora_r 32 --lora_alpha 16", "accepted"),
+    ("TRL sft.py docstring, with --push_to_hub as published",
+     TRL_SFT_DOCSTRING + " --push_to_hub", "refused: --push_to_hub"),
+    ("trl-jobs / TRL docs, QLoRA finetune step",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --load_in_4bit --use_peft --lora_r 16 "
+     "--lora_alpha 32 --dtype bfloat16 --output_dir outputs", "gpu: "),
+    ("TRL docs clis.md, trl sft with --accelerate_config",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --accelerate_config zero2", "accepted"),
+    ("TRL docs clis.md, --accelerate_config fsdp2",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --accelerate_config fsdp2",
+     "refused: --accelerate_config takes one of zero2, zero3, multi_gpu, single_gpu"),
+    ("trl-jobs, --peft with no value",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --peft", "accepted"),
+    ("LLaMA-Factory CLI, --lora_rank",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --use_peft --lora_rank 8", "accepted"),
+    ("HF transformers run_clm.py README, --train_file/--validation_file",
+     "--model_name_or_path @LLAMA@ --train_file @KEPT@/train.jsonl --validation_file "
+     "@KEPT@/validation.jsonl --per_device_train_batch_size 8 --per_device_eval_batch_size 8 "
+     "--do_train --do_eval --output_dir /tmp/test-clm", "accepted"),
+    ("open-r1 README, --chat_template inline (users' `$(cat t.jinja)`)",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --chat_template @TEMPLATE@",
+     "accepted"),
+    ("alignment-handbook (older) run_sft.py, --use_flash_attention_2",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --use_flash_attention_2",
+     "refused: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("HF blog 'Fine-tune Llama 3 with PyTorch FSDP and Q-Lora', --log_with",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --log_with tensorboard", "accepted"),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_full.yaml", ZEPHYR_SFT_FULL,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("alignment-handbook config_full.yaml, use_flash_attention_2 left out (this image)",
+     ZEPHYR_SFT_FULL.replace("use_flash_attention_2: true\n", ""), "gpu: "),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_qlora.yaml (attn sdpa)",
+     ZEPHYR_SFT_QLORA, "gpu: "),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_lora.yaml", ZEPHYR_SFT_LORA,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("open-r1 recipes/Qwen2.5-1.5B-Instruct/sft/config_demo.yaml", OPEN_R1_QWEN_DEMO,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("open-r1 config_demo.yaml with sdpa and report_to tensorboard (this image)",
+     OPEN_R1_QWEN_DEMO.replace("flash_attention_2", "sdpa").replace("- wandb", "- tensorboard")
+     .replace("push_to_hub: true\n", "").replace("- all", "- default"), "gpu: "),
+    ("open-r1 recipes/SmolLM2-1.7B-Instruct/sft/config.yaml (report_to tensorboard)",
+     OPEN_R1_SMOLLM2.replace("push_to_hub: true\n", ""), "gpu: "),
+    (AXOLOTL, axolotl("alpaca", optimizer="adamw_8bit", flash="flash_attention: true",
+                      evals="evals_per_epoch: 4\nsaves_per_epoch: 1"),
+     "refused: datasets (Axolotl) type alpaca: its rows are not read here"),
+    (f"{AXOLOTL}, chats (type chat_template), no evals_per_epoch", axolotl(
+        optimizer="adamw_8bit", flash="flash_attention: true"),
+     "refused: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    (f"{AXOLOTL}, chats, without flash_attention", axolotl(
+        optimizer="adamw_8bit", evals="evals_per_epoch: 4\nsaves_per_epoch: 1"),
+     "refused: evals_per_epoch (Axolotl) is not read here: give --eval_strategy steps"),
+    (f"{AXOLOTL}, chats, as this machine runs it", axolotl(), "accepted"),
+    (f"{AXOLOTL_QLORA}, chats", axolotl(adapter="qlora", optimizer="adamw_bnb_8bit"), "gpu: "),
+    ("LLaMA-Factory examples/train_lora/llama3_lora_sft.yaml",
+     LLAMA_FACTORY_LORA_SFT.replace("@DATASET@", "identity,alpaca_en_demo"),
+     "refused: dataset (LLaMA-Factory) identity,alpaca_en_demo: its dataset_info.json names"),
+    ("LLaMA-Factory llama3_lora_sft.yaml, dataset a local folder of chats",
+     LLAMA_FACTORY_LORA_SFT.replace("@DATASET@", "@CHATS@"), "gpu: "),
+]  # fmt: skip
+H100_NODE = Hardware(gpu_count=8, gpu_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0),
+                     cpu_count=26, shm_bytes=256 << 30, gpu_memory_bytes=80 << 30)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llm_assets(tmp_path_factory):
+    """Tiny Qwen2 and Llama models (their real config classes, shrunk; their special tokens
+    and chat templates) and folders of chats with the splits the sources name."""
+    from tests.support.chat_models import FAMILIES, save_family_model
+
+    root = tmp_path_factory.mktemp("llm-lines")
+    for family in ("qwen2", "llama"):
+        save_family_model(FAMILIES[family], root / family)
+    chat = {"messages": [{"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}]}  # fmt: skip
+    rows = "\n".join([json.dumps(chat)] * 8)
+    for folder, splits in (("chats", ("train", "test")), ("sft", ("train_sft", "test_sft")),
+                           ("kept", ("train", "validation"))):  # fmt: skip
+        (root / folder).mkdir()
+        for split in splits:
+            (root / folder / f"{split}.jsonl").write_text(rows)
+    return root
+
+
+def users_line(text: str, root, tmp_path) -> list[str]:
+    """The line's arguments, or `--config FILE` for a file, with the local copies named."""
+    places = {"@QWEN@": root / "qwen2", "@LLAMA@": root / "llama", "@CHATS@": root / "chats",
+              "@SFT@": root / "sft", "@KEPT@": root / "kept"}  # fmt: skip
+    for mark, path in places.items():
+        text = text.replace(mark, str(path))
+    if "\n" not in text:
+        return [token.replace("@TEMPLATE@", HANDBOOK_CHAT_TEMPLATE) for token in
+                shlex.split(text)]  # fmt: skip
+    text = text.replace("@TEMPLATE@", json.dumps(HANDBOOK_CHAT_TEMPLATE))
+    (tmp_path / "recipe.yaml").write_text(text)
+    return ["--config", str(tmp_path / "recipe.yaml")]
+
+
+def test_the_users_llm_lines_are_counted():
+    assert len(USERS_LLM_LINES) >= 25
+    assert all(source and text for source, text, _ in USERS_LLM_LINES)
+
+
+@pytest.mark.parametrize(("source", "text", "verdict"), USERS_LLM_LINES,
+                         ids=[source for source, _, _ in USERS_LLM_LINES])  # fmt: skip
+def test_the_users_llm_lines_run_or_name_what_to_use(source, text, verdict, llm_assets,
+                                                     tmp_path, capsys):  # fmt: skip
+    from tests.support.helpers import resolved
+
+    args = users_line(text, llm_assets, tmp_path)
+    code, _, err = dry_run(args, capsys)
+    assert "Traceback" not in err and "Unknown flag" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    if verdict == "accepted":
+        assert code == 0, err
+        return
+    assert code == 2 and len(errors) == 1, err
+    if verdict.startswith("gpu: "):
+        assert re.search("GPU|Ampere", errors[0]), err  # this machine has none
+        on_gpus = verdict.removeprefix("gpu: ")
+        if not on_gpus:
+            resolved([*args, "--skip_hub_check"], H100_NODE)  # planned on a GPU node
+            return
+        with pytest.raises(UserError, match=re.escape(on_gpus)):  # the next line it gets
+            resolved([*args, "--skip_hub_check"], H100_NODE)
+    else:
+        assert verdict.removeprefix("refused: ") in errors[0], err

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from trainer.command_line.foreign_files import known_names, translate_file
 from trainer.common.errors import UserError
 from trainer.settings.launcher_flags import LauncherArguments
 from trainer.settings.output_flags import OutputArguments
@@ -99,15 +100,29 @@ def locate_config_file(name: str) -> Path:
 
 
 def config_file_flags(path: Path) -> list[str]:
+    """The flags a recipe file gives (an Axolotl or LLaMA-Factory file's keys translated:
+    trainer/command_line/foreign_files.py)."""
+    return _file_flags(path)[0]
+
+
+def config_file_notices(argv: list[str]) -> list[str]:
+    """The notices of the recipe file `argv` names (an Axolotl or LLaMA-Factory file's keys
+    ignored), for the launcher to print; none without one."""
+    name = config_argument(argv)[0]
+    return [] if name is None else _file_flags(locate_config_file(name))[1]
+
+
+def _file_flags(path: Path) -> tuple[list[str], list[str]]:
     try:
         content = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         message = " ".join(str(error).split())
         raise UserError(f"Config file {path} is not valid YAML: {message}") from None
     if content is None:
-        return []
+        return [], []
     if not isinstance(content, dict):
         raise UserError(f"Config file {path} must map flag names to values.")
+    content, notices = translate_file(content, known_names)
     if "env" in content:
         raise UserError(f"Config file {path}: env (TRL's environment variables) is not read: "
                         "set them in the job's environment (docker run -e, or the job "
@@ -118,7 +133,7 @@ def config_file_flags(path: Path) -> list[str]:
             continue
         flags.append(f"--{key}")
         flags.extend(_flag_values(f"--{key}", value))
-    return flags
+    return flags, notices
 
 
 def _flag_values(name: str, value: object) -> list[str]:

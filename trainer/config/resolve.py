@@ -43,6 +43,7 @@ from trainer.command_line.recipes import (
     RECIPES_DIR,
     command_line,
     config_file_flags,
+    config_file_notices,
     expand_config_file,
 )
 from trainer.common.cache import cache_dir
@@ -70,6 +71,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     check_repeated_flags(command_line(argv))  # a recipe's flags may be given again
     expanded = expand_config_file(argv)
     translated, notices = translate_example_flags(expanded)
+    notices = [*config_file_notices(argv), *notices]
     launcher, training_argv = split_launcher_flags(translated)
     topology = resolve_topology(
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
@@ -226,14 +228,21 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
         return replace(data, eval_split_name=""), [
             f"evaluation off ({how}): no evaluation split is read"
         ]
-    validation_file = getattr(flags.task_options, "validation_file", None)
-    if getattr(flags.task_options, "train_file", None) and "--eval_split_name" not in given:
-        if validation_file:
+    if "--eval_split_name" in given:
+        return data, []
+    return default_evaluation_split(data, flags.task_options)
+
+
+def default_evaluation_split(data: DataArguments, options: Any) -> tuple[DataArguments, list[str]]:
+    """The evaluation split where the user names none: with --train_file, --validation_file's
+    if given, else none; a local folder's validation split where it has no test; else test."""
+    if getattr(options, "train_file", None):
+        if getattr(options, "validation_file", None):
             return replace(data, eval_split_name="validation"), []
         return replace(data, eval_split_name=""), [
             "no --validation_file: no evaluation (--train_val_split makes one)"
         ]
-    if "--eval_split_name" not in given and validation_in_place_of_test(data):
+    if validation_in_place_of_test(data):
         return replace(data, eval_split_name="validation"), [
             f"evaluation split: validation ({data.dataset_name} has train and validation, "
             "no test; --eval_split_name names another)"
