@@ -224,9 +224,9 @@ def header(selected: Selection, sections: list[Section], hidden: int, width: int
     lines += [
         _fill(
             "Fine-tunes a Hugging Face model; runs once on every node. A first argument "
-            "ending in .yaml is a recipe: a file of flags, or one shipped in trainer/recipes/ "
-            f"(this task's: {recipes}); flags after it override it. No model and no dataset "
-            "runs the built-in demo.",
+            "ending in .yaml, or --config FILE.yaml (TRL's), is a recipe: a file of flags, or "
+            f"one shipped in trainer/recipes/ (this task's: {recipes}); flags override it. No "
+            "model and no dataset runs the built-in demo.",
             width,
         ),
         "",
