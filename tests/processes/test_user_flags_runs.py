@@ -39,3 +39,42 @@ def test_a_train_only_sentence_pair_job_trains_with_two_processes_and_train_val_
     assert "evaluation split: 0.15 of split train, drawn with seed 42" in output
     assert "on 9 eval examples" in output and 0 <= results["eval_accuracy"] <= 1, results
     assert re.findall(r"step (\d+)/6", output)[-1] == "6"
+
+
+@pytest.mark.slow
+def test_users_llm_recipes_train_for_three_steps(tmp_path):
+    """LLM users' files as published (tests/support/llm_recipes.py), through
+    the real `python -m trainer --config FILE` for 3 steps on one tiny Llama, each delivering a
+    model: the alignment-handbook's zephyr QLoRA recipe (its inline chat template, its
+    `dataset_mixer` of one dataset with `dataset_splits`, `model_revision: main`, a
+    `report_to` list) as this CPU runs it (no 4-bit base, no bf16 weights or steps), and
+    Axolotl's lora-1b.yml (chats, `bf16: auto`, `val_set_size`)."""
+    from tests.support.chat_models import FAMILIES, save_family_model
+    from tests.support.llm_recipes import HANDBOOK_CHAT_TEMPLATE, ZEPHYR_SFT_QLORA, axolotl
+
+    save_family_model(FAMILIES["llama"], tmp_path / "llama")
+    chat = {"messages": [{"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}]}  # fmt: skip
+    for folder, splits in (("sft", ("train_sft", "test_sft")), ("kept", ("train", "validation"))):
+        (tmp_path / folder).mkdir()
+        for split in splits:
+            (tmp_path / folder / f"{split}.jsonl").write_text("\n".join([json.dumps(chat)] * 16))
+    handbook = (ZEPHYR_SFT_QLORA.replace("load_in_4bit: true\n", "")
+                .replace("bf16: true\n", "").replace("torch_dtype: bfloat16\n", "")
+                .replace("push_to_hub: true\n", "")
+                .replace("@TEMPLATE@", json.dumps(HANDBOOK_CHAT_TEMPLATE)))  # fmt: skip
+    files = {"handbook": handbook, "axolotl": axolotl()}
+    for name, text in files.items():
+        for mark, path in (("@LLAMA@", "llama"), ("@SFT@", "sft"), ("@KEPT@", "kept")):
+            text = text.replace(mark, str(tmp_path / path))
+        (tmp_path / f"{name}.yaml").write_text(text)
+        cwd = tmp_path / name
+        cwd.mkdir()
+        args = ["--config", str(tmp_path / f"{name}.yaml"), "--max_steps", "3",
+                "--nproc_per_node", "1", "--deepspeed", "none", "--output_dir", "out",
+                "--max_seq_length", "64", "--save_strategy", "no",
+                "--logging_steps", "1"]  # fmt: skip
+        code, output = run_trainer(args, cwd=cwd, env=trainer_env(tmp_path / "cache"))
+        assert code == 0, (name, output[-3000:])
+        assert re.findall(r"step (\d+)/3", output)[-1] == "3", output[-2000:]
+        assert (cwd / "out" / "model" / "config.json").is_file(), name

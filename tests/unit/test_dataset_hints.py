@@ -48,7 +48,6 @@ def on(root, dataset="mrpc") -> list:
 @pytest.mark.parametrize(
     ("splits", "hint"),
     [
-        (("train", "validation"), "(--eval_split_name validation evaluates on its validation"),
         (("train", "dev"), "(--eval_split_name dev evaluates on its dev split; "),
         (("train",), "(no evaluation split? --train_val_split 0.15 takes one from the"),
     ],

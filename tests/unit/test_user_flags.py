@@ -15,6 +15,19 @@ from datasets import load_dataset
 
 from tests.support.helpers import CPU, checked_task, speech_task, task_of
 from tests.support.helpers import offline_dry_run as dry_run
+from tests.support.llm_recipes import (
+    AXOLOTL,
+    AXOLOTL_QLORA,
+    HANDBOOK_CHAT_TEMPLATE,
+    LLAMA_FACTORY_LORA_SFT,
+    OPEN_R1_QWEN_DEMO,
+    OPEN_R1_SMOLLM2,
+    TRL_SFT_DOCSTRING,
+    ZEPHYR_SFT_FULL,
+    ZEPHYR_SFT_LORA,
+    ZEPHYR_SFT_QLORA,
+    axolotl,
+)
 from tests.support.tiny_assets import (
     build_tiny_bert,
     build_tiny_vit,
@@ -30,8 +43,10 @@ from trainer.command_line.foreign_flags import (
     markdown_table,
 )
 from trainer.command_line.parser import known_flags
+from trainer.common.errors import UserError
 from trainer.launcher import main as launch
 from trainer.node import machine
+from trainer.settings.run_config import Hardware
 
 # Every dataclass field of the Hugging Face example scripts (examples/pytorch/..., current
 # and earlier revisions), the Whisper event's additions, transformers 4.57's
@@ -532,10 +547,11 @@ def test_train_val_split_in_the_speech_task(demo_assets):
 # folder of `bert_and_tables` ({root}). Each either plans a launch with the notice it
 # needs, or stops with one line that points the right way.
 ISSUE_LINES = [
-    # a dataset with a validation split, and no --eval_split_name (test by default)
+    # a dataset with a validation split and no test, and no --eval_split_name (test by
+    # default): evaluated on validation, said in one line (issue 52)
     ("--dataset_name {root}/mrpc --text_column_name sentence1,sentence2",
-     "error: " + 'Split "test" not found in {root}/mrpc: it has train, validation. '
-     "(--eval_split_name validation evaluates on its validation split; "),
+     "evaluation split: validation ({root}/mrpc has train and validation, no test; "
+     "--eval_split_name names another)"),
     # --test_file alone
     ("--test_file {root}/sentiment/test.csv --text_column_name sentence",
      "error: --test_file is given without --train_file: "),
@@ -663,3 +679,151 @@ def test_trls_space_separated_lora_target_modules_are_read_as_its_list(llama_and
     assert every > 4 * spaced[0]
     code, _, err = dry_run([*base, "--lora_target_modules", "q_proj", "v_proj", "r.yaml"], capsys)
     assert code != 0 and "argument(s) that are no flag's value" in err  # not a module name
+
+
+# The lines and files LLM users bring (issue 52), copied from their public sources with only
+# the model and dataset ids pointed at local tiny copies (@QWEN@: a tiny Qwen2, whose end of
+# turn is <|im_end|>; @LLAMA@: a tiny Llama; @CHATS@: chats in train and test; @SFT@: in
+# train_sft and test_sft, the handbook's split names of ultrachat_200k; @KEPT@: in train and
+# validation). Each is planned on this CPU machine ("accepted"), or refused in one line there
+# only for want of a GPU and planned by resolution on an 8 x H100 node ("gpu: LINE"), or
+# refused in one line naming what to use ("refused: LINE"): never a bare refusal, never a
+# traceback.
+USERS_LLM_LINES = [
+    # (source, line or file, verdict)
+    ("TRL README.md, Command Line Interface (trl sft)",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir Qwen2.5-0.5B-SFT",
+     "accepted"),
+    ("TRL README.md (an earlier revision), trl sft on imdb",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir opt-sft-imdb",
+     "accepted"),
+    ("TRL docs clis.md, minimal examples",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --output_dir runs/sft", "accepted"),
+    ("TRL trl/scripts/sft.py docstring (1.16.0), full training", TRL_SFT_DOCSTRING, "accepted"),
+    ("TRL trl/scripts/sft.py docstring (1.16.0), LoRA", TRL_SFT_DOCSTRING.replace(
+        "2.0e-5", "2.0e-4") + " --use_peft --lora_r 32 --lora_alpha 16", "accepted"),
+    ("TRL sft.py docstring, with --push_to_hub as published",
+     TRL_SFT_DOCSTRING + " --push_to_hub", "refused: --push_to_hub"),
+    ("a public fine-tuning guide quoting TRL's docs, trl sft QLoRA step",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --load_in_4bit --use_peft --lora_r 16 "
+     "--lora_alpha 32 --dtype bfloat16 --output_dir outputs", "gpu: "),
+    ("TRL's CLI as issue 52 quotes it, --accelerate_config zero2",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --accelerate_config zero2", "accepted"),
+    ("TRL's CLI, --accelerate_config fsdp2 (trl/accelerate_configs)",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --accelerate_config fsdp2",
+     "refused: --accelerate_config takes one of zero2, zero3, multi_gpu, single_gpu"),
+    ("trl-jobs as issue 52 quotes it, --peft with no value",
+     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --peft", "accepted"),
+    ("LLaMA-Factory's lora_rank on the command line (issue 52)",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --use_peft --lora_rank 8", "accepted"),
+    ("HF transformers run_clm.py README, --train_file/--validation_file",
+     "--model_name_or_path @LLAMA@ --train_file @KEPT@/train.jsonl --validation_file "
+     "@KEPT@/validation.jsonl --per_device_train_batch_size 8 --per_device_eval_batch_size 8 "
+     "--do_train --do_eval --output_dir /tmp/test-clm", "accepted"),
+    ("users' --chat_template \"$(cat t.jinja)\" (issue 52), the handbook's zephyr template",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --chat_template @TEMPLATE@",
+     "accepted"),
+    ("alignment-handbook config_full.yaml's use_flash_attention_2, on the command line",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --use_flash_attention_2",
+     "refused: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("older TRL example scripts' --log_with (accelerate's tracker, issue 52)",
+     "--model_name_or_path @LLAMA@ --dataset_name @CHATS@ --log_with tensorboard", "accepted"),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_full.yaml", ZEPHYR_SFT_FULL,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("alignment-handbook config_full.yaml, use_flash_attention_2 left out (this image)",
+     ZEPHYR_SFT_FULL.replace("use_flash_attention_2: true\n", ""), "gpu: "),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_qlora.yaml (attn sdpa)",
+     ZEPHYR_SFT_QLORA, "gpu: "),
+    ("alignment-handbook recipes/zephyr-7b-beta/sft/config_lora.yaml", ZEPHYR_SFT_LORA,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("open-r1 recipes/Qwen2.5-1.5B-Instruct/sft/config_demo.yaml", OPEN_R1_QWEN_DEMO,
+     "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("open-r1 config_demo.yaml with sdpa and report_to tensorboard (this image)",
+     OPEN_R1_QWEN_DEMO.replace("flash_attention_2", "sdpa").replace("- wandb", "- tensorboard")
+     .replace("push_to_hub: true\n", "").replace("- all", "- default"), "gpu: "),
+    ("open-r1 recipes/SmolLM2-1.7B-Instruct/sft/config.yaml (report_to tensorboard)",
+     OPEN_R1_SMOLLM2.replace("push_to_hub: true\n", ""), "gpu: "),
+    (AXOLOTL, axolotl("alpaca", optimizer="adamw_8bit", flash="flash_attention: true",
+                      evals="evals_per_epoch: 4\nsaves_per_epoch: 1"),
+     "refused: datasets (Axolotl) type alpaca: its rows are not read here"),
+    (f"{AXOLOTL}, chats (type chat_template), no evals_per_epoch", axolotl(
+        optimizer="adamw_8bit", flash="flash_attention: true"),
+     "refused: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    (f"{AXOLOTL}, chats, without flash_attention", axolotl(
+        optimizer="adamw_8bit", evals="evals_per_epoch: 4\nsaves_per_epoch: 1"),
+     "refused: evals_per_epoch (Axolotl) is not read here: give --eval_strategy steps"),
+    (f"{AXOLOTL}, chats, as this machine runs it", axolotl(), "accepted"),
+    (f"{AXOLOTL_QLORA}, chats", axolotl(adapter="qlora", optimizer="adamw_bnb_8bit"), "gpu: "),
+    ("LLaMA-Factory examples/train_lora/llama3_lora_sft.yaml",
+     LLAMA_FACTORY_LORA_SFT.replace("@DATASET@", "identity,alpaca_en_demo"),
+     "refused: dataset (LLaMA-Factory) identity,alpaca_en_demo: its dataset_info.json names"),
+    ("LLaMA-Factory llama3_lora_sft.yaml, dataset a local folder of chats",
+     LLAMA_FACTORY_LORA_SFT.replace("@DATASET@", "@CHATS@"), "gpu: "),
+]  # fmt: skip
+H100_NODE = Hardware(gpu_count=8, gpu_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0),
+                     cpu_count=26, shm_bytes=256 << 30, gpu_memory_bytes=80 << 30)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llm_assets(tmp_path_factory):
+    """Tiny Qwen2 and Llama models (their real config classes, shrunk; their special tokens
+    and chat templates) and folders of chats with the splits the sources name."""
+    from tests.support.chat_models import FAMILIES, save_family_model
+
+    root = tmp_path_factory.mktemp("llm-lines")
+    for family in ("qwen2", "llama"):
+        save_family_model(FAMILIES[family], root / family)
+    chat = {"messages": [{"role": "user", "content": "Hello"},
+                         {"role": "assistant", "content": "Hi."}]}  # fmt: skip
+    rows = "\n".join([json.dumps(chat)] * 8)
+    for folder, splits in (("chats", ("train", "test")), ("sft", ("train_sft", "test_sft")),
+                           ("kept", ("train", "validation"))):  # fmt: skip
+        (root / folder).mkdir()
+        for split in splits:
+            (root / folder / f"{split}.jsonl").write_text(rows)
+    return root
+
+
+def users_line(text: str, root, tmp_path) -> list[str]:
+    """The line's arguments, or `--config FILE` for a file, with the local copies named."""
+    places = {"@QWEN@": root / "qwen2", "@LLAMA@": root / "llama", "@CHATS@": root / "chats",
+              "@SFT@": root / "sft", "@KEPT@": root / "kept"}  # fmt: skip
+    for mark, path in places.items():
+        text = text.replace(mark, str(path))
+    if "\n" not in text:
+        return [token.replace("@TEMPLATE@", HANDBOOK_CHAT_TEMPLATE) for token in
+                shlex.split(text)]  # fmt: skip
+    text = text.replace("@TEMPLATE@", json.dumps(HANDBOOK_CHAT_TEMPLATE))
+    (tmp_path / "recipe.yaml").write_text(text)
+    return ["--config", str(tmp_path / "recipe.yaml")]
+
+
+def test_the_users_llm_lines_are_counted():
+    assert len(USERS_LLM_LINES) >= 25
+    assert all(source and text for source, text, _ in USERS_LLM_LINES)
+
+
+@pytest.mark.parametrize(("source", "text", "verdict"), USERS_LLM_LINES,
+                         ids=[source for source, _, _ in USERS_LLM_LINES])  # fmt: skip
+def test_the_users_llm_lines_run_or_name_what_to_use(source, text, verdict, llm_assets,
+                                                     tmp_path, capsys):  # fmt: skip
+    from tests.support.helpers import resolved
+
+    args = users_line(text, llm_assets, tmp_path)
+    code, _, err = dry_run(args, capsys)
+    assert "Traceback" not in err and "Unknown flag" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    if verdict == "accepted":
+        assert code == 0, err
+        return
+    assert code == 2 and len(errors) == 1, err
+    if verdict.startswith("gpu: "):
+        assert re.search("GPU|Ampere", errors[0]), err  # this machine has none
+        on_gpus = verdict.removeprefix("gpu: ")
+        if not on_gpus:
+            resolved([*args, "--skip_hub_check"], H100_NODE)  # planned on a GPU node
+            return
+        with pytest.raises(UserError, match=re.escape(on_gpus)):  # the next line it gets
+            resolved([*args, "--skip_hub_check"], H100_NODE)
+    else:
+        assert verdict.removeprefix("refused: ") in errors[0], err

@@ -12,26 +12,15 @@ No message carries a flag's value: values can be secrets (`--push_to_hub_token`)
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import takewhile
 
 from trainer.command_line.foreign_flags import FOREIGN_FLAGS, ForeignFlag, canonical
-from trainer.command_line.recipes import CONFIG_SUFFIXES
+from trainer.command_line.recipes import CONFIG_SUFFIXES, REPEATABLE_FLAGS
 from trainer.common.errors import UserError
-from trainer.settings.launcher_flags import LauncherArguments
-from trainer.settings.output_flags import OutputArguments
 
-REPEATABLE_FLAGS = {
-    f"--{field.name}"
-    for arguments in (LauncherArguments, OutputArguments)
-    for field in dataclasses.fields(arguments)
-    if field.metadata.get("action") == "extend"
-}
-"""Flags whose repeats add up rather than replace each other."""
-
-LIST_FLAGS = {"--lora_target_modules"}
+LIST_FLAGS = {"--lora_target_modules", "--report_to"}
 """Our comma-separated flags that TRL's parsers take as a list (`nargs="+"`): `--lora_target_modules
 q_proj v_proj`, as `trl sft` reads it, is `--lora_target_modules q_proj,v_proj` here."""
 

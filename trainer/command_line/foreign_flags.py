@@ -52,6 +52,17 @@ CTC = "run_speech_recognition_ctc.py"
 COMMUNITY_WHISPER = "vasistalodagala/whisper-finetune"
 COMMUNITY = "community fine-tuning scripts"
 TRL = "trl sft, SFTConfig"
+TRL_SCRIPT = "trl sft, ScriptArguments"
+TRL_MODEL = "trl sft, ModelConfig"
+TRL_CLI = "trl sft's launch flags"
+TRL_OLD = "older TRL scripts and the alignment-handbook"
+LLAMA_FACTORY = "LLaMA-Factory"
+MIXTURE = (
+    "several datasets are mixed as streams: --streaming true --dataset_name A,B "
+    "--interleave_probabilities P,Q (with --max_steps); or one folder of train and validation "
+    "files as --dataset_name DIR"
+)
+ZERO3 = "parameters are sharded by DeepSpeed ZeRO: --deepspeed zero3"
 
 CLUSTER = (
     "nodes and ranks come from CLUSTER_SPEC (on Vertex AI: the replica count of "
@@ -201,6 +212,69 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--dtype": mapped(DTYPES, TRL, DTYPE_NOTE),
     "--torch_dtype": mapped(DTYPES, TRL, DTYPE_NOTE),
     "--chat_template_path": renamed("--chat_template", TRL, check=_a_template_file),
+    "--dataset_config": renamed("--dataset_config_name", TRL_SCRIPT),
+    "--dataset_configs": renamed("--dataset_config_name", "open-r1's recipes"),
+    "--dataset_train_split": renamed("--train_split_name", TRL_SCRIPT),
+    "--dataset_test_split": renamed("--eval_split_name", TRL_SCRIPT,
+                                    note="TRL evaluates on its test split, as this does"),
+    "--dataset_streaming": renamed("--streaming", TRL_SCRIPT, takes_value=False),
+    "--ignore_bias_buffers": ignored("a DDP workaround of TRL's scripts for boolean buffers; "
+                                     "training here runs under DeepSpeed unless --deepspeed "
+                                     "none", TRL_SCRIPT),
+    "--pad_token": ignored("padded positions carry no loss: the tokenizer's padding token "
+                           "(else its end-of-sequence token) pads", TRL, takes_value=True),
+    "--dataset_num_proc": renamed("--preprocessing_num_workers", TRL),
+    "--dataset_kwargs": refused("the data is tokenised here before TRL sees it (TRL's "
+                                "skip_prepare_dataset, always); the columns are a messages "
+                                "column, prompt and completion, or --dataset_text_field", TRL),
+    "--model_init_kwargs": refused("give the loading settings as flags: --bf16 (TRL's dtype), "
+                                   "--attn_implementation, --load_in_4bit; others go in the "
+                                   "model folder's config.json", TRL),
+    "--router_aux_loss_coef": refused("set output_router_logits and router_aux_loss_coef in the "
+                                      "model folder's config.json and give the folder as "
+                                      "--model_name_or_path", TRL),
+    "--truncation_mode": mapped({"keep_start": ()}, TRL, "longer examples are cut at the end; "
+                                "--refuse_long_examples true refuses them instead"),
+    "--shuffle_dataset": ignored("the Trainer shuffles the training set every epoch anyway", TRL),
+    "--packing_strategy": mapped({"bfd": ()}, TRL, "--packing true packs best-fit-decreasing"),
+    "--padding_free": refused("--packing true packs examples padding-free (no token attends "
+                              "across examples); unpacked batches pad to their longest", TRL,
+                              takes_value=False),
+    "--pad_to_multiple_of": ignored("each batch pads to its longest example", TRL,
+                                    takes_value=True),
+    "--eval_packing": ignored("evaluation examples are evaluated unpacked, each alone", TRL),
+    "--loss_type": mapped({"nll": ()}, TRL, "the loss is the tokens' negative log-likelihood; "
+                          "dft is not trained here"),
+    "--activation_offloading": refused("--gradient_checkpointing true saves activation memory; "
+                                       "--deepspeed zero3-offload offloads the optimizer and "
+                                       "parameters", TRL, takes_value=False),
+    "--lora_target_parameters": refused("adapters go on modules: --lora_target_modules",
+                                        TRL_MODEL),
+    "--lora_modules_to_save": refused("with --peft lora only the adapters train; --peft none "
+                                      "trains every weight", TRL_MODEL),
+    "--lora_task_type": mapped({"CAUSAL_LM": ()}, TRL_MODEL, "the task sets it"),
+    "--use_rslora": refused("rank-stabilised LoRA is not trained here: adapters scale by "
+                            "--lora_alpha / --lora_r", TRL_MODEL, takes_value=False),
+    "--use_dora": refused("DoRA is not trained here: --peft lora trains LoRA adapters",
+                          TRL_MODEL, takes_value=False),
+    "--bnb_4bit_quant_type": mapped({"nf4": ()}, TRL_MODEL, "--load_in_4bit loads NF4"),
+    "--use_bnb_nested_quant": ignored("--load_in_4bit always quantises the quantisation "
+                                      "constants too (QLoRA's double quantisation)", TRL_MODEL),
+    "--bnb_4bit_quant_storage": mapped({"uint8": ()}, TRL_MODEL, "4-bit weights are stored as "
+                                       "uint8; another storage type is for FSDP, and " + ZERO3),
+    "--use_flash_attention_2": switch(["--attn_implementation", "flash_attention_2"], TRL_OLD),
+    "--log_with": renamed("--report_to", TRL_OLD),
+    "--dataset_mixture": refused(MIXTURE, TRL_SCRIPT),
+    "--dataset_mixer": refused(MIXTURE, TRL_OLD),
+    "--dataset_splits": refused("name the splits with --train_split_name and --eval_split_name",
+                                TRL_OLD),
+    "--accelerate_config": mapped({"zero2": ("--deepspeed", "zero2"),
+                                   "zero3": ("--deepspeed", "zero3"),
+                                   "multi_gpu": ("--deepspeed", "none"),
+                                   "single_gpu": ("--nproc_per_node", "1", "--deepspeed",
+                                                  "none")}, TRL_CLI,
+                                  "zero1: --deepspeed zero2; fsdp1, fsdp2: " + ZERO3),
+    "--lora_rank": renamed("--lora_r", LLAMA_FACTORY),
     "--ignore_mismatched_sizes": ignored("a new classification head sized for the dataset's "
                                          "labels is always made", f"{IMAGE}, {TEXT_SCRIPTS}"),
     "--model_type": refused(f"{ONE_FOLDER} (its config.json names the type)", IMAGE),
@@ -208,9 +282,10 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--tokenizer_name": refused(ONE_FOLDER, f"{SEQ2SEQ}, {TEXT_SCRIPTS}"),
     "--feature_extractor_name": refused(ONE_FOLDER, SEQ2SEQ),
     "--image_processor_name": refused(ONE_FOLDER, IMAGE),
-    "--model_revision": refused("download that revision (hf download ID --revision REV "
-                                "--local-dir DIR) and give DIR as --model_name_or_path",
-                                ALL_SCRIPTS),
+    "--model_revision": mapped({"main": ()}, ALL_SCRIPTS,
+                               "the model as given is read; another revision: download it "
+                               "(hf download ID --revision REV --local-dir DIR) and give DIR "
+                               "as --model_name_or_path"),
     "--use_fast_tokenizer": ignored("the fast tokenizer is always used", ALL_SCRIPTS),
     "--token": refused("a token on the command line is written into the job spec and its "
                        "logs: set HF_TOKEN in the environment, or --secret HF_TOKEN=projects/"

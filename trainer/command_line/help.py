@@ -25,7 +25,13 @@ from trainer.command_line.parser import (
     selected_task_name,
     task_arguments,
 )
-from trainer.command_line.recipes import expand_config_file
+from trainer.command_line.recipes import (
+    command_line,
+    config_argument,
+    config_file_flags,
+    expand_config_file,
+    locate_config_file,
+)
 from trainer.common.errors import UserError
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
@@ -139,19 +145,20 @@ class Selection:
 
 
 def select_task(argv: list[str]) -> Selection:
-    notes, recipe = [], None
+    notes, recipe, name = [], None, None
     try:
+        name = config_argument(argv)[0]
         expanded = expand_config_file(argv)
-        if argv and not argv[0].startswith("-"):
-            recipe = (Path(argv[0]).name, _given_values(expand_config_file(argv[:1])))
+        if name is not None:
+            recipe = (Path(name).name, _given_values(config_file_flags(locate_config_file(name))))
     except UserError as error:
-        notes.append(f"note: {error} Ignoring {argv[0]}.")
-        expanded = list(argv[1:])
+        notes.append(f"note: {error} Ignoring {name or 'the config file'}.")
+        expanded = command_line(argv)
     source = "the default task"
-    if _gives_task(argv):
+    if _gives_task(command_line(argv)):
         source = "from --task"
     elif _gives_task(expanded):
-        source = f"from {argv[0]}"
+        source = f"from {name}"
     try:
         task_name = selected_task_name(expanded)
         load_task(task_name)
@@ -217,9 +224,9 @@ def header(selected: Selection, sections: list[Section], hidden: int, width: int
     lines += [
         _fill(
             "Fine-tunes a Hugging Face model; runs once on every node. A first argument "
-            "ending in .yaml is a recipe: a file of flags, or one shipped in trainer/recipes/ "
-            f"(this task's: {recipes}); flags after it override it. No model and no dataset "
-            "runs the built-in demo.",
+            "ending in .yaml, or --config FILE.yaml (TRL's), is a recipe: a file of flags, or "
+            f"one shipped in trainer/recipes/ (this task's: {recipes}); flags override it. No "
+            "model and no dataset runs the built-in demo.",
             width,
         ),
         "",

@@ -135,6 +135,9 @@ def parse_training_flags(
     model, data = take(ModelArguments), take(DataArguments)
     options, outputs = take(task_class.spec.flags), take(OutputArguments)
     values.pop("task")
+    if isinstance(values.get("report_to"), str) and "," in values["report_to"]:
+        # several integrations, as TRL's list (`--report_to tensorboard wandb`, a file's list)
+        values["report_to"] = [part.strip() for part in values["report_to"].split(",")]
     return ParsedFlags(name, model, data, options, outputs, training=values)
 
 

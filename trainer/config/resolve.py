@@ -26,6 +26,7 @@ must be inferred and neither the cache nor the data tell it (trainer/config/task
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, replace
@@ -42,6 +43,7 @@ from trainer.command_line.recipes import (
     RECIPES_DIR,
     command_line,
     config_file_flags,
+    config_file_notices,
     expand_config_file,
 )
 from trainer.common.cache import cache_dir
@@ -69,6 +71,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     check_repeated_flags(command_line(argv))  # a recipe's flags may be given again
     expanded = expand_config_file(argv)
     translated, notices = translate_example_flags(expanded)
+    notices = [*config_file_notices(argv), *notices]
     launcher, training_argv = split_launcher_flags(translated)
     topology = resolve_topology(
         env, hardware.gpu_count, launcher.nproc_per_node, launcher.master_port
@@ -91,6 +94,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     task_class = load_task(flags.task)
     training |= required_training_arguments(task_class, flags, training, hardware)
     task_class.check_training_values(training)
+    check_attention(flags.model.attn_implementation)
     check_streaming(data, training)
     check_hub_token(training, launcher)
     return RunConfig(
@@ -220,24 +224,53 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
             f" drawn with seed {training['seed']} (--train_val_split)"
         ]
     if evaluation_turned_off(training, given) and data.eval_split_name:
+        how = "--eval_strategy no" if "--eval_strategy" in given else "--do_eval false"
         return replace(data, eval_split_name=""), [
-            "evaluation off (--eval_strategy no): no evaluation split is read"
+            f"evaluation off ({how}): no evaluation split is read"
         ]
-    validation_file = getattr(flags.task_options, "validation_file", None)
-    if getattr(flags.task_options, "train_file", None) and "--eval_split_name" not in given:
-        if validation_file:
+    if "--eval_split_name" in given:
+        return data, []
+    return default_evaluation_split(data, flags.task_options)
+
+
+def default_evaluation_split(data: DataArguments, options: Any) -> tuple[DataArguments, list[str]]:
+    """The evaluation split where the user names none: with --train_file, --validation_file's
+    if given, else none; a local folder's validation split where it has no test; else test."""
+    if getattr(options, "train_file", None):
+        if getattr(options, "validation_file", None):
             return replace(data, eval_split_name="validation"), []
         return replace(data, eval_split_name=""), [
             "no --validation_file: no evaluation (--train_val_split makes one)"
+        ]
+    if validation_in_place_of_test(data):
+        return replace(data, eval_split_name="validation"), [
+            f"evaluation split: validation ({data.dataset_name} has train and validation, "
+            "no test; --eval_split_name names another)"
         ]
     return data, []
 
 
 def evaluation_turned_off(training: Mapping[str, Any], given: set[str]) -> bool:
-    """--eval_strategy no, and neither --do_eval nor an --eval_split_name asks for one."""
+    """--eval_strategy no, or --do_eval false (with no other strategy), and no
+    --eval_split_name asks for an evaluation."""
     strategy = str(getattr(training["eval_strategy"], "value", training["eval_strategy"]))
+    said = "--eval_strategy" in given or "--do_eval" in given
     asked = training["do_eval"] or "--eval_split_name" in given
-    return strategy == "no" and "--eval_strategy" in given and not asked
+    return strategy == "no" and said and not asked
+
+
+def validation_in_place_of_test(data: DataArguments) -> bool:
+    """A local folder (one file or folder per split, as people keep data) with a validation
+    split and no test split, and the default evaluation split, test: its validation split is
+    what the user means to evaluate on. Read from the folder's names only."""
+    name = data.dataset_name
+    if data.eval_split_name != "test" or not name or "," in name or "://" in name:
+        return False
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return False
+    splits = {entry.stem if entry.is_file() else entry.name for entry in folder.iterdir()}
+    return "train" in splits and "validation" in splits and "test" not in splits
 
 
 def resolve_mixed_precision(
@@ -313,6 +346,28 @@ def greater_is_better(task_class: type[Task], training: Mapping[str, Any]) -> bo
         return training["greater_is_better"]
     metric = (training["metric_for_best_model"] or task_class.default_metric).removeprefix("eval_")
     return not (metric in task_class.lower_is_better or metric.endswith("loss"))
+
+
+ATTENTION_KERNELS = ("sdpa", "eager")
+"""What --attn_implementation runs in this image: PyTorch's scaled-dot-product attention (what
+`from_pretrained` picks where the model supports it) and the plain one. No image installs
+flash-attn (docker/Dockerfile, pyproject.toml): flash_attention_2 runs only where it is
+importable, and is refused before launch elsewhere (it would fail in every training process at
+the model's load)."""
+
+
+def check_attention(kernel: str | None) -> None:
+    """--attn_implementation: one of ATTENTION_KERNELS, or flash_attention_2 with flash-attn."""
+    if kernel is None or kernel in ATTENTION_KERNELS:
+        return
+    if kernel == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is not None:
+            return
+        raise UserError("--attn_implementation flash_attention_2: flash-attn is not installed "
+                        "in this image, which has PyTorch's sdpa kernels (--attn_implementation "
+                        "sdpa, the default): leave it out.")  # fmt: skip
+    raise UserError(f"--attn_implementation {kernel}: this image runs sdpa (the default) or "
+                    "eager, and flash_attention_2 where flash-attn is installed.")  # fmt: skip
 
 
 def check_streaming(data: DataArguments, training: Mapping[str, Any]) -> None:

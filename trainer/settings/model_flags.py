@@ -19,11 +19,14 @@ class ModelArguments:
     cache_dir: str | None = flag(None, "Where downloaded models and datasets are cached.")
     attn_implementation: str | None = flag(
         None,
-        "Attention kernels: sdpa (default where supported), eager, flash_attention_2.",
+        "Attention kernels: sdpa (default where supported), eager; flash_attention_2 needs "
+        "flash-attn, which this image lacks.",
     )
     peft: Literal["none", "lora"] = flag(
         "none",
         "lora: train low-rank adapters (PEFT), deliver the merged model; none: every weight.",
+        nargs="?",
+        const="lora",  # `--peft` alone, as trl-jobs writes it: TRL's --use_peft
     )
     lora_r: int = flag(16, "LoRA rank (with --peft lora).")
     lora_alpha: int = flag(32, "LoRA scaling numerator: updates are scaled by alpha/r.")

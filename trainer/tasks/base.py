@@ -19,11 +19,14 @@ from trainer.common.errors import UserError
 from trainer.data.checks import check_columns, check_splits, evaluation_hint, split_names
 from trainer.data.sources import (
     FILES,
+    TABLE_FORMATS,
+    LocalLayout,
     check_metadata_files,
     check_shard_set,
     local_directory,
     looks_like_path,
     shard_index_of,
+    table_layout,
 )
 from trainer.tasks.lora_adapters import weightless, with_lora
 
@@ -336,3 +339,27 @@ class Task(ABC):
     @abstractmethod
     def compute_metrics(self, processor: Any) -> Callable[[EvalPrediction], dict[str, float]]:
         """Scores evaluation predictions."""
+
+
+FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
+"""The HF example scripts' data file flags (run_glue.py's, run_clm.py's) by the split each names."""
+
+
+def named_files_layout(files: Mapping[str, Path], dataset_name: str | None) -> LocalLayout | None:
+    """The layout of data named file by file (`--train_file` ..., split -> file), for the tasks
+    that take such flags; None when there are none (the data is --dataset_name)."""
+    if not files:
+        return None
+    if dataset_name is not None:
+        given = ", ".join(FILE_FLAGS[split] for split in files)
+        raise UserError(
+            f"{given} and --dataset_name name the data twice: give --dataset_name alone "
+            "(its own splits), or --train_file with the other files."
+        )
+    for path in files.values():
+        if path.suffix not in TABLE_FORMATS or not path.is_file():
+            raise UserError(
+                f"Data file {path} not found, or not one of {', '.join(TABLE_FORMATS)}."
+            )
+    shown = ", ".join(FILE_FLAGS[split] for split in files)
+    return table_layout(dict(files), f"the files of {shown}")

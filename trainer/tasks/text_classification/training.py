@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 from trainer.common.errors import UserError
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.checks import EVALUATION_SPLITS, check_columns, split_names
-from trainer.data.sources import FILES, TABLE_FORMATS, LocalLayout, table_column, table_layout
+from trainer.data.sources import FILES, LocalLayout, table_column
 from trainer.data.streams import is_stream
+from trainer.tasks.base import named_files_layout
 from trainer.tasks.classification import ClassificationTask, LabelSet
 from trainer.tasks.text_classification.serving import top_label
 from trainer.tasks.text_classification.spec import SPEC, TextArguments
@@ -51,7 +52,6 @@ GLUE_TEXT_COLUMNS = {
 }  # fmt: skip
 """GLUE's configs -> their text columns (run_glue.py's task_to_keys); each also has `label`
 and `idx`. Known without loading the dataset, so its columns are checked before launch."""
-FILE_FLAGS = {"train": "--train_file", "validation": "--validation_file", "test": "--test_file"}
 
 
 class TextClassificationTask(ClassificationTask):
@@ -62,21 +62,7 @@ class TextClassificationTask(ClassificationTask):
     options: TextArguments
 
     def file_layout(self) -> LocalLayout | None:
-        files = self.options.data_files()
-        if not files:
-            return None
-        if self.data_args.dataset_name is not None:
-            given = ", ".join(FILE_FLAGS[split] for split in files)
-            raise UserError(
-                f"{given} and --dataset_name name the data twice: give --dataset_name alone "
-                "(its own splits), or --train_file with the other files."
-            )
-        for path in files.values():
-            if path.suffix not in TABLE_FORMATS or not path.is_file():
-                raise UserError(
-                    f"Data file {path} not found, or not one of {', '.join(TABLE_FORMATS)}."
-                )
-        return table_layout(files, "the files of --train_file, --validation_file, --test_file")
+        return named_files_layout(self.options.data_files(), self.data_args.dataset_name)
 
     @classmethod
     def settled_options(cls, options: TextArguments) -> TextArguments:

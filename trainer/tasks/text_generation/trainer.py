@@ -58,6 +58,7 @@ def sft_config(args, chat: ChatArguments) -> SFTConfig:
     config.assistant_only_loss = False  # the labels carry the mask (chat_examples.py)
     config.completion_only_loss = False
     config.dataset_kwargs = None
+    config.eos_token = chat.eos_token  # the tokenizer has it; TRL gives it to the model's configs
     return config
 
 

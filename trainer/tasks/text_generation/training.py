@@ -32,13 +32,14 @@ from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.example_ids import with_example_ids
 from trainer.data.sources import (
     FILES,
+    LocalLayout,
     first_examples,
     load_split,
     looks_like_path,
     split_off_evaluation,
 )
 from trainer.data.streams import is_stream
-from trainer.tasks.base import Task
+from trainer.tasks.base import Task, named_files_layout
 from trainer.tasks.lora_adapters import eight_bit_loading
 from trainer.tasks.text_generation.loss_mask import (
     BadRow,
@@ -93,10 +94,19 @@ class ChatTask(Task):
             )
         return None
 
+    def file_layout(self) -> LocalLayout | None:
+        """run_clm.py's --train_file and --validation_file, read as the splits train and
+        validation."""
+        return named_files_layout(self.options.data_files(), self.data_args.dataset_name)
+
     def check_model(self) -> None:
         """A model without a chat template, for chats, is one line naming --chat_template;
         read from the model folder's files where it is local."""
         path = self.model_args.model_name_or_path
+        if path and looks_like_path(path) and self.options.eos_token:
+            from transformers import AutoTokenizer
+
+            set_special_tokens(AutoTokenizer.from_pretrained(path), self.options)
         if self.options.chat_template or self._format == "text" or not path:
             return
         if looks_like_path(path) and Path(path).is_dir() and not has_chat_template(Path(path)):
@@ -132,7 +142,8 @@ class ChatTask(Task):
         path = self.model_args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=self.model_args.cache_dir)
         if self.options.chat_template:
-            tokenizer.chat_template = Path(self.options.chat_template).read_text()
+            tokenizer.chat_template = self.options.template_text()
+        set_special_tokens(tokenizer, self.options)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self._tokenizer = tokenizer
@@ -180,7 +191,8 @@ class ChatTask(Task):
         """A split; a stream decoded (the sources leave a stream's media undecoded, and a
         stream of chats undecoded holds each turn as a JSON text)."""
         dataset, _ = load_split(self.data_args, self.model_args.cache_dir, spec,
-                                self.detect_local_layout, streaming)  # fmt: skip
+                                self.detect_local_layout, streaming,
+                                self.file_layout())  # fmt: skip
         return dataset.decode(True) if is_stream(dataset) and dataset.features else dataset
 
     def source_format(self, dataset: Dataset | IterableDataset, where: str) -> str:
@@ -393,6 +405,19 @@ def _chat_prompt(messages: Any) -> tuple[list, str] | None:
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return None
     return list(messages[:-1]), str(last.get("content"))
+
+
+def set_special_tokens(tokenizer, options: ChatArguments) -> None:
+    """--eos_token (TRL's), one of the vocabulary's tokens, as TRL's SFTTrainer sets it: the
+    tokenizer's end-of-sequence token (TRL then gives the model's config and generation config
+    the new end, trainer.py)."""
+    token = options.eos_token
+    if token is None:
+        return
+    if token not in tokenizer.get_vocab():
+        raise UserError(f"--eos_token {token} is not a token of the tokenizer's vocabulary: "
+                        "give one of its tokens (tokenizer.json).")  # fmt: skip
+    tokenizer.eos_token = token
 
 
 def has_chat_template(model_dir: Path) -> bool:

@@ -1,0 +1,302 @@
+"""Configuration files written for Axolotl and LLaMA-Factory, read as recipes of this trainer.
+
+A recipe (`python -m trainer FILE.yaml`, or `--config FILE.yaml`) maps our flag names to
+values. A file in Axolotl's form (`base_model`, `datasets: [{path, type}]`, `sequence_len`,
+`micro_batch_size`, ...) or LLaMA-Factory's (`stage`, `finetuning_type`, `cutoff_len`,
+`template`, ...) is recognised by its keys, and each key is answered as the flags of
+foreign_flags.py are: translated to ours, ignored with one notice line saying why, or refused
+with one `error:` line naming ours. A key left empty or false asks for nothing and is dropped;
+a key that is already ours (`learning_rate`, `gradient_accumulation_steps`) or in the table of
+foreign flags (`warmup_ratio`) is passed on as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import Seq2SeqTrainingArguments
+
+from trainer.command_line.foreign_flags import FOREIGN_FLAGS
+from trainer.common.errors import UserError
+from trainer.settings.data_flags import DataArguments
+from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.model_flags import ModelArguments
+from trainer.settings.output_flags import OutputArguments
+from trainer.tasks.registry import registered
+
+AXOLOTL, LLAMA_FACTORY = "Axolotl", "LLaMA-Factory"
+MARKS = {
+    AXOLOTL: {"base_model", "sequence_len", "micro_batch_size", "sample_packing", "num_epochs",
+              "adapter", "lora_target_linear", "val_set_size", "datasets"},
+    LLAMA_FACTORY: {"stage", "finetuning_type", "cutoff_len", "lora_target", "template",
+                    "val_size"},
+}  # fmt: skip
+"""Keys that only that tool's files have: one of them makes a file that tool's."""
+
+ROWS = (
+    "give chats (a messages column), prompt and completion columns, or a text column "
+    "(--dataset_text_field)"
+)
+
+
+@dataclass(frozen=True)
+class Key:
+    """A foreign file's key: `ours` (our flag's name) or `translate` (value -> our flags),
+    else `ignored` (why nothing changes) or `refused` (what to use instead)."""
+
+    ours: str = ""
+    translate: Callable[[object], dict[str, object]] | None = None
+    ignored: str = ""
+    refused: str = ""
+
+
+def _one_dataset(value: object) -> dict[str, object]:
+    """Axolotl's `datasets: [{path, type, split}]`: one dataset of rows this trainer reads."""
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], Mapping):
+        raise UserError("datasets (Axolotl) names several datasets: mix them as streams "
+                        "(--streaming true --dataset_name A,B --interleave_probabilities P,Q), "
+                        "or put the rows in one folder as dataset_name.")  # fmt: skip
+    entry = value[0]
+    kind = entry.get("type") or "chat_template"
+    if kind not in ("chat_template", "completion"):
+        raise UserError(f"datasets (Axolotl) type {kind}: its rows are not read here; {ROWS}, "
+                        "and name the folder or Hub id as dataset_name.")  # fmt: skip
+    flags: dict[str, object] = {"dataset_name": entry.get("path")}
+    if entry.get("split"):
+        flags["train_split_name"] = entry["split"]
+    if entry.get("name"):
+        flags["dataset_config_name"] = entry["name"]
+    return flags
+
+
+def _adapter(value: object) -> dict[str, object]:
+    if value == "qlora":
+        return {"peft": "lora", "load_in_4bit": True}
+    if value == "lora":
+        return {"peft": "lora"}
+    raise UserError(f"adapter (Axolotl) {value}: --peft lora (LoRA; with --load_in_4bit, "
+                    "QLoRA) is what trains here.")  # fmt: skip
+
+
+def _evaluation_part(value: object) -> dict[str, object]:
+    """Axolotl's val_set_size, LLaMA-Factory's val_size: a part of the training split held out."""
+    return {"train_val_split": value} if value else {}
+
+
+def _special_tokens(value: object) -> dict[str, object]:
+    tokens = dict(value) if isinstance(value, Mapping) else {}
+    others = sorted(set(tokens) - {"eos_token", "pad_token", "bos_token"})
+    if others:
+        raise UserError(f"special_tokens (Axolotl) {', '.join(others)}: no tokens are added "
+                        "here; --eos_token sets the end of sequence (one of the "
+                        "vocabulary's).")  # fmt: skip
+    return {"eos_token": tokens["eos_token"]} if tokens.get("eos_token") else {}
+
+
+def _axolotl_template(value: object) -> dict[str, object]:
+    """Axolotl names a template (`chatml`, `llama3`) or the tokenizer's own."""
+    if value == "tokenizer_default":
+        return {}
+    raise UserError(f"chat_template (Axolotl) {value}: give the Jinja template itself as "
+                    "chat_template, or leave it out to use the model's.")  # fmt: skip
+
+
+def _train_on_inputs(value: object) -> dict[str, object]:
+    return {"assistant_only_loss": False, "completion_only_loss": False} if value else {}
+
+
+def _stage(value: object) -> dict[str, object]:
+    if value in ("sft", "pt"):
+        return {}
+    raise UserError(f"stage (LLaMA-Factory) {value}: text-generation here is supervised "
+                    "fine-tuning (stage: sft).")  # fmt: skip
+
+
+def _finetuning_type(value: object) -> dict[str, object]:
+    if value in ("lora", "full"):
+        return {"peft": "lora"} if value == "lora" else {}
+    raise UserError(f"finetuning_type (LLaMA-Factory) {value}: --peft lora trains adapters, "
+                    "--peft none every weight.")  # fmt: skip
+
+
+def _lora_target(value: object) -> dict[str, object]:
+    return {"lora_target_modules": "all-linear" if value == "all" else value}
+
+
+def _local_dataset(value: object) -> dict[str, object]:
+    """LLaMA-Factory's `dataset` names entries of its data/dataset_info.json; a folder or a
+    Hub id of rows this trainer reads is taken as it is."""
+    if isinstance(value, str) and "," not in value and ("/" in value or Path(value).is_dir()):
+        return {"dataset_name": value}
+    raise UserError(f"dataset (LLaMA-Factory) {value}: its dataset_info.json names are not "
+                    f"read; {ROWS}, and name one folder or Hub id as dataset_name.")  # fmt: skip
+
+
+def _flash(value: object) -> dict[str, object]:
+    return {"attn_implementation": "flash_attention_2"} if value else {}
+
+
+NO_WANDB = Key(refused="wandb is not in this image (metrics go to TensorBoard: report_to)")
+KEYS: dict[str, dict[str, Key]] = {
+    AXOLOTL: {
+        "base_model": Key("model_name_or_path"),
+        "datasets": Key(translate=_one_dataset),
+        "sequence_len": Key("max_seq_length"),
+        "sample_packing": Key("packing"),
+        "micro_batch_size": Key("per_device_train_batch_size"),
+        "num_epochs": Key("num_train_epochs"),
+        "adapter": Key(translate=_adapter),
+        "lora_target_linear": Key(translate=lambda v: {"lora_target_modules": "all-linear"}),
+        "val_set_size": Key(translate=_evaluation_part),
+        "optimizer": Key("optim"),
+        "lr_scheduler": Key("lr_scheduler_type"),
+        "train_on_inputs": Key(translate=_train_on_inputs),
+        "flash_attention": Key(translate=_flash),
+        "sdp_attention": Key(translate=lambda v: {"attn_implementation": "sdpa"}),
+        "special_tokens": Key(translate=_special_tokens),
+        "chat_template": Key(translate=_axolotl_template),
+        "chat_template_jinja": Key("chat_template"),
+        "resume_from_checkpoint": Key("resume"),
+        "strict": Key(ignored="the file is read key by key, each answered"),
+        "dataset_prepared_path": Key(ignored="each run tokenises its data (datasets' cache "
+                                     "keeps the loaded files)"),
+        "eval_sample_packing": Key(ignored="evaluation examples are evaluated unpacked"),
+        "pad_to_sequence_len": Key(ignored="each batch pads to its longest example"),
+        "loss_watchdog_threshold": Key(ignored="no loss watchdog here; the progress lines "
+                                       "show the loss"),
+        "loss_watchdog_patience": Key(ignored="no loss watchdog here"),
+        "evals_per_epoch": Key(refused="give --eval_strategy steps --eval_steps N (or "
+                               "--eval_strategy epoch)"),
+        "saves_per_epoch": Key(refused="give --save_strategy steps --save_steps N (or "
+                               "--save_strategy epoch)"),
+        "lora_model_dir": Key(refused="an adapter is trained from the base model here; "
+                              "--resume continues a run from its checkpoint"),
+        **{f"wandb_{name}": NO_WANDB for name in ("project", "entity", "watch", "name",
+                                                  "log_model", "run_id", "mode")},
+    },
+    LLAMA_FACTORY: {
+        "stage": Key(translate=_stage),
+        "do_train": Key(ignored="a run trains"),
+        "finetuning_type": Key(translate=_finetuning_type),
+        "lora_target": Key(translate=_lora_target),
+        "lora_rank": Key("lora_r"),
+        "dataset": Key(translate=_local_dataset),
+        "template": Key(ignored="chats are rendered with the model's own chat template "
+                        "(chat_template gives another)"),
+        "cutoff_len": Key("max_seq_length"),
+        "max_samples": Key("max_train_samples"),
+        "val_size": Key(translate=_evaluation_part),
+        "plot_loss": Key(ignored="TensorBoard plots the loss (report_to tensorboard)"),
+        "packing": Key("packing"),
+        "trust_remote_code": Key(ignored="no code from the Hub is run: transformers' own "
+                                 "model classes are used"),
+    },
+}  # fmt: skip
+"""Each tool's keys that are not ours, with their answers."""
+
+
+def known_names() -> set[str]:
+    """Every flag name (without --) a command line may hold: the launcher's, the model's, the
+    data's, the outputs', every task's own, the Trainer's, and the foreign ones answered (the
+    dataclasses the parser reads, named without building it: the parser imports this module's
+    importer)."""
+    groups = [LauncherArguments, ModelArguments, DataArguments, OutputArguments,
+              Seq2SeqTrainingArguments, *(spec.flags for spec in registered())]  # fmt: skip
+    names = {field.name for group in groups for field in dataclasses.fields(group)}
+    return names | {"task"} | {name[2:] for name in FOREIGN_FLAGS}
+
+
+def one_dataset_mixture(content: Mapping[str, object]) -> dict:
+    """A TRL recipe's mixture of one dataset as our flags: the alignment-handbook's
+    `dataset_mixer: {ID: 1.0}` with `dataset_splits: [train_sft, test_sft]`, TRL's
+    `dataset_mixture: {datasets: [{path, name, split}]}`. Several datasets are left for the
+    table of foreign flags to refuse (they are mixed as streams here)."""
+    return _trls_mixture(_handbooks_mixer(dict(content)))
+
+
+def _handbooks_mixer(flags: dict) -> dict:
+    mixer, splits = flags.get("dataset_mixer"), flags.get("dataset_splits")
+    if isinstance(mixer, Mapping) and len(mixer) == 1 and float(*mixer.values()) == 1.0:
+        del flags["dataset_mixer"]
+        flags["dataset_name"] = next(iter(mixer))
+    if "dataset_mixer" not in flags and isinstance(splits, list):
+        del flags["dataset_splits"]
+        flags |= _handbook_splits([str(split) for split in splits])
+    return flags
+
+
+def _trls_mixture(flags: dict) -> dict:
+    mixture = flags.get("dataset_mixture")
+    datasets = mixture.get("datasets") if isinstance(mixture, Mapping) else None
+    if isinstance(datasets, list) and len(datasets) == 1 and isinstance(datasets[0], Mapping):
+        del flags["dataset_mixture"]
+        flags |= _mixture_entry(datasets[0])
+    return flags
+
+
+def _handbook_splits(splits: list[str]) -> dict[str, object]:
+    """The handbook's dataset_splits: the one with `train` in its name trains, the one with
+    `test` evaluates."""
+    train = [split for split in splits if "train" in split]
+    test = [split for split in splits if "test" in split]
+    return ({"train_split_name": train[0]} if train else {}) | (
+        {"eval_split_name": test[0]} if test else {}
+    )
+
+
+def _mixture_entry(entry: Mapping[str, object]) -> dict[str, object]:
+    flags: dict[str, object] = {"dataset_name": entry.get("path")}
+    if entry.get("name"):
+        flags["dataset_config_name"] = entry["name"]
+    if entry.get("split"):
+        flags["train_split_name"] = entry["split"]
+    return flags
+
+
+def file_form(content: Mapping[str, object]) -> str | None:
+    """Axolotl or LLaMA-Factory, from the file's keys; None for a recipe of our flags."""
+    for form, marks in MARKS.items():
+        if marks & set(content):
+            return form
+    return None
+
+
+def translate_file(
+    content: Mapping[str, object], known: Callable[[], set[str]]
+) -> tuple[dict, list[str]]:
+    """(our flags' values by name, notices: the form read, then one per key ignored) for a
+    file in Axolotl's or LLaMA-Factory's form; the content unchanged for a recipe of ours.
+    `known`: every flag name (without --) a command line may hold. UserError (one line) for
+    a refused key."""
+    form = file_form(content)
+    if form is None:
+        return one_dataset_mixture(content), []
+    names = known()
+    flags: dict[str, object] = {}
+    notices = [f"{form} file: its keys are read as this trainer's flags"]
+    for key, value in content.items():
+        if value is None or value is False or value == "" or value == []:
+            continue  # asks for nothing
+        answered, notice = _answer(form, key, value, names)
+        flags.update(answered)
+        notices += [notice] if notice else []
+    return flags, notices
+
+
+def _answer(form: str, key: str, value: object, known: set[str]) -> tuple[dict, str | None]:
+    entry = KEYS[form].get(key)
+    if entry is None:
+        if key in known:
+            return {key: value}, None
+        raise UserError(f"{key} ({form}) is not read here: python -m trainer --help lists "
+                        "this trainer's flags (docs/launching.md).")  # fmt: skip
+    if entry.refused:
+        raise UserError(f"{key} ({form}) is not read here: {entry.refused}.")
+    if entry.ignored:
+        return {}, f"{key} ({form}) ignored: {entry.ignored}"
+    if entry.translate is not None:
+        return entry.translate(value), None
+    return {entry.ours: value}, None
