@@ -81,4 +81,5 @@ class PreferenceTrainer(DPOTrainer):
         if (cut or dropped) and os.environ.get("LOCAL_RANK", "0") == "0":
             gone = f" ({dropped} whose prompt fills it: dropped)" if dropped else ""
             print(f"warning: cut {cut + dropped} of {before} pairs of the {name} split "
-                  f"({self.where}) to --max_seq_length {limit} tokens{gone}", flush=True)  # fmt: skip
+                  f"({self.where}) to --max_seq_length {limit} tokens{gone}",
+                  flush=True)  # fmt: skip

@@ -51,6 +51,7 @@ class PreferenceTask(Task):
     spec = SPEC
     default_metric = "rewards/accuracies"  # the share of pairs whose chosen answer wins
     metric_names = METRICS
+    reference_free_flag = "--precompute_ref_log_probs true"
     options: PreferenceArguments
 
     # -- before launch ------------------------------------------------------------------------
