@@ -122,7 +122,11 @@ SPEC = TaskSpec(
         },
         "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     },  # fmt: skip
-    recipes=(),
+    recipes=(
+        "llama-3.1-8b-dpo-qlora-l4.yaml",
+        "llama-3.1-8b-dpo-full-a3.yaml",
+        "llama-3.1-8b-sft-then-dpo.yaml",
+    ),
 )
 """Preference tuning: DPO and its variants on chosen/rejected pairs, through TRL's
 `DPOTrainer`; its delivered model is a text-generation model, served as one."""
