@@ -262,3 +262,14 @@ def test_preference_data_chooses_the_task_and_its_model_serves_as_text_generatio
     assert infer_task(None, str(data), None, {})[0] == "preference-tuning"
     # what it delivers is a causal language model: text generation's to serve
     assert task_of_model_dir(models["gemma2"]) == "text-generation"
+
+
+def test_streaming_is_refused_before_launch_in_one_line(models, tmp_path, capsys):
+    from tests.support.helpers import offline_dry_run
+
+    data = write_pairs(tmp_path / "pairs", rows("standard explicit"))
+    args = ["--task", "preference-tuning", "--model_name_or_path", models["qwen2"],
+            "--dataset_name", data, "--streaming", "true", "--max_steps", "3"]  # fmt: skip
+    code, _, err = offline_dry_run(args, capsys)
+    assert code == 2 and err.startswith("error: --streaming true: preference-tuning reads")
+    assert len(err.splitlines()) == 1

@@ -59,6 +59,11 @@ class PreferenceTask(Task):
     def column_flags(self) -> dict[str, str]:
         return {}
 
+    def check_inputs(self) -> list[str]:
+        if self.data_args.streaming:
+            raise UserError(STREAMING_LINE)
+        return super().check_inputs()
+
     def column_warning(self, columns: list[str]) -> str | None:
         """Not a warning: a training split without both sides is refused before launch."""
         if columns and not is_preference_table(set(columns)):
@@ -146,8 +151,7 @@ class PreferenceTask(Task):
 
     def load_source(self, spec: str, streaming: bool = False):
         if streaming:
-            raise UserError(f"--streaming true: {SPEC.name} reads its splits whole (TRL "
-                            "tokenises them before training); leave it out.")  # fmt: skip
+            raise UserError(STREAMING_LINE)
         dataset, _ = load_split(self.data_args, self.model_args.cache_dir, spec,
                                 self.detect_local_layout, streaming)  # fmt: skip
         return dataset
@@ -219,6 +223,10 @@ class PreferenceTask(Task):
         return partial(PreferenceTrainer, preference=self.options, where=where)
 
 
+STREAMING_LINE = (
+    f"--streaming true: {SPEC.name} reads its splits whole (TRL tokenises them before "
+    "training, and precomputes the reference over them); leave it out."
+)
 PAIRS_LINE = ('"chosen" and "rejected" columns (with "prompt", or two chats or texts sharing '
               "their beginning)")  # fmt: skip
 
