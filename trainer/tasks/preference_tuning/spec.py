@@ -57,16 +57,21 @@ class PreferenceArguments:
         unknown = [name for name in self.loss_types if name not in LOSS_TYPES]
         if unknown or not self.loss_types:
             raise ValueError(f"--loss_type {self.loss_type}: choose from {', '.join(LOSS_TYPES)}.")
-        if self.beta <= 0:
-            raise ValueError("--beta must be positive.")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise ValueError("--label_smoothing must be in [0, 0.5).")
-        if self.rpo_alpha is not None and self.rpo_alpha <= 0:
-            raise ValueError("--rpo_alpha must be positive.")
-        if self.max_seq_length < 2:
-            raise ValueError("--max_seq_length must be at least 2.")
-        if self.chat_template is not None and not Path(self.chat_template).is_file():
-            raise ValueError(f"--chat_template {self.chat_template}: no such file.")
+        wrong = next((line for bad, line in self.value_checks() if bad), None)
+        if wrong:
+            raise ValueError(wrong)
+
+    def value_checks(self) -> list[tuple[bool, str]]:
+        """(the value is wrong, the line that says so) for each numeric flag and the file."""
+        template = self.chat_template
+        return [
+            (self.beta <= 0, "--beta must be positive."),
+            (not 0.0 <= self.label_smoothing < 0.5, "--label_smoothing must be in [0, 0.5)."),
+            (self.rpo_alpha is not None and self.rpo_alpha <= 0, "--rpo_alpha must be positive."),
+            (self.max_seq_length < 2, "--max_seq_length must be at least 2."),
+            (template is not None and not Path(template).is_file(),
+             f"--chat_template {template}: no such file."),
+        ]  # fmt: skip
 
     @property
     def loss_types(self) -> list[str]:
