@@ -273,3 +273,53 @@ def test_streaming_is_refused_before_launch_in_one_line(models, tmp_path, capsys
     code, _, err = offline_dry_run(args, capsys)
     assert code == 2 and err.startswith("error: --streaming true: preference-tuning reads")
     assert len(err.splitlines()) == 1
+
+
+TRL_DPO_LINE = """
+    --learning_rate 5e-7 --num_train_epochs 1 --per_device_train_batch_size 2 --max_length 1024
+    --beta 0.1 --loss_type sigmoid --output_dir Qwen2-0.5B-DPO --gradient_checkpointing
+    --logging_steps 25 --eval_strategy steps --eval_steps 50 --use_peft --lora_r 32
+    --lora_alpha 16
+"""
+"""TRL's DPO docs' `trl dpo` command line (its model and dataset given here as local copies)."""
+
+HANDBOOK_DPO = {
+    "dataset_mixer": {"HuggingFaceH4/ultrafeedback_binarized": 1.0},
+    "dataset_splits": ["train_prefs", "test_prefs"], "bf16": True, "beta": 0.01,
+    "do_eval": True, "eval_strategy": "steps", "eval_steps": 100, "gradient_checkpointing": True,
+    "learning_rate": 5.0e-7, "lr_scheduler_type": "cosine", "max_length": 1024,
+    "max_prompt_length": 512, "num_train_epochs": 1, "output_dir": "data/zephyr-7b-dpo-full",
+    "per_device_train_batch_size": 8, "seed": 42, "warmup_ratio": 0.1,
+}  # fmt: skip
+"""The alignment-handbook's zephyr-7b-beta DPO recipe (recipes/zephyr-7b-beta/dpo), in part."""
+
+
+def test_trls_dpo_command_line_plans_as_preference_tuning(models, tmp_path, capsys):
+    from tests.support.helpers import offline_dry_run
+
+    data = write_pairs(tmp_path / "pairs", rows("conversational implicit"))
+    args = ["--model_name_or_path", models["qwen2"], "--dataset_name", data,
+            *TRL_DPO_LINE.split()]  # fmt: skip
+    code, config, err = offline_dry_run(args, capsys)
+    assert code == 0, err
+    flags = config["flags"]
+    assert flags["task"] == "preference-tuning"  # inferred from the pairs, no --task
+    options = flags["task_options"]
+    assert (options["max_seq_length"], options["beta"], options["loss_type"]) == (
+        1024, 0.1, "sigmoid",
+    )  # fmt: skip
+    assert flags["model"]["peft"] == "lora"
+
+
+def test_the_handbooks_dpo_recipe_gets_one_line_naming_ours(models, tmp_path, capsys):
+    import yaml
+
+    from trainer.launcher import main as launch
+
+    recipe = tmp_path / "dpo.yaml"
+    recipe.write_text(yaml.safe_dump({**HANDBOOK_DPO, "model_name_or_path": str(models["qwen2"])}))
+    with pytest.raises(SystemExit) as exit:
+        launch.main([str(recipe), "--dry-run", "--skip_hub_check", "--task", "preference-tuning"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit.value.code == 2 and line.startswith("error: Unknown flag(s): --dataset_mixer")
+    assert "--dataset_name" in line and "--max_prompt_length" in line
