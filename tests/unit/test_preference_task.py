@@ -323,3 +323,17 @@ def test_the_handbooks_dpo_recipe_gets_one_line_naming_ours(models, tmp_path, ca
     (line,) = capsys.readouterr().err.splitlines()
     assert exit.value.code == 2 and line.startswith("error: Unknown flag(s): --dataset_mixer")
     assert "--dataset_name" in line and "--max_prompt_length" in line
+
+
+def test_generation_samples_are_printed_at_each_evaluation(models, tmp_path, capsys):
+    data = write_pairs(tmp_path / "pairs", rows("standard implicit"), rows("standard implicit"))
+    _, trainer = built(models["qwen2"], data, "--generation_samples", "2",
+                       "--max_new_tokens", "3")  # fmt: skip
+    capsys.readouterr()
+    metrics = trainer.evaluate()
+    assert "eval_rewards/accuracies" in metrics
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sample ")]
+    assert len(lines) == 6, lines
+    # the implicit prompt split off where chosen and rejected stop sharing
+    assert lines[0] == "sample 0 at step 0: prompt: What is 0 plus 0?"
+    assert lines[1] == "sample 0 at step 0: chosen: It is 0."

@@ -68,3 +68,12 @@ def check_pair(row: dict, explicit: bool) -> None:
     shared = shared_beginning(chosen, rejected)
     if shared == 0 or shared in (len(chosen), len(rejected)):
         raise BadPair("chosen and rejected share no prompt")
+
+
+def prompt_and_chosen(row: dict) -> tuple[Any, Any]:
+    """A checked row's prompt (text or turns) and chosen answer, an implicit prompt split off
+    where the two sides stop sharing (as TRL's `extract_prompt` does)."""
+    if row.get("prompt") is not None:
+        return row["prompt"], row["chosen"]
+    shared = shared_beginning(row["chosen"], row["rejected"])
+    return row["chosen"][:shared], row["chosen"][shared:]

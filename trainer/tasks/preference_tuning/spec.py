@@ -52,6 +52,10 @@ class PreferenceArguments:
     chat_template: str | None = flag(
         None, "A Jinja chat template file, in place of the model's (TRL's --chat_template_path)."
     )
+    generation_samples: int = flag(
+        0, "At each evaluation, generate from this many evaluation prompts and print them."
+    )
+    max_new_tokens: int = flag(64, "Tokens generated per sample.")
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.loss_types if name not in LOSS_TYPES]
@@ -69,6 +73,8 @@ class PreferenceArguments:
             (not 0.0 <= self.label_smoothing < 0.5, "--label_smoothing must be in [0, 0.5)."),
             (self.rpo_alpha is not None and self.rpo_alpha <= 0, "--rpo_alpha must be positive."),
             (self.max_seq_length < 2, "--max_seq_length must be at least 2."),
+            (self.generation_samples < 0 or self.max_new_tokens < 1,
+             "--generation_samples must be >= 0 and --max_new_tokens >= 1."),
             (template is not None and not Path(template).is_file(),
              f"--chat_template {template}: no such file."),
         ]  # fmt: skip

@@ -7,7 +7,8 @@ its `TrainingArguments`, the keep-work mixin and callbacks); here those argument
 task's flags: --beta, --loss_type (and --rpo_alpha's `sft` term), --label_smoothing,
 --precompute_ref_log_probs, --max_seq_length. TRL tokenises the checked rows
 (`_prepare_dataset`); the pairs longer than --max_seq_length, which its collator cuts, are counted
-here in one line.
+here in one line. With `--generation_samples N`, each evaluation generates greedily from N
+evaluation prompts and prints prompt, chosen answer and output (one line each, cut).
 
 With `--peft lora` the model arrives with its adapter; TRL would add a frozen copy of that
 adapter as the reference ("ref"); a fresh adapter's copy is the base itself, so the copy is
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 
+import torch
 from trl import DPOConfig, DPOTrainer
 
 from trainer.common.errors import UserError
@@ -51,10 +54,12 @@ def dpo_config(args, preference: PreferenceArguments) -> DPOConfig:
 
 class PreferenceTrainer(DPOTrainer):
     def __init__(self, *positional, preference: PreferenceArguments, where: str = "",
-                 args=None, **kwargs):  # fmt: skip
-        """`where`: the dataset, for the lines about its pairs."""
+                 samples: list | None = None, args=None, **kwargs):  # fmt: skip
+        """`where`: the dataset, for the lines about its pairs; `samples`: (prompt, chosen)
+        of the evaluation pairs generated from at each evaluation (--generation_samples)."""
         self.preference = preference
         self.where = where
+        self.samples = samples or []
         super().__init__(*positional, args=dpo_config(args, preference), **kwargs)
         model = self.accelerator.unwrap_model(self.model)
         if "ref" in (getattr(model, "peft_config", None) or {}):
@@ -83,3 +88,53 @@ class PreferenceTrainer(DPOTrainer):
             print(f"warning: cut {cut + dropped} of {before} pairs of the {name} split "
                   f"({self.where}) to --max_seq_length {limit} tokens{gone}",
                   flush=True)  # fmt: skip
+
+    def evaluate(self, *args, **kwargs):
+        metrics = super().evaluate(*args, **kwargs)
+        if self.samples:
+            self.show_samples()
+        return metrics
+
+    @torch.no_grad()
+    def show_samples(self) -> None:
+        """Greedy answers to the sample prompts, on every rank alike (under ZeRO-3 each forward
+        pass gathers weights from all ranks); the first process prints prompt, chosen answer
+        and output, one line each, cut."""
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        model = self.accelerator.unwrap_model(self.model)
+        tokenizer = self.processing_class
+        was_training = model.training
+        model.eval()
+        step = self.state.global_step
+        for number, (prompt, chosen) in enumerate(self.samples):
+            ids = prompt_ids(tokenizer, prompt).to(self.args.device)
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=self.preference.max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id,
+                                 synced_gpus=is_deepspeed_zero3_enabled())  # fmt: skip
+            output = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+            if self.is_world_process_zero():
+                print(f"sample {number} at step {step}: prompt: {_cut(prompt)}\n"
+                      f"sample {number} at step {step}: chosen: {_cut(chosen)}\n"
+                      f"sample {number} at step {step}: output: {_cut(output)}",
+                      flush=True)  # fmt: skip
+        if was_training:
+            model.train()
+
+
+def prompt_ids(tokenizer, prompt) -> torch.Tensor:
+    """A text prompt's token ids, or a chat's through the template with the generation prompt."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, return_tensors="pt").input_ids
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                         return_dict=True)["input_ids"]  # fmt: skip
+
+
+SHOWN_CHARACTERS = 160
+
+
+def _cut(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 3] + "..."

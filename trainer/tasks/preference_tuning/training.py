@@ -28,7 +28,7 @@ from trainer.data.sources import FILES, first_examples, load_split, split_off_ev
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
 from trainer.tasks.lora_adapters import eight_bit_loading
-from trainer.tasks.preference_tuning.pairs import BadPair, check_pair
+from trainer.tasks.preference_tuning.pairs import BadPair, check_pair, prompt_and_chosen
 from trainer.tasks.preference_tuning.spec import (
     CHOSEN,
     PROMPT,
@@ -53,6 +53,8 @@ class PreferenceTask(Task):
     metric_names = METRICS
     reference_free_flag = "--precompute_ref_log_probs true"
     options: PreferenceArguments
+
+    _samples: list[tuple[Any, Any]] = []
 
     # -- before launch ------------------------------------------------------------------------
 
@@ -171,6 +173,8 @@ class PreferenceTask(Task):
         if evaluation is not None:
             evaluation = first_examples(evaluation, data.max_eval_samples)
             evaluation = self.checked(evaluation, eval_spec, False)
+            shown = evaluation.select(range(min(self.options.generation_samples, len(evaluation))))
+            self._samples = [prompt_and_chosen(row) for row in shown]
         return train, evaluation
 
     def checked(self, dataset: Dataset, spec: str, training: bool) -> Dataset:
@@ -220,7 +224,9 @@ class PreferenceTask(Task):
         from trainer.tasks.preference_tuning.trainer import PreferenceTrainer
 
         where = str(self.data_args.dataset_name or FILES)
-        return partial(PreferenceTrainer, preference=self.options, where=where)
+        return partial(
+            PreferenceTrainer, preference=self.options, where=where, samples=self._samples
+        )
 
 
 STREAMING_LINE = (
