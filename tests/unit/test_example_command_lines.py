@@ -118,7 +118,7 @@ COMMAND_LINES = [
         --model_name_or_path bert-base-cased --dataset_name imdb --do_train --do_predict
         --max_seq_length 128 --per_device_train_batch_size 32 --learning_rate 2e-5
         --num_train_epochs 3 --output_dir /tmp/imdb/
-    """, "add --task text-classification", id="glue-imdb"),
+    """, "or --task text-classification or", id="glue-imdb"),
     # 12. the same with --task text-classification added, as that error line says
     pytest.param("""
         --task text-classification

@@ -245,8 +245,8 @@ def test_a_hub_vit_without_task_is_planned_from_its_config_on_the_hub(
 
 
 ASK_FOR_TASK = (
-    "add --task image-classification or --task speech-recognition or --task text-classification or "
-    "--task text-generation."
+    "add --task image-classification or --task preference-tuning or --task speech-recognition or "
+    "--task text-classification or --task text-generation."
 )
 
 

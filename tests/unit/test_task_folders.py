@@ -22,7 +22,9 @@ from trainer.tasks.step_memory import TrainingFootprint
 TASKS = REPO_ROOT / "trainer" / "tasks"
 REQUIRED_ROLES = ("__init__.py", "spec.py", "training.py", "serving.py")
 """The light spec (flags, claims, layout, `SPEC`; no torch), the training side (its `Task`),
-the serving side (its `Predictor`)."""
+the serving side (its `Predictor`). A task whose delivered model is another task's
+(`TaskSpec.serves_as`: preference tuning delivers a text-generation model) has no serving
+side: that task's predictor serves it."""
 OPTIONAL_ROLES = ("trainer.py", "demo.py")
 """Its Trainer subclass, its built-in demo."""
 
@@ -40,10 +42,14 @@ def test_every_shipped_task_is_a_folder_with_the_roles():
     for spec in shipped_specs():
         package = f"trainer.tasks.{spec.name.replace('-', '_')}"
         files = {path.name for path in (TASKS / package.rsplit(".", 1)[1]).glob("*.py")}
-        assert set(REQUIRED_ROLES) <= files, (spec.name, sorted(files))
+        roles = [r for r in REQUIRED_ROLES if not (spec.serves_as and r == "serving.py")]
+        assert set(roles) <= files, (spec.name, sorted(files))
         assert importlib.import_module(f"{package}.spec").SPEC is spec
         assert spec.training.partition(":")[0] == f"{package}.training"
-        assert spec.predictor.__module__ == f"{package}.serving"
+        if spec.serves_as:
+            assert "serving.py" not in files and spec.predictor is None, spec.name
+        else:
+            assert spec.predictor.__module__ == f"{package}.serving"
         assert spec.demo in (None, f"{package}.demo")
         assert (spec.demo is None) == ("demo.py" not in files), spec.name
         if "trainer.py" in files:

@@ -112,8 +112,8 @@ def test_a_directory_without_tables_is_refused(text_assets, tmp_path):
 
 
 def test_unknown_task_names_every_task():
-    with pytest.raises(UserError, match="choose one of image-classification, speech-recognition, "
-                       "text-classification"):  # fmt: skip
+    with pytest.raises(UserError, match="choose one of image-classification, preference-tuning, "
+                       "speech-recognition, text-classification"):  # fmt: skip
         load_task("sentiment")
 
 

@@ -270,7 +270,9 @@ SPEECH_LINE = ["--task", "speech-recognition", "--model_name_or_path", "openai/w
 """A speech line that gives its --task (no download: --dry-run --skip_hub_check)."""
 
 
-BOTH_TEXT_TASKS = "--task text-classification or --task text-generation"
+BOTH_TEXT_TASKS = "--task preference-tuning or --task text-classification or --task text-generation"
+"""The tasks whose flags include --max_seq_length (the two text tasks, and preference tuning
+of text generation's models)."""
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,13 @@ from trainer.common.hub_access import (
     transport_failure,
 )
 from trainer.data.sources import looks_like_path
-from trainer.tasks.registry import DEFAULT_TASK, registered, task_names, task_of_model
+from trainer.tasks.registry import (
+    DEFAULT_TASK,
+    refining_tasks,
+    registered,
+    task_names,
+    task_of_model,
+)
 
 HUB_TIMEOUT_SECONDS = 10
 
@@ -51,7 +57,25 @@ def infer_task(
     if found is None and config is None and model and is_hub_id(model):
         hub_config = hub_model_config(model, cache_dir, env, skip_hub_check)
         found = claimed(model, hub_config, "config.json on the Hub")
+    found = refined(found, dataset)
     return found or (DEFAULT_TASK, "the default: neither the model's config.json nor the data say")
+
+
+def refined(found: tuple[str, str] | None, dataset: str | None) -> tuple[str, str] | None:
+    """A task that trains the found task's models further (`TaskSpec.serves_as`: preference
+    tuning of a causal language model) when the local dataset is in its layout."""
+    if found is None or not (dataset and looks_like_path(dataset) and Path(dataset).is_dir()):
+        return found
+    for spec in refining_tasks(found[0]):
+        try:
+            layout = spec.detect_layout(Path(dataset))
+        except UserError:
+            continue
+        return (
+            spec.name,
+            f"{found[1]}, and {dataset} is a local {layout.builder} dataset of its layout",
+        )
+    return found
 
 
 def task_of_default_model(model: str | None) -> tuple[str, str] | None:

@@ -75,7 +75,9 @@ def plan_model(config: RunConfig, task: Task, config_readable: bool = True) -> d
     if footprint is not None:
         checkpointing = planned_checkpointing(config, footprint)
         lora = None if config.model.peft == "lora" else lora_parameters(config, task, model)
-        plan["memory_per_gpu"] = check_fits(config, footprint, checkpointing, lora)
+        plan["memory_per_gpu"] = check_fits(
+            config, footprint, checkpointing, lora, task.reference_free_flag
+        )
     plan[MICRO_BATCH_TIME] = micro_batch_time(config, task, model, checkpointing)
     return plan
 
@@ -90,7 +92,11 @@ def planned_checkpointing(config: RunConfig, footprint) -> bool:
 
 
 def check_fits(
-    config: RunConfig, footprint, checkpointing: bool, lora_trainable: int | None = None
+    config: RunConfig,
+    footprint,
+    checkpointing: bool,
+    lora_trainable: int | None = None,
+    reference_free: str | None = None,
 ) -> dict:
     """The step's memory per GPU, as the dry run shows it; UserError when it cannot fit, naming
     what would (`fitting_alternatives`), or else what might."""
@@ -98,7 +104,9 @@ def check_fits(
     gpu_bytes = hardware.gpu_memory_bytes
     needed = footprint.step_bytes(checkpointing)
     if gpu_bytes and needed > usable_gpu_bytes(gpu_bytes):
-        would = fitting_alternatives(config, footprint, checkpointing, lora_trainable)
+        would = fitting_alternatives(
+            config, footprint, checkpointing, lora_trainable, reference_free
+        )
         instead = (
             "what would fit: " + "; ".join(would)
             if would
@@ -120,16 +128,24 @@ MAX_NODES = 64
 
 
 def fitting_alternatives(
-    config: RunConfig, footprint, checkpointing: bool, lora_trainable: int | None
+    config: RunConfig,
+    footprint,
+    checkpointing: bool,
+    lora_trainable: int | None,
+    reference_free: str | None = None,
 ) -> list[str]:
     """The changes, each alone on top of gradient checkpointing, with which a step fits: LoRA
-    (`lora_trainable` adapter weights), QLoRA (4-bit frozen weights, where bitsandbytes runs
-    and ZeRO-3 does not partition), and a full fine-tune under ZeRO-3 over the fewest nodes of
-    this machine; each with its estimate."""
+    (`lora_trainable` adapter weights; a frozen reference model is then the base, not a copy),
+    QLoRA (4-bit frozen weights, where bitsandbytes runs and ZeRO-3 does not partition), the
+    task's flag that computes a reference's outputs before training (`reference_free`), and a
+    full fine-tune under ZeRO-3 over the fewest nodes of this machine; each with its
+    estimate."""
     usable = usable_gpu_bytes(config.hardware.gpu_memory_bytes)
     flag = "" if checkpointing else " --gradient_checkpointing true"
     options = [(flag.strip(), footprint)] if not checkpointing else []
     options += adapter_options(config, footprint, lora_trainable, flag)
+    if footprint.reference_parameters and reference_free:
+        options.append((f"{reference_free}{flag}", replace(footprint, reference_parameters=0)))
     would = [f"{change} (about {option.step_bytes(True) / GIB:.1f} GiB)"
              for change, option in options if option.step_bytes(True) <= usable]  # fmt: skip
     gpus = max(config.topology.nproc_per_node, 1)
@@ -146,7 +162,7 @@ def adapter_options(config: RunConfig, footprint, lora_trainable: int | None, fl
     """(change, its footprint) for LoRA and, where bitsandbytes can run, QLoRA."""
     if lora_trainable is None:
         return []
-    lora = replace(footprint, trainable_parameters=lora_trainable)
+    lora = replace(footprint, trainable_parameters=lora_trainable, reference_parameters=0)
     options = [(f"--peft lora{flag}", lora)]
     if (footprint.zero_stage or 0) < 3 and config.hardware.gpu_count:
         qlora = replace(lora, frozen_in_4bit=True, frozen_in_8bit=False)

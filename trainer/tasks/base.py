@@ -60,6 +60,10 @@ class Task(ABC):
     against them; the Trainer would find a wrong name only at the first evaluation."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
+    reference_free_flag: ClassVar[str | None] = None
+    """The flag with which a task's frozen reference model (`reference_parameters`) is not
+    kept while training, its outputs computed before (the plan names it when a step does not
+    fit); None: the task keeps no reference, or cannot do without it."""
 
     def __init__(
         self,

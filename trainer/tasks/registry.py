@@ -10,7 +10,12 @@ The order of registration is the order tasks are asked: the first task that clai
 config.json is its task (Whisper before the classifiers), and the first whose local layout a
 dataset directory has is its task (a Common Voice directory holds .tsv tables too, so speech
 is asked before text; a folder of chats is text generation's, asked before a table of labelled
-texts).
+texts). Preference tuning claims no model (its causal language models are text generation's,
+and its delivered model is one: `serves_as`), so its place only orders the layouts: a folder
+of `chosen`/`rejected` tables is its, asked before text generation's folders (whose `prompt`
+column such a table may share) and before the labelled texts; and a command line whose model
+text generation claims is preference tuning's when its data is in this layout
+(trainer/config/task_inference.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from trainer.common.errors import UserError
 from trainer.tasks.image_classification import spec as image_classification
+from trainer.tasks.preference_tuning import spec as preference_tuning
 from trainer.tasks.speech_recognition import spec as speech_recognition
 from trainer.tasks.task_spec import TaskSpec
 from trainer.tasks.text_classification import spec as text_classification
@@ -33,6 +39,7 @@ REGISTERED: dict[str, TaskSpec] = {
     for spec in (
         speech_recognition.SPEC,
         image_classification.SPEC,
+        preference_tuning.SPEC,
         text_generation.SPEC,
         text_classification.SPEC,
     )
@@ -49,6 +56,11 @@ def register(spec: TaskSpec) -> TaskSpec:
         raise ValueError(f"a task named {spec.name} is registered already")
     REGISTERED[spec.name] = spec
     return spec
+
+
+def refining_tasks(name: str) -> list[TaskSpec]:
+    """The tasks that train `name`'s models further and deliver one of them (`serves_as`)."""
+    return [spec for spec in registered() if spec.serves_as == name]
 
 
 def registered() -> list[TaskSpec]:

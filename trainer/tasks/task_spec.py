@@ -37,10 +37,16 @@ class TaskSpec:
     """Whether a model's config.json is for this task (resolution, the server, the registry)."""
     detect_layout: Callable[[Path], LocalLayout]
     """A local dataset directory in this task's layout, or UserError saying why it is not."""
-    predictor: type[Predictor]
+    predictor: type[Predictor] | None = None
     """How a delivered model of this task serves: its pipeline, instances, parameters, answer
     format (the one `--do_predict` writes too), warm-up input, and how `python -m
-    trainer.predict` reads a test set for it and scores the answers."""
+    trainer.predict` reads a test set for it and scores the answers. None for a task whose
+    delivered model is another task's (`serves_as`)."""
+    serves_as: str | None = None
+    """The task whose model this task trains further and delivers (preference tuning: a
+    text-generation model), named instead of a predictor of its own: that task claims the
+    delivered model's config.json, so the server, offline predictions and the model registry
+    serve it with that task's predictor (resolved through the registry); no second copy."""
     lora_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Model type -> the modules that get LoRA adapters unless `--lora_target_modules` says."""
     default_model: str | None = None
@@ -60,6 +66,10 @@ class TaskSpec:
     """The demo's model and data folder names in the cache, versioned so that assets an older
     release built are not reused (bump them when the builders change); None: `<task>-model`
     and `<task>-data`."""
+
+    def __post_init__(self) -> None:
+        if (self.predictor is None) == (self.serves_as is None):
+            raise ValueError(f"task {self.name}: give a predictor or serves_as, one of them")
 
     def demo_assets_in(self, root: Path) -> DemoAssets:
         """Where the demo's model and data are, or will be built, under `root`."""
