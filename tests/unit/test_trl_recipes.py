@@ -172,7 +172,7 @@ def test_trls_flags_run_with_trls_meaning(given, group, key, value, llm, capsys)
          "sft, ScriptArguments): several datasets are mixed as streams: --streaming true"),
         ("--use_dora", "error: --use_dora is not a flag of this trainer"),
         # (a value of a flag named *token* is masked, as secrets are)
-        ("--eos_token <nothing>", "error: --eos_token *** is not a token of the tokenizer's "
+        ("--eos_token <nothing>", "error: --eos_token <nothing> is not a token of the tokenizer's "
          "vocabulary: give one of its tokens"),
         # no wrong "did you mean": each named as what it is, or as a flag meaning the same
         ("--lora_ranks 8", "error: Unknown flag(s): --lora_ranks (did you mean --lora_r?)"),

@@ -172,7 +172,12 @@ def _note(foreign: ForeignFlag) -> str:
 
 
 def _mapped(name: str, value: str, foreign: ForeignFlag) -> tuple[list[str], str]:
+    instead = foreign.check and foreign.check(value)
+    if instead:
+        raise UserError(f"{name}: {instead}.")
     tokens = foreign.values.get(value)
+    if tokens is None and foreign.passes_others:
+        return [name, value], None
     if tokens is None:
         note = f" ({foreign.answer})" if foreign.answer else ""
         raise UserError(f"{name} takes one of {', '.join(foreign.values)}{note}.")

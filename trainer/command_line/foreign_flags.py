@@ -99,9 +99,12 @@ class ForeignFlag:
     values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """mapped: accepted value -> our flags."""
     check: Callable[[str], str | None] | None = None
-    """renamed: returns what to use instead when the value means something else here."""
+    """renamed, mapped: returns what to use instead when the value means something else here."""
     note: str = ""
     """renamed, switch: what the user may have meant instead, said in the notice too."""
+    passes_others: bool = False
+    """mapped: a value not in `values` is left to the task's own flag of the same name (TRL's
+    `--loss_type`: SFT's `nll` sets nothing; DPO's are preference tuning's `--loss_type`)."""
 
     def flags_set(self) -> set[str]:
         """Our flags it may set: a renamed one's, a switch's, any value's of a mapped one."""
@@ -123,7 +126,8 @@ class ForeignFlag:
                 f"`{value}` is `{' '.join(tokens)}`" if tokens else f"`{value}` sets nothing"
                 for value, tokens in self.values.items()
             )
-            return f"accepted: {shown}" + (f" ({note})" if note else "")
+            others = "; other values are the task's own flag" if self.passes_others else ""
+            return f"accepted: {shown}{others}" + (f" ({note})" if note else "")
         return f"{self.kind}: {note}"
 
 
@@ -140,8 +144,9 @@ def switch(tokens, source, note="") -> ForeignFlag:
     return ForeignFlag("switch", source, False, tokens=tuple(tokens), note=note)
 
 
-def mapped(values, source, note="") -> ForeignFlag:
-    return ForeignFlag("mapped", source, True, note, values=values)
+def mapped(values, source, note="", passes_others=False, check=None) -> ForeignFlag:
+    return ForeignFlag("mapped", source, True, note, values=values, check=check,
+                       passes_others=passes_others)  # fmt: skip
 
 
 def ignored(reason, source, takes_value=False) -> ForeignFlag:
@@ -150,6 +155,13 @@ def ignored(reason, source, takes_value=False) -> ForeignFlag:
 
 def refused(hint, source, takes_value=True) -> ForeignFlag:
     return ForeignFlag("refused", source, takes_value, hint)
+
+
+def _sft_loss(value: str) -> str | None:
+    """TRL SFT's other loss, dft, which the text generation task does not train."""
+    if value != "dft":
+        return None
+    return "dft (TRL's dynamic fine-tuning loss) is not trained here: leave it out (nll)"
 
 
 def _a_template_file(value: str) -> str | None:
@@ -207,6 +219,10 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--validation_dir": refused("put train/ and validation/ folders in one folder, give it as "
                                 "--dataset_name and add --eval_split_name validation", IMAGE),
     "--max_length": renamed("--max_seq_length", f"run_glue_no_trainer.py, {TRL}"),
+    "--max_prompt_length": refused("this TRL's DPOConfig has no prompt limit of its own: give "
+                                   "--max_seq_length (TRL's --max_length), the length of a "
+                                   "prompt with its answer", "trl dpo (before 1.0), the "
+                                   "alignment-handbook's DPO recipes"),
     # trl sft and its SFTConfig / ModelConfig (--task text-generation) --------------------
     "--use_peft": switch(["--peft", "lora"], TRL),
     "--dtype": mapped(DTYPES, TRL, DTYPE_NOTE),
@@ -243,8 +259,10 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--pad_to_multiple_of": ignored("each batch pads to its longest example", TRL,
                                     takes_value=True),
     "--eval_packing": ignored("evaluation examples are evaluated unpacked, each alone", TRL),
-    "--loss_type": mapped({"nll": ()}, TRL, "the loss is the tokens' negative log-likelihood; "
-                          "dft is not trained here"),
+    "--loss_type": mapped({"nll": ()}, TRL, "SFT's loss is the tokens' negative "
+                          "log-likelihood, dft is not trained here; DPO's loss types are the "
+                          "preference-tuning task's own", passes_others=True,
+                          check=_sft_loss),
     "--activation_offloading": refused("--gradient_checkpointing true saves activation memory; "
                                        "--deepspeed zero3-offload offloads the optimizer and "
                                        "parameters", TRL, takes_value=False),

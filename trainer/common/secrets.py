@@ -52,11 +52,18 @@ a secret version's resource name (secret ids are letters, digits, `-` and `_`; a
 a number or `latest`)."""
 
 
+SPECIAL_TOKENS = ("eos", "bos", "pad", "unk", "sep", "cls", "mask")
+"""A tokenizer's special tokens (TRL's `--eos_token`, `--pad_token`): the text of a token, not
+a credential, though its name ends in `token`."""
+
+
 def looks_secret(name: str) -> bool:
     """Whether a flag (`--hub-token`) or variable (`HF_TOKEN`) name says its value is secret."""
     if name == REFERENCE_FLAG:
         return False
     words = re.split(r"[-_]+", name.lower().lstrip("-"))
+    if len(words) == 2 and words[0] in SPECIAL_TOKENS and words[1] == "token":
+        return False
     return any(word.endswith(SECRET_WORDS) for word in words)
 
 
