@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 RANK_ONE_FAILS = """
 import os
 
-from trainer.tasks import speech
+from trainer.tasks.speech_recognition import training as speech
 
 _collator = speech.SpeechRecognitionTask.data_collator
 
