@@ -337,3 +337,18 @@ def test_generation_samples_are_printed_at_each_evaluation(models, tmp_path, cap
     # the implicit prompt split off where chosen and rejected stop sharing
     assert lines[0] == "sample 0 at step 0: prompt: What is 0 plus 0?"
     assert lines[1] == "sample 0 at step 0: chosen: It is 0."
+
+
+def test_an_inline_chat_template_of_any_length_is_taken_as_text_generation_takes_it(tmp_path):
+    """The handbook's DPO recipes carry their template inline (longer than a file name may be:
+    errno 36 before); a file's text is read; neither one is refused in one line."""
+    from trainer.tasks.causal_lm import chat_template_text
+
+    inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}" + " " * 400
+    assert PreferenceArguments(chat_template=inline).chat_template == inline
+    assert chat_template_text(inline) == inline
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert chat_template_text(str(template)) == "{{ messages[0]['content'] }}"
+    with pytest.raises(ValueError, match="no such file"):
+        PreferenceArguments(chat_template=str(tmp_path / "missing.jinja"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
 from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
+from trainer.tasks.causal_lm import chat_template_text
 from trainer.tasks.task_spec import TaskSpec
 
 NAME = "preference-tuning"
@@ -49,9 +50,7 @@ class PreferenceArguments:
     max_seq_length: int = flag(
         1024, "Tokens of prompt + answer (TRL's max_length); longer pairs are cut and counted."
     )
-    chat_template: str | None = flag(
-        None, "A Jinja chat template file, in place of the model's (TRL's --chat_template_path)."
-    )
+    chat_template: str | None = flag(None, "A Jinja chat template (file or text) for the model's.")
     generation_samples: int = flag(
         0, "At each evaluation, generate from this many evaluation prompts and print them."
     )
@@ -75,8 +74,9 @@ class PreferenceArguments:
             (self.max_seq_length < 2, "--max_seq_length must be at least 2."),
             (self.generation_samples < 0 or self.max_new_tokens < 1,
              "--generation_samples must be >= 0 and --max_new_tokens >= 1."),
-            (template is not None and not Path(template).is_file(),
-             f"--chat_template {template}: no such file."),
+            (template is not None and chat_template_text(template) is None,
+             f"--chat_template {template}: no such file (nor a Jinja template: one has "
+             "{% ... %} or {{ ... }})."),
         ]  # fmt: skip
 
     @property

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.common.errors import UserError
@@ -27,7 +26,7 @@ from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.sources import FILES, first_examples, load_split, split_off_evaluation
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task
-from trainer.tasks.lora_adapters import eight_bit_loading
+from trainer.tasks.causal_lm import CausalLanguageModel, decoder_layer_values
 from trainer.tasks.preference_tuning.pairs import BadPair, check_pair, prompt_and_chosen
 from trainer.tasks.preference_tuning.spec import (
     CHOSEN,
@@ -47,7 +46,7 @@ METRICS = ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/r
 """What TRL's DPOTrainer logs at each evaluation (with `eval_`), as its docs name them."""
 
 
-class PreferenceTask(Task):
+class PreferenceTask(CausalLanguageModel, Task):
     spec = SPEC
     default_metric = "rewards/accuracies"  # the share of pairs whose chosen answer wins
     metric_names = METRICS
@@ -87,39 +86,14 @@ class PreferenceTask(Task):
 
     # -- the model -----------------------------------------------------------------------------
 
-    def model_class(self):
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM
-
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         return self.load_model(quantized=True), self.load_tokenizer()
 
     def load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        path = self.model_args.model_name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=self.model_args.cache_dir)
-        if self.options.chat_template:
-            tokenizer.chat_template = Path(self.options.chat_template).read_text()
+        tokenizer = self.templated_tokenizer()
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
-
-    def load_model(self, quantized: bool = True) -> PreTrainedModel:
-        import torch
-
-        kwargs = eight_bit_loading(self.model_args) if quantized else {}
-        return self.model_class().from_pretrained(
-            self.model_args.model_name_or_path,
-            cache_dir=self.model_args.cache_dir,
-            attn_implementation=self.model_args.attn_implementation,
-            dtype=torch.bfloat16 if self.model_args.load_in_4bit else torch.float32,
-            **kwargs,
-        )
-
-    def model_to_merge_into(self) -> PreTrainedModel:
-        return self.load_model(quantized=False)
 
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """A pair is two sequences of up to --max_seq_length (chosen and rejected, one batch): each
@@ -128,8 +102,7 @@ class PreferenceTask(Task):
         are kept; with checkpointing, each layer's input plus one layer recomputed."""
         config = model.config.get_text_config()
         s, h = 2 * self.options.max_seq_length, config.hidden_size
-        mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
-        layer = s * (10 * h + 2 * mlp + 2 * h)
+        layer = decoder_layer_values(config, s)
         return config.num_hidden_layers * layer, config.num_hidden_layers * s * h + layer
 
     def forward_flops_per_sample(self, model: PreTrainedModel):

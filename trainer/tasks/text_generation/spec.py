@@ -12,6 +12,7 @@ from pathlib import Path
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
 from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
+from trainer.tasks.causal_lm import chat_template_text
 from trainer.tasks.model_config import (
     CAUSAL_LMS,
     MASKED_LMS,
@@ -70,7 +71,7 @@ class ChatArguments:
             raise ValueError("--max_seq_length must be at least 2.")
         if self.generation_samples < 0 or self.max_new_tokens < 1:
             raise ValueError("--generation_samples must be >= 0 and --max_new_tokens >= 1.")
-        if self.chat_template is not None and self.template_text() is None:
+        if self.chat_template is not None and chat_template_text(self.chat_template) is None:
             raise ValueError(f"--chat_template {self.chat_template}: no such file (nor a Jinja "
                              "template: one has {% ... %} or {{ ... }}).")  # fmt: skip
 
@@ -79,29 +80,6 @@ class ChatArguments:
         --dataset_name)."""
         files = {"train": self.train_file, "validation": self.validation_file}
         return {split: Path(path).expanduser() for split, path in files.items() if path}
-
-    def template_text(self) -> str | None:
-        """The chat template --chat_template gives: written inline (as the alignment-handbook's
-        and open-r1's recipes do, or `--chat_template "$(cat t.jinja)"`), or a file's text;
-        None when it is neither."""
-        value = self.chat_template
-        if value is None:
-            return None
-        if is_inline_template(value):
-            return value
-        path = Path(value)
-        return path.read_text() if _a_file_name(value) and path.is_file() else None
-
-
-def is_inline_template(value: str) -> bool:
-    """A Jinja template, not a file name: it has a statement or an expression."""
-    return "{%" in value or "{{" in value
-
-
-def _a_file_name(value: str) -> bool:
-    """Short enough, and on one line, to name a file (a longer one is no name the system takes:
-    errno 36, file name too long)."""
-    return "\n" not in value and all(len(part) <= 255 for part in value.split("/"))
 
 
 def is_causal_lm(config: dict) -> bool:

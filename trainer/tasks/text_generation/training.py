@@ -40,7 +40,7 @@ from trainer.data.sources import (
 )
 from trainer.data.streams import is_stream
 from trainer.tasks.base import Task, named_files_layout
-from trainer.tasks.lora_adapters import eight_bit_loading
+from trainer.tasks.causal_lm import CausalLanguageModel, decoder_layer_values
 from trainer.tasks.text_generation.loss_mask import (
     BadRow,
     TemplateNotSplittable,
@@ -68,7 +68,7 @@ REFERENCE, PROMPT_JSON = "reference", "prompt_json"
 JSON: a column holds one type)."""
 
 
-class ChatTask(Task):
+class ChatTask(CausalLanguageModel, Task):
     spec = SPEC
     default_metric = "perplexity"  # exp(eval loss): the same order, in words a person reads
     metric_names = ("perplexity",)
@@ -128,43 +128,16 @@ class ChatTask(Task):
 
     # -- the model -----------------------------------------------------------------------------
 
-    def model_class(self):
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM
-
     def build_model_and_processor(self) -> tuple[PreTrainedModel, Any]:
         return self.load_model(quantized=True), self.load_tokenizer()
 
     def load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        path = self.model_args.model_name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=self.model_args.cache_dir)
-        if self.options.chat_template:
-            tokenizer.chat_template = self.options.template_text()
+        tokenizer = self.templated_tokenizer()
         set_special_tokens(tokenizer, self.options)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self._tokenizer = tokenizer
         return tokenizer
-
-    def load_model(self, quantized: bool = True) -> PreTrainedModel:
-        import torch
-
-        kwargs = eight_bit_loading(self.model_args) if quantized else {}
-        return self.model_class().from_pretrained(
-            self.model_args.model_name_or_path,
-            cache_dir=self.model_args.cache_dir,
-            attn_implementation=self.model_args.attn_implementation,
-            # fp32 master weights (--bf16 computes in 16 bits); with 4-bit frozen weights the
-            # rest (embeddings, norms, head) in bf16, as QLoRA does
-            dtype=torch.bfloat16 if self.model_args.load_in_4bit else torch.float32,
-            **kwargs,
-        )
-
-    def model_to_merge_into(self) -> PreTrainedModel:
-        return self.load_model(quantized=False)
 
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """A decoder layer keeps about 34 s h values for s positions of width h with fused
@@ -176,8 +149,7 @@ class ChatTask(Task):
         plus one layer being recomputed."""
         config = model.config.get_text_config()
         s, h = self.options.max_seq_length, config.hidden_size
-        mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
-        layer = s * (10 * h + 2 * mlp + 2 * h)
+        layer = decoder_layer_values(config, s)
         logits = 3 * s * config.vocab_size
         full = config.num_hidden_layers * layer + logits
         return full, config.num_hidden_layers * s * h + layer + logits

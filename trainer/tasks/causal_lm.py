@@ -1,0 +1,83 @@
+"""What the tasks that train causal language models share (text generation, preference
+tuning): the `--chat_template` they take, written inline or as a file, and how the model and
+its tokenizer are loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.tasks.lora_adapters import eight_bit_loading
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def chat_template_text(value: str | None) -> str | None:
+    """The chat template `--chat_template` gives: written inline (as the alignment-handbook's and
+    open-r1's recipes do, or `--chat_template "$(cat t.jinja)"`), or a file's text; None when
+    it is neither (or not given)."""
+    if value is None:
+        return None
+    if is_inline_template(value):
+        return value
+    path = Path(value)
+    return path.read_text() if _a_file_name(value) and path.is_file() else None
+
+
+def is_inline_template(value: str) -> bool:
+    """A Jinja template, not a file name: it has a statement or an expression."""
+    return "{%" in value or "{{" in value
+
+
+def _a_file_name(value: str) -> bool:
+    """Short enough, and on one line, to name a file (a longer one is no name the system takes:
+    errno 36, file name too long)."""
+    return "\n" not in value and all(len(part) <= 255 for part in value.split("/"))
+
+
+class CausalLanguageModel:
+    """The model side of a `Task` that trains a causal language model: its class, its loading
+    (fp32 master weights, bf16 beside 4-bit frozen ones as QLoRA does), the full-precision copy
+    an adapter merges into, and its tokenizer with the run's chat template and a pad token."""
+
+    def model_class(self):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def load_model(self, quantized: bool = True) -> PreTrainedModel:
+        import torch
+
+        kwargs = eight_bit_loading(self.model_args) if quantized else {}
+        return self.model_class().from_pretrained(
+            self.model_args.model_name_or_path,
+            cache_dir=self.model_args.cache_dir,
+            attn_implementation=self.model_args.attn_implementation,
+            # fp32 master weights (--bf16 computes in 16 bits); with 4-bit frozen weights the
+            # rest (embeddings, norms, head) in bf16, as QLoRA does
+            dtype=torch.bfloat16 if self.model_args.load_in_4bit else torch.float32,
+            **kwargs,
+        )
+
+    def model_to_merge_into(self) -> PreTrainedModel:
+        return self.load_model(quantized=False)
+
+    def templated_tokenizer(self):
+        """The model's tokenizer, with `--chat_template` in place of its own where given."""
+        from transformers import AutoTokenizer
+
+        path = self.model_args.model_name_or_path
+        tokenizer = AutoTokenizer.from_pretrained(path, cache_dir=self.model_args.cache_dir)
+        if self.options.chat_template:
+            tokenizer.chat_template = chat_template_text(self.options.chat_template)
+        return tokenizer
+
+
+def decoder_layer_values(config, positions: int) -> int:
+    """Activation values one decoder layer keeps for `positions` positions of width h with
+    fused attention (Korthikanti et al. 2022, sec. 4.1: 34 s b h bytes at 16 bits, counted in
+    values: 17 s h, the MLP's two intermediate tensors at its own width)."""
+    h = config.hidden_size
+    mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
+    return positions * (10 * h + 2 * mlp + 2 * h)
