@@ -1,9 +1,11 @@
 """What the tasks that train causal language models share (text generation, preference
-tuning): the `--chat_template` they take, written inline or as a file, and how the model and
-its tokenizer are loaded."""
+tuning): the `--chat_template` they take, written inline or as a file, how the model and its
+tokenizer are loaded, and the run's arguments as their TRL trainer's config."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,3 +83,20 @@ def decoder_layer_values(config, positions: int) -> int:
     h = config.hidden_size
     mlp = getattr(config, "intermediate_size", 4 * h) or 4 * h
     return positions * (10 * h + 2 * mlp + 2 * h)
+
+
+def retyped_arguments(args, config_class: type):
+    """`args` (the run's TrainingArguments, as built and checked) as a TrainingArguments subclass
+    (TRL's SFTConfig, DPOConfig): the same object's values, copied, with the subclass's own
+    fields at their defaults for the task to set. Not `config_class(**args.to_dict())`: that
+    builds the arguments again, DeepSpeed's config and the process's distributed state with
+    them, and the rebuilt DeepSpeed batch sizes no longer agreed with the world size (ZeRO-3,
+    2 processes)."""
+    config = copy.copy(args)
+    config.__class__ = config_class
+    for field in dataclasses.fields(config_class):
+        if not hasattr(config, field.name):
+            factory = field.default_factory
+            default = field.default if factory is dataclasses.MISSING else factory()
+            setattr(config, field.name, default)
+    return config

@@ -17,8 +17,6 @@ dropped and the reference is the base with the adapter disabled, as TRL does wit
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import os
 
@@ -26,20 +24,14 @@ import torch
 from trl import DPOConfig, DPOTrainer
 
 from trainer.common.errors import UserError
+from trainer.tasks.causal_lm import retyped_arguments
 from trainer.tasks.preference_tuning.spec import PreferenceArguments
 
 
 def dpo_config(args, preference: PreferenceArguments) -> DPOConfig:
-    """`args` (the run's TrainingArguments, as built and checked) as TRL's config: the same
-    object's values, copied, with DPOConfig's own fields at their defaults and the task's
-    flags set (not `DPOConfig(**args.to_dict())`: that builds DeepSpeed's state again)."""
-    config = copy.copy(args)
-    config.__class__ = DPOConfig
-    for field in dataclasses.fields(DPOConfig):
-        if not hasattr(config, field.name):
-            factory = field.default_factory
-            default = field.default if factory is dataclasses.MISSING else factory()
-            setattr(config, field.name, default)
+    """`args` as TRL's config (`retyped_arguments`: not rebuilt), DPOConfig's own fields set
+    from the task's flags."""
+    config = retyped_arguments(args, DPOConfig)
     config.loss_type, config.loss_weights = preference.losses()
     config.beta = preference.beta
     config.label_smoothing = preference.label_smoothing

@@ -17,8 +17,6 @@ reference and output (one line each, cut) and writing them to TensorBoard as tex
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import math
 from typing import Any
@@ -28,6 +26,7 @@ from transformers.trainer_utils import PredictionOutput
 from trl import SFTConfig, SFTTrainer
 
 from trainer.common.errors import UserError
+from trainer.tasks.causal_lm import retyped_arguments
 from trainer.tasks.text_generation.serving import continuation, end_of_turn_ids
 from trainer.tasks.text_generation.spec import ChatArguments
 from trainer.tasks.text_generation.stream import CUTS, CountedCuts
@@ -37,18 +36,9 @@ SHOWN_CHARACTERS = 160
 
 
 def sft_config(args, chat: ChatArguments) -> SFTConfig:
-    """`args` (the run's TrainingArguments, as built and checked) as TRL's config: the same
-    object's values, copied, with SFTConfig's own fields set from the task's flags. Not
-    `SFTConfig(**args.to_dict())` (what SFTTrainer does with plain arguments): that builds the
-    arguments again, DeepSpeed's config and the process's distributed state with them, and the
-    rebuilt DeepSpeed batch sizes no longer agreed with the world size (ZeRO-3, 2 processes)."""
-    config = copy.copy(args)
-    config.__class__ = SFTConfig
-    for field in dataclasses.fields(SFTConfig):
-        if not hasattr(config, field.name):
-            factory = field.default_factory
-            default = field.default if factory is dataclasses.MISSING else factory()
-            setattr(config, field.name, default)
+    """`args` as TRL's config (`retyped_arguments`: not rebuilt, as SFTTrainer would rebuild
+    plain arguments), SFTConfig's own fields set from the task's flags."""
+    config = retyped_arguments(args, SFTConfig)
     config.max_length = chat.max_seq_length
     config.packing = chat.packing
     config.packing_strategy = "bfd"  # TRL makes it padding-free
