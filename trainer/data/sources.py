@@ -188,6 +188,16 @@ TABLE_FORMATS = {
 classification's, text generation's) or `--train_file` may hold."""
 
 
+def table_folder_layout(directory: Path, example: str) -> LocalLayout:
+    """A folder of one table file per split, all in one format (`table_layout`); UserError
+    naming the formats, with `example` files, when it holds none."""
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
+    if not files:
+        raise UserError(f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} "
+                        f"file per split in it ({example}, ...).")  # fmt: skip
+    return table_layout({path.stem: path for path in files}, str(directory))
+
+
 def table_layout(files: dict[str, Path], where: str) -> LocalLayout:
     """Split name -> table file, all in one format; the columns all of them have."""
     suffixes = sorted({path.suffix for path in files.values()})

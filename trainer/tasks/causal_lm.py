@@ -15,6 +15,17 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
+CAUSAL_LM_LORA_TARGETS = {
+    **{
+        kind: ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        for kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+    },
+    "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+}
+"""Model type -> the modules that get LoRA adapters by default: every linear layer of the
+blocks, as QLoRA (Dettmers et al. 2023, sec. 4) found best."""
+
+
 def chat_template_text(value: str | None) -> str | None:
     """The chat template `--chat_template` gives: written inline (as the alignment-handbook's and
     open-r1's recipes do, or `--chat_template "$(cat t.jinja)"`), or a file's text; None when

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
-from trainer.tasks.causal_lm import chat_template_text
+from trainer.data.sources import LocalLayout, table_folder_layout
+from trainer.tasks.causal_lm import CAUSAL_LM_LORA_TARGETS, chat_template_text
 from trainer.tasks.task_spec import TaskSpec
 
 NAME = "preference-tuning"
@@ -104,19 +104,13 @@ def is_preference_table(columns: frozenset[str] | set[str]) -> bool:
 def detect_local_layout(directory: Path) -> LocalLayout:
     """A folder of one table file per split (JSONL, Parquet, CSV...) with `chosen` and
     `rejected` columns (and `prompt`, for an explicit prompt)."""
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
-    if not files:
-        raise UserError(f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} "
-                        "file per split in it (train.jsonl, test.jsonl, ...).")  # fmt: skip
-    layout = table_layout({path.stem: path for path in files}, str(directory))
+    layout = table_folder_layout(directory, "train.jsonl, test.jsonl")
     if not is_preference_table(layout.columns):
         raise UserError(f'{directory} holds no preference pairs: its tables need "chosen" and '
                         '"rejected" columns (and "prompt", or two chats sharing their '
                         "beginning).")  # fmt: skip
     return layout
 
-
-ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 SPEC = TaskSpec(
     name=NAME,
@@ -126,13 +120,7 @@ SPEC = TaskSpec(
     detect_layout=detect_local_layout,
     serves_as="text-generation",
     # every linear layer of the blocks, as the text-generation task's defaults
-    lora_targets={
-        **{
-            kind: ATTENTION_AND_MLP
-            for kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
-        },
-        "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-    },  # fmt: skip
+    lora_targets=CAUSAL_LM_LORA_TARGETS,
     recipes=(
         "llama-3.1-8b-dpo-qlora-l4.yaml",
         "llama-3.1-8b-dpo-full-a3.yaml",

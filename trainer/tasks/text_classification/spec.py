@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
+from trainer.data.sources import LocalLayout, table_folder_layout
 from trainer.tasks.classification_spec import ClassificationArguments, is_text_classifier
 from trainer.tasks.task_spec import TaskSpec
 from trainer.tasks.text_classification.serving import TextPredictor
@@ -87,13 +86,7 @@ class TextArguments(ClassificationArguments):
 
 def detect_local_layout(directory: Path) -> LocalLayout:
     """A folder holding one table file per split, all in one format."""
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
-    if not files:
-        raise UserError(
-            f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} file per "
-            "split in it (train.csv, test.csv, ...)."
-        )
-    return table_layout({path.stem: path for path in files}, str(directory))
+    return table_folder_layout(directory, "train.csv, test.csv")
 
 
 SPEC = TaskSpec(

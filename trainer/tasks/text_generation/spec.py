@@ -11,8 +11,8 @@ from pathlib import Path
 
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.data.sources import TABLE_FORMATS, LocalLayout, table_layout
-from trainer.tasks.causal_lm import chat_template_text
+from trainer.data.sources import LocalLayout, table_folder_layout
+from trainer.tasks.causal_lm import CAUSAL_LM_LORA_TARGETS, chat_template_text
 from trainer.tasks.model_config import (
     CAUSAL_LMS,
     MASKED_LMS,
@@ -116,17 +116,11 @@ FORMATS_LINE = (
 def detect_local_layout(directory: Path) -> LocalLayout:
     """A folder of one table file per split (JSONL, Parquet, CSV...) holding chats, prompt and
     completion pairs, or texts without labels (a `label` column is a classifier's data)."""
-    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in TABLE_FORMATS)
-    if not files:
-        raise UserError(f"{directory} holds no data files: put one {', '.join(TABLE_FORMATS)} "
-                        "file per split in it (train.jsonl, test.jsonl, ...).")  # fmt: skip
-    layout = table_layout({path.stem: path for path in files}, str(directory))
+    layout = table_folder_layout(directory, "train.jsonl, test.jsonl")
     if data_format(layout.columns) is None or "label" in layout.columns:
         raise UserError(f"{directory} holds no chats: its tables need {FORMATS_LINE}.")
     return layout
 
-
-ATTENTION_AND_MLP = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 SPEC = TaskSpec(
     name=NAME,
@@ -136,13 +130,7 @@ SPEC = TaskSpec(
     detect_layout=detect_local_layout,
     predictor=GenerationPredictor,
     # every linear layer of the blocks, as QLoRA (Dettmers et al. 2023, sec. 4) found best
-    lora_targets={
-        **{
-            kind: ATTENTION_AND_MLP
-            for kind in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
-        },
-        "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-    },  # fmt: skip
+    lora_targets=CAUSAL_LM_LORA_TARGETS,
     recipes=(
         "llama-3.1-8b-qlora-l4.yaml",
         "llama-3.1-8b-full-a3.yaml",
