@@ -142,8 +142,9 @@ def test_the_page_transcribes_an_uploaded_clip_in_a_headless_browser(
 
 def test_the_page_is_a_chat_with_a_served_language_model(tmp_path, monkeypatch):
     """A tiny Qwen2 (tests/support/chat_models.py): the page shows the chat fields, sends the
-    conversation so far through the model's template, and shows each answer as the server's
-    own JSON answer for the same request has it."""
+    conversation so far through the model's template, shows each answer growing piece by
+    piece as the server streams it (/v1/chat/completions), and ends with the server's own JSON
+    answer for the same request."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
@@ -161,7 +162,7 @@ def test_the_page_is_a_chat_with_a_served_language_model(tmp_path, monkeypatch):
     browser = None
 
     def served(messages: list[dict]) -> dict:
-        body = {"instances": [{"messages": messages}], "parameters": {"max_new_tokens": 5}}
+        body = {"instances": [{"messages": messages}], "parameters": {"max_new_tokens": 8}}
         return httpx.post(url + PREDICT, json=body, timeout=60).json()["predictions"][0]
 
     try:
@@ -179,8 +180,14 @@ def test_the_page_is_a_chat_with_a_served_language_model(tmp_path, monkeypatch):
         assert not browser.find_element(By.ID, "file").is_displayed()
         tokens = browser.find_element(By.ID, "max-new-tokens")
         tokens.clear()
-        tokens.send_keys("5")
+        tokens.send_keys("8")
         result = browser.find_element(By.ID, "result")
+        # every text the result shows, in order (each assignment adds a new text node)
+        browser.execute_script(
+            "window.shown = []; new MutationObserver((records) => records.forEach((record) =>"
+            " record.addedNodes.forEach((node) => window.shown.push(node.textContent))))"
+            ".observe(document.getElementById('result'), {childList: true});"
+        )
         asked: list[dict] = []
         for message in ("What is two plus two?", "And the capital of France?"):
             browser.find_element(By.ID, "message").send_keys(message)
@@ -193,6 +200,12 @@ def test_the_page_is_a_chat_with_a_served_language_model(tmp_path, monkeypatch):
             ended = ("stopped at the token limit" if answer["finish_reason"] == "length"
                      else "ended")  # fmt: skip
             assert shown == f"{answer['text']}\n({answer['completion_tokens']} tokens, {ended})"
+            growing = browser.execute_script("return window.shown.splice(0)")[1:-1]
+            assert len(growing) >= 2, growing  # shown before the answer was whole
+            assert all(answer["text"].startswith(text) for text in growing), growing
+            assert growing == sorted(growing, key=len) and len(set(growing)) == len(growing)
+            timing = browser.find_element(By.ID, "timing").text
+            assert re.fullmatch(r"first words in \d+ ms, answered in \d+ ms", timing), timing
             asked.append({"role": "assistant", "content": answer["text"]})
             browser.execute_script("document.getElementById('result').dataset.state = ''")
         lines = [p.get_property("textContent") for p in
