@@ -48,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
                    help="how long a deployment may wait for the model to load and health "
                         "to say ready (deploymentTimeout, up to 7200; default: Vertex "
                         "AI's)")  # fmt: skip
+    p.add_argument("--invoke_routes", action="store_true",
+                   help="serve every route through invoke on a dedicated endpoint (the "
+                        "/v1/ OpenAI routes; invokeRoutePrefix /*): :predict and "
+                        ":rawPredict are then refused")  # fmt: skip
     p.add_argument("--api_endpoint",
                    help="the Vertex AI API's address (a private endpoint; tests: a loopback "
                         "server, spoken to without credentials)")  # fmt: skip
@@ -78,6 +82,7 @@ def registration_of(args: argparse.Namespace, env) -> Registration:
         serving_env=dict(key_value("--serving_env", item) for item in args.serving_env),
         version_aliases=tuple(args.version_alias),
         deployment_timeout_s=args.deployment_timeout_s,
+        invoke_routes=args.invoke_routes,
     )
     check_before_requests(registration)
     return registration

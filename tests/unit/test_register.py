@@ -21,8 +21,9 @@ from trainer.common.errors import UserError
 from trainer.register import main
 from trainer.registry.labels import check_name_and_labels, check_version_aliases, label_value
 from trainer.registry.registration import register as register_model
-from trainer.registry.registration_request import image_tag
+from trainer.registry.registration_request import Registration, image_tag
 from trainer.registry.run_registration import run_registration
+from trainer.registry.upload import VertexPlace
 from trainer.storage.checkpoints import publish_model
 from trainer.storage.store import open_store
 
@@ -177,6 +178,21 @@ def test_a_utf8_name_aliases_and_a_deployment_timeout_reach_the_registry(
     assert register(capsys, registry, again, "--name", name)[1].startswith(
         "registered: projects/test-project/locations/us-central1/models/2000@2 (a new version"
     )
+
+
+def test_invoke_routes_upload_the_model_with_every_route_behind_invoke(capsys, registry, delivered):
+    """`--invoke_routes` sends invokeRoutePrefix `/*` (the body parsed strictly by the
+    registry on loopback), so `invoke` reaches /v1/chat/completions; without it none is sent,
+    and the retry command keeps it."""
+    assert register(capsys, registry, delivered, "--name", "plain")[0] == 0
+    code, out, err = register(capsys, registry, delivered, "--name", "routes", "--invoke_routes")
+    assert (code, err, registry.errors) == (0, "", [])
+    [plain, routes] = [request.model.container_spec for _, request in registry.uploads]
+    assert (plain.invoke_route_prefix, routes.invoke_route_prefix) == ("", "/*")
+    assert routes.predict_route == "/predict"  # what the server listens on stays named
+    retry = Registration(delivered, "routes", IMAGE, VertexPlace("p", "us-central1"),
+                         invoke_routes=True).retry_command()  # fmt: skip
+    assert retry.endswith(" --invoke_routes")
 
 
 def test_a_second_call_registers_nothing(capsys, registry, delivered):

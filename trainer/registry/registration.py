@@ -91,6 +91,7 @@ def registered_once(registration: Registration, uri: str) -> Registered:
         registration.place, registration.name, uri, registration.serving_image,
         readable | dict(registration.serving_env), labels,
         registration.version_aliases, registration.deployment_timeout_s,
+        invoke_routes=registration.invoke_routes,
     )  # fmt: skip
     place = registration.place
     entry = RecordedRegistration(place.project, place.region, registration.name,

@@ -33,6 +33,9 @@ class Registration:
     deployment_timeout_s: int | None = None
     """The container's deploymentTimeout: how long a deployment may wait for health (a large
     model's download and load); None: Vertex AI's default."""
+    invoke_routes: bool = False
+    """Upload with invokeRoutePrefix `/*`: every route (the OpenAI ones) reached through
+    `invoke` on a dedicated endpoint, which then refuses `:predict` and `:rawPredict`."""
 
     def retry_command(self) -> str:
         """The `python -m trainer.register` command line that registers this model."""
@@ -51,6 +54,8 @@ class Registration:
             words += ["--version_alias", alias]
         if self.deployment_timeout_s is not None:
             words += ["--deployment_timeout_s", str(self.deployment_timeout_s)]
+        if self.invoke_routes:
+            words.append("--invoke_routes")
         return shlex.join(words)
 
 

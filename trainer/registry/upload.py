@@ -135,11 +135,12 @@ def upload_request(
     version_aliases: tuple[str, ...] = (),
     deployment_timeout_s: int | None = None,
     parent: str | None = None,
+    invoke_routes: bool = False,
 ):
     """The `UploadModelRequest` (aiplatform_v1 types, as the REST body goes) for the model at
     `artifact_uri` as `name`, made the default version (alias `default`, as the SDK adds it);
-    `parent`: the model it is a new version of. The request's own `parent` (the location) is
-    the caller's."""
+    `parent`: the model it is a new version of; `invoke_routes`: invokeRoutePrefix `/*` (every
+    route through `invoke`). The request's own `parent` (the location) is the caller's."""
     from google.cloud.aiplatform_v1 import types
     from google.protobuf import duration_pb2
 
@@ -153,6 +154,7 @@ def upload_request(
         env=[types.EnvVar(name=key, value=value) for key, value in serving_env.items()],
         startup_probe=startup,
         health_probe=health,
+        invoke_route_prefix="/*" if invoke_routes else "",
     )
     if deployment_timeout_s is not None:
         spec.deployment_timeout = duration_pb2.Duration(seconds=deployment_timeout_s)
@@ -189,13 +191,15 @@ def upload_model(
     labels: Mapping[str, str],
     version_aliases: tuple[str, ...] = (),
     deployment_timeout_s: int | None = None,
+    invoke_routes: bool = False,
 ) -> Uploaded:
     """Upload the model at `artifact_uri` (gs://) as `name`: a new version, made the default,
     of the model already named so, else a new model. Raises the client's errors
     (google.api_core.exceptions.GoogleAPICallError) as they come."""
     parent = model_named(name)
     request = upload_request(name, artifact_uri, serving_image, serving_env, labels,
-                             version_aliases, deployment_timeout_s, parent)  # fmt: skip
+                             version_aliases, deployment_timeout_s, parent,
+                             invoke_routes)  # fmt: skip
     request.parent = f"projects/{place.project}/locations/{place.region}"
     response = model_client(place).upload_model(request=request).result(timeout=UPLOAD_WAIT_S)
     return Uploaded(response.model, response.model_version_id, new_model=parent is None)
