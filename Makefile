@@ -16,7 +16,7 @@ STAMP := $(VENV)/.installed
 PIP_PINNED := $(BIN)/pip install --quiet --constraint constraints.txt
 PIP := $(PIP_PINNED) --build-constraint constraints.txt
 
-.PHONY: install demo demo-chat test test-all lint format bench gpu-check image-check image-test clean
+.PHONY: install demo demo-chat demo-preference test test-all lint format bench gpu-check image-check image-test clean
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ demo: install
 # Text generation's demo: a tiny Qwen2 learns invented capitals from chats (trainer/tasks/text_generation/demo.py).
 demo-chat: install
 	$(BIN)/python -m trainer --task text-generation --nproc_per_node 1 --deepspeed none
+
+# Preference tuning's demo: a tiny Qwen2 given an SFT stage, then DPO on pairs that prefer
+# answers ending "Safe travels!"; the share of sampled answers that do, before and after, and
+# the reward accuracy (trainer/tasks/preference_tuning/demo.py).
+demo-preference: install
+	$(BIN)/python -m trainer --task preference-tuning --nproc_per_node 1 --deepspeed none
+	$(BIN)/python -m trainer.tasks.preference_tuning.demo outputs/preference-demo
 
 # The fast tier (a few minutes): the layer contracts, then every test not marked slow.
 # Each tier ends with its 15 slowest tests (--durations): a slow test that grows shows there.

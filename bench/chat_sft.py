@@ -104,7 +104,7 @@ def main() -> None:
 
     from trainer.settings.data_flags import DataArguments
     from trainer.settings.model_flags import ModelArguments
-    from trainer.tasks.text_generation.demo import save_tiny_qwen2
+    from trainer.tasks.causal_lm import save_tiny_qwen2
     from trainer.tasks.text_generation.spec import ChatArguments
     from trainer.tasks.text_generation.trainer import ChatTrainer
     from trainer.tasks.text_generation.training import ChatTask

@@ -5,20 +5,32 @@ a bad row among them. One run: the bad row skipped and counted, checkpoints with
 TRL's evaluation metrics with the reward accuracy as the run's metric, and the delivered model
 a text-generation model: a fresh process generates with it through `pipeline("text-generation")`,
 the server's loader picks text generation's predictor for it, and it prefers the chosen answers
-more than the model it started from. What is checked in this process (TRL's tokenisation of
+more than the model it started from. The same run stopped by SIGTERM mid-run (policy, frozen
+reference, optimizer and data order all in play) and restarted ends with that run's weights.
+What is checked in this process (TRL's tokenisation of
 each format, bad and long rows, flags, LoRA's reference, the plan):
 tests/unit/test_preference_task.py and tests/unit/test_preference_plan.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.support.chat_models import FAMILIES, save_family_model
-from tests.support.helpers import run_trainer, trainer_env, use_delivered_model
+from tests.support.helpers import (
+    SLOW_STEPS,
+    run_trainer,
+    start_trainer,
+    trainer_env,
+    use_delivered_model,
+    wait_while_running,
+    with_start_hook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +48,8 @@ def pair(i: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, Path, str]:
+def model_and_args(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The tiny Llama and the run's flags (its pairs written beside it)."""
     root = tmp_path_factory.mktemp("preference")
     data = root / "pairs"
     data.mkdir()
@@ -53,6 +66,14 @@ def run(tmp_path_factory) -> tuple[Path, Path, str]:
         "--eval_strategy", "steps", "--eval_steps", "8", "--max_seq_length", "256",
         "--max_bad_examples", "1", "--seed", "3", "--output_dir", "out", "--report_to", "none",
     ]  # fmt: skip
+    return model, args
+
+
+@pytest.fixture(scope="module")
+def run(model_and_args, tmp_path_factory) -> tuple[Path, Path, str]:
+    """The run, uninterrupted, once for the module."""
+    model, args = model_and_args
+    root = tmp_path_factory.mktemp("uninterrupted")
     code, output = run_trainer(args, root, trainer_env(root / "cache"))
     assert code == 0, output[-3000:]
     return root, model, output
@@ -112,3 +133,23 @@ def test_a_zero3_run_delivers_a_text_generation_model_that_prefers_the_chosen_an
     before, after = chosen_margin(base, tests), chosen_margin(model_dir, tests)
     print(f"chosen minus rejected log-probability: {before:.2f} before, {after:.2f} after")
     assert after > before + 1.0
+
+
+def test_a_run_stopped_mid_run_resumes_to_the_uninterrupted_weights(model_and_args, run, tmp_path):
+    _, args = model_and_args
+    env = trainer_env(tmp_path / "cache")
+    job = start_trainer(args, tmp_path, with_start_hook(env, tmp_path / "hooks", SLOW_STEPS))
+    wait_while_running([job], lambda: "step 5/8" in job.log.read_text(), 300, "step 5")
+    job.terminate()
+    code, log = job.finish()
+    assert code == 75, log[-3000:]
+    (stopped,) = re.findall(r"^preempted: .*?(checkpoint-(\d+))", log, re.M)
+    assert 5 <= int(stopped[1]) < 8, log[-2000:]
+    code, output = run_trainer(args, tmp_path, env)
+    assert code == 0, output[-3000:]
+    assert f"resuming from out/{stopped[0]}" in output
+    expected = load_file(run[0] / "out" / "model" / "model.safetensors")
+    resumed = load_file(tmp_path / "out" / "model" / "model.safetensors")
+    assert expected.keys() == resumed.keys()
+    for name, weight in expected.items():
+        torch.testing.assert_close(resumed[name], weight, rtol=0, atol=1e-6, msg=name)

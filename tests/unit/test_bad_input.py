@@ -144,7 +144,7 @@ def test_bad_input_is_one_line_and_exit_2(launcher, args, env, message):
     ("args", "message"),
     [
         (["--task", "image-classification"],
-         "The built-in demos are speech-recognition, text-generation"),
+         "The built-in demos are preference-tuning, speech-recognition, text-generation"),
         (["--model_name_or_path", "openai/whisper-small"],
          "Give both --model_name_or_path and --dataset_name"),
     ],

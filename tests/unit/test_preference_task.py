@@ -352,3 +352,41 @@ def test_an_inline_chat_template_of_any_length_is_taken_as_text_generation_takes
     assert chat_template_text(str(template)) == "{{ messages[0]['content'] }}"
     with pytest.raises(ValueError, match="no such file"):
         PreferenceArguments(chat_template=str(tmp_path / "missing.jinja"))
+
+
+def test_the_demos_pairs_differ_by_the_sign_off_alone_and_hold_out_their_questions(tmp_path):
+    """The demo (trainer/tasks/preference_tuning/demo.py): its SFT chats answer each training
+    question once in each form (the SFT model's prior about even); its pairs, in the task's
+    layout and each a good pair, prefer the signed-off answer, which is the rejected one plus
+    the sign-off; the evaluation pairs ask a question form neither stage trains on."""
+    from trainer.tasks.preference_tuning import demo
+    from trainer.tasks.preference_tuning.spec import SPEC
+
+    answers = [row["messages"][1]["content"] for row in demo.sft_chats()]
+    assert sum(map(demo.signs_off, answers)) * 2 == len(answers)
+    demo.build_dataset(tmp_path)
+    assert SPEC.detect_layout(tmp_path).columns >= {"prompt", "chosen", "rejected"}
+    splits = {split: [json.loads(line) for line in (tmp_path / f"{split}.jsonl").open()]
+              for split in ("train", "test")}  # fmt: skip
+    for row in splits["train"] + splits["test"]:
+        check_pair(row, explicit=True)
+        chosen, rejected = row["chosen"][0]["content"], row["rejected"][0]["content"]
+        assert demo.signs_off(chosen) and not demo.signs_off(rejected)
+        assert chosen == f"{rejected} {demo.SIGN_OFF}"
+    asked = {split: {row["prompt"][0]["content"] for row in rows} for split, rows in splits.items()}
+    assert len(asked["test"]) == len(demo.COUNTRIES) and not asked["test"] & asked["train"]
+    trained_on = {row["messages"][0]["content"] for row in demo.sft_chats()}
+    assert not asked["test"] & trained_on
+
+
+@pytest.mark.parametrize(("text", "signed"), [
+    ("The capital of Brolt is Drace. Safe travels!", True),
+    ("  The capital of Brolt is Drace. Safe travels!\n", True),
+    ("The capital of Brolt is Drace.", False),
+    ("Safe travels! The capital of Brolt is Drace.", False),
+    ("The capital of Brolt is Drace. Safe travels", False),
+])  # fmt: skip
+def test_the_demos_property_is_an_answer_ending_with_the_sign_off(text, signed):
+    from trainer.tasks.preference_tuning.demo import signs_off
+
+    assert signs_off(text) is signed

@@ -1,6 +1,7 @@
 """What the tasks that train causal language models share (text generation, preference
 tuning): the `--chat_template` they take, written inline or as a file, how the model and its
-tokenizer are loaded, and the run's arguments as their TRL trainer's config."""
+tokenizer are loaded, the run's arguments as their TRL trainer's config, and their demos' tiny
+Qwen2."""
 
 from __future__ import annotations
 
@@ -111,3 +112,40 @@ def retyped_arguments(args, config_class: type):
             default = field.default if factory is dataclasses.MISSING else factory()
             setattr(config, field.name, default)
     return config
+
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def save_tiny_qwen2(model_dir: Path, corpus: list[str]) -> None:
+    """The causal-LM demos' model: a tiny Qwen2 (the real `Qwen2Config`, width 128, 2 layers,
+    about 0.5 M parameters) with a byte-level BPE tokenizer trained on `corpus`, Qwen 2.5's
+    special tokens and its released chat template (as TRL ships it); made offline."""
+    import importlib.resources
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=list(QWEN_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ))  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>")  # fmt: skip
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
+    template = importlib.resources.files("trl") / "chat_templates" / "qwen2_5.jinja"
+    tokenizer.chat_template = template.read_text()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    config.architectures = ["Qwen2ForCausalLM"]
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)

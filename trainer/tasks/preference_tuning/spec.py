@@ -125,7 +125,10 @@ SPEC = TaskSpec(
         "llama-3.1-8b-dpo-qlora-l4.yaml",
         "llama-3.1-8b-dpo-full-a3.yaml",
         "llama-3.1-8b-sft-then-dpo.yaml",
+        "preference-demo.yaml",
     ),
+    demo="trainer.tasks.preference_tuning.demo",
+    demo_recipe="preference-demo.yaml",
 )
 """Preference tuning: DPO and its variants on chosen/rejected pairs, through TRL's
 `DPOTrainer`; its delivered model is a text-generation model, served as one."""

@@ -16,13 +16,14 @@ import json
 import random
 from pathlib import Path
 
+from trainer.tasks.causal_lm import save_tiny_qwen2
+
 COUNTRIES = ("Zorvia", "Quelland", "Marnok", "Tivessa", "Brolt", "Yendra", "Culpa", "Osgard",
              "Pellan", "Rusk", "Vantor", "Ilbeth")  # fmt: skip
 CAPITALS = ("Velt", "Arrin", "Pesk", "Lumo", "Drace", "Nirra", "Sollo", "Kett", "Obrin",
             "Tarsk", "Emmet", "Quoll")  # fmt: skip
 QUESTIONS = ("What is the capital of {country}?", "Which city is the capital of {country}?",
              "Name the capital of {country}.")  # fmt: skip
-SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def chat(country: str, capital: str, question: str) -> dict:
@@ -53,34 +54,3 @@ def build_dataset(dataset_dir: Path) -> None:
 def build_model(model_dir: Path) -> None:
     """The demo's model: a tiny Qwen2 whose tokenizer is trained on the training chats."""
     save_tiny_qwen2(model_dir, [json.dumps(row) for row in chats()[0]])
-
-
-def save_tiny_qwen2(model_dir: Path, corpus: list[str]) -> None:
-    import importlib.resources
-
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=list(SPECIAL),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    ))  # fmt: skip
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
-                                        pad_token="<|endoftext|>")  # fmt: skip
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL)})
-    template = importlib.resources.files("trl") / "chat_templates" / "qwen2_5.jinja"
-    tokenizer.chat_template = template.read_text()
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    config.architectures = ["Qwen2ForCausalLM"]
-    Qwen2ForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
