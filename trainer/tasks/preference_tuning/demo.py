@@ -108,7 +108,9 @@ def build_model(model_dir: Path) -> None:
         print("preference demo: the SFT stage:", " ".join(command[1:]), flush=True)
         env = {k: v for k, v in os.environ.items()
                if k not in CLUSTER_VARIABLES and not k.startswith("AIP_")}  # fmt: skip
-        subprocess.run(command, env=env, check=True)
+        stage = subprocess.run(command, env=env)
+        if stage.returncode:  # its one error: line is said; the launcher ends with its code
+            sys.exit(stage.returncode)
         shutil.copytree(work / "sft" / "model", model_dir, dirs_exist_ok=True)
 
 
