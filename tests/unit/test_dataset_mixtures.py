@@ -14,6 +14,7 @@ import yaml
 from tests.support.helpers import offline_dry_run as dry_run
 from tests.support.helpers import task_of, warm_hub_cache
 from trainer.launcher import main as launch
+from trainer.settings.mixtures import mixture_of
 
 SIZES = {"alpha": 10, "beta": 6, "gamma": 9}
 """Rows per dataset: unequal, so that every way of weighing them shows."""
@@ -54,7 +55,7 @@ def first_turns(dataset) -> list[str]:
 def mixture_rows(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """The training and evaluation rows of the mixture, as a training process reads them."""
     task = task_of(argv)
-    train, evaluation = task.mixed(task.data_args.mixture())
+    train, evaluation = task.mixed(mixture_of(task.data_args, task.options))
     return first_turns(train), None if evaluation is None else first_turns(evaluation)
 
 
@@ -133,7 +134,7 @@ def test_a_mixture_is_planned_with_every_dataset_checked_before_launch(mixed, tm
                "test_split_size": 0.2}  # fmt: skip
     code, config, err = dry_run(recipe(mixed, tmp_path, {"dataset_mixture": mixture}), capsys)
     assert code == 0, err
-    assert json.loads(config["flags"]["data"]["dataset_mixture"]) == mixture
+    assert json.loads(config["flags"]["task_options"]["dataset_mixture"]) == mixture
     assert "evaluation split: 0.2 of the mixture, drawn with seed 0 (test_split_size)" in err
     mixture["datasets"][1]["id"] = str(mixed / "missing")
     code, _, err = dry_run(recipe(mixed, tmp_path, {"dataset_mixture": mixture}), capsys)
@@ -162,7 +163,8 @@ ALPHA = {"id": "@alpha", "columns": ["messages"]}
          "--dataset_mixture streaming: a mixture is read whole (a weight needs each dataset's "
          "length); mix streams with --streaming true --dataset_name A,B"),
         ({"dataset_mixture": {"datasets": [ALPHA, ALPHA]}, "streaming": True, "max_steps": 3},
-         "--streaming with --dataset_mixture: a mixture is read whole"),
+         "--dataset_mixture with --streaming or --interleave_probabilities: a mixture is "
+         "read whole"),
         ({"dataset_mixture": {"datasets": [{"path": "json", "data_files": "a.jsonl"}, ALPHA]}},
          "data_dir and data_files are not read here; put the files in one folder"),
         ({"dataset_mixture": {"datasets": [ALPHA, ALPHA]}, "dataset_name": "@alpha"},
@@ -170,7 +172,7 @@ ALPHA = {"id": "@alpha", "columns": ["messages"]}
         ({"dataset_mixture": {"datasets": [ALPHA, ALPHA]}, "eval_strategy": "steps"},
          "The --dataset_mixture has no evaluation split: add test_split_size"),
         ({"dataset_mixer": {"@alpha": 0.5, "@beta": 1.0}, "dataset_configs": ["a", "b", "c"]},
-         "--dataset_config_name gives 3 configs for 2 datasets of --dataset_mixer"),
+         "--dataset_config_name gives 3 configs for 2 datasets of the mixture"),
     ],
 )  # fmt: skip
 def test_a_mixture_that_cannot_run_is_one_line(mixed, tmp_path, capsys, content, said):
@@ -187,7 +189,7 @@ def test_another_task_refuses_a_mixture_in_one_line(mixed, tmp_path, capsys):
                            capsys)  # fmt: skip
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1, err
-    assert "--dataset_mixture and --dataset_mixer are text-generation's" in errors[0]
+    assert "--dataset_mixture: flag(s) of --task text-generation, not of" in errors[0]
 
 
 def test_the_hub_check_asks_about_every_dataset_of_a_mixture(mixed, tmp_path, capsys, monkeypatch):

@@ -168,8 +168,8 @@ def test_trls_flags_run_with_trls_meaning(given, group, key, value, llm, capsys)
          "is read; another revision: download it (hf download ID --revision REV"),
         ("--accelerate_config fsdp2", "error: --accelerate_config takes one of zero2, zero3, "
          "multi_gpu, single_gpu (zero1: --deepspeed zero2; fsdp1, fsdp2: parameters are sharded"),
-        ("--dataset_mixture {}", "error: --dataset_mixture: datasets must list one or more "
-         "datasets, each a mapping with id (or path)."),
+        ("--dataset_mixture {}", "error: --dataset_mixture '{}': give a mapping with a datasets "
+         "list."),
         ("--use_dora", "error: --use_dora is not a flag of this trainer"),
         # (a value of a flag named *token* is masked, as secrets are)
         ("--eos_token <nothing>", "error: --eos_token <nothing> is not a token of the tokenizer's "
@@ -344,8 +344,8 @@ def test_a_mixture_of_one_dataset_is_that_dataset_with_its_splits(llm, tmp_path,
            "dataset_splits": ["train_sft", "test_sft"]}  # fmt: skip
     code, config, err = dry_run(["--config", write_yaml(tmp_path / "r.yaml", two)], capsys)
     assert code == 0, err
-    data = config["flags"]["data"]
-    assert (json.loads(data["dataset_mixer"]), data["dataset_name"]) == (two["dataset_mixer"], None)
+    mixture = json.loads(config["flags"]["task_options"]["dataset_mixture"])
+    assert (mixture, config["flags"]["data"]["dataset_name"]) == (two["dataset_mixer"], None)
 
 
 def planned_flags(config) -> dict:

@@ -225,6 +225,7 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--chat_template_path": renamed("--chat_template", TRL, check=_a_template_file),
     "--dataset_config": renamed("--dataset_config_name", TRL_SCRIPT),
     "--dataset_configs": renamed("--dataset_config_name", "open-r1's recipes"),
+    "--dataset_mixer": renamed("--dataset_mixture", TRL_OLD),
     "--dataset_train_split": renamed("--train_split_name", TRL_SCRIPT),
     "--dataset_test_split": renamed("--eval_split_name", TRL_SCRIPT,
                                     note="TRL evaluates on its test split, as this does"),

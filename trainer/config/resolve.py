@@ -55,7 +55,7 @@ from trainer.config.task_inference import infer_task
 from trainer.config.topology import resolve_topology
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
-from trainer.settings.mixtures import STREAMS
+from trainer.settings.mixtures import STREAMS, Mixture, mixture_of
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, TrainingFlags
 from trainer.storage.locations import resolve_output_locations
@@ -96,6 +96,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     training |= required_training_arguments(task_class, flags, training, hardware)
     task_class.check_training_values(training)
     check_attention(flags.model.attn_implementation)
+    check_mixture(data, flags.task_options)
     check_streaming(data, training)
     check_hub_token(training, launcher)
     return RunConfig(
@@ -154,7 +155,7 @@ def with_model_and_data(
     synthesized speech), its recipe first so that the command line still wins."""
     model = flags.model.model_name_or_path
     data = flags.data
-    dataset = (data.dataset_name or data.dataset_mixture or data.dataset_mixer
+    dataset = (data.dataset_name or getattr(flags.task_options, "dataset_mixture", None)
                or getattr(flags.task_options, "train_file", None))  # fmt: skip
     if dataset is None:
         check_training_file(flags.task_options)
@@ -216,8 +217,9 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
     --do_eval, no --eval_split_name), none, so that a dataset with only a train split runs;
     with --train_file, the --validation_file if given, else none. The notices say which."""
     data, training = flags.data, flags.training
-    if data.dataset_mixture:
-        return mixture_evaluation(data, training, given)
+    mixture = mixture_of(data, flags.task_options)
+    if mixture is not None and not mixture.handbook:
+        return mixture_evaluation(mixture, data, training, given)
     if data.train_val_split is not None:
         if "--eval_split_name" in given:
             raise UserError(
@@ -239,11 +241,11 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
 
 
 def mixture_evaluation(
-    data: DataArguments, training: Mapping[str, Any], given: set[str]
+    mixture: Mixture, data: DataArguments, training: Mapping[str, Any], given: set[str]
 ) -> tuple[DataArguments, list[str]]:
     """A `--dataset_mixture` evaluates on its `test_split_size` part (or `--train_val_split`'s);
-    without one it has no evaluation split, and evaluation must be off."""
-    mixture = data.mixture()
+    without one it has no evaluation split, and evaluation must be off (the handbook's
+    `{ID: fraction}` evaluates on its datasets' --eval_split_name, as one dataset does)."""
     if "--eval_split_name" in given:
         raise UserError("--eval_split_name names a split of one dataset; a --dataset_mixture "
                         "evaluates on its test_split_size part: leave --eval_split_name "
@@ -409,7 +411,6 @@ def check_attention(kernel: str | None) -> None:
 def check_streaming(data: DataArguments, training: Mapping[str, Any]) -> None:
     """What a stream, which has no length and no random access, cannot do; several
     datasets need one probability each (and one config each, if any)."""
-    check_mixture(data)
     if data.interleave_probabilities:
         check_interleaving(data)
     if not data.streaming:
@@ -429,16 +430,16 @@ def check_streaming(data: DataArguments, training: Mapping[str, Any]) -> None:
         raise UserError("--shuffle_buffer_size must be at least 1.")
 
 
-def check_mixture(data: DataArguments) -> None:
+def check_mixture(data: DataArguments, options: Any) -> None:
     """A mixture names its datasets itself, and is read whole."""
-    if not (data.dataset_mixture or data.dataset_mixer):
+    if not getattr(options, "dataset_mixture", None):
         return
-    flag = "--dataset_mixture" if data.dataset_mixture else "--dataset_mixer"
+    flag = "--dataset_mixture"
     if data.dataset_name:
         raise UserError(f"--dataset_name and {flag} both name the data: give the datasets in "
                         f"{flag} only.")  # fmt: skip
     if data.streaming or data.interleave_probabilities:
-        raise UserError(f"--streaming with {flag}: {STREAMS}.")
+        raise UserError(f"{flag} with --streaming or --interleave_probabilities: {STREAMS}.")
 
 
 def check_interleaving(data: DataArguments) -> None:

@@ -41,7 +41,7 @@ def mixed_splits(
 
 
 def _columns(dataset: Dataset, entry: MixedDataset, mixture: Mixture, keep: Iterable[str]):
-    if entry.columns is None and not mixture.first_rows:
+    if entry.columns is None and not mixture.handbook:
         return dataset
     wanted = list(entry.columns) if entry.columns is not None else list(keep)
     missing = [column for column in wanted if column not in dataset.column_names]
@@ -65,7 +65,7 @@ def _weighted(parts: list[Dataset], mixture: Mixture, seed: int) -> list[Dataset
     kept = []
     for part, entry in zip(parts, entries, strict=True):
         if entry.weight is not None:
-            if not mixture.first_rows:  # open-r1: rows drawn with the seed
+            if not mixture.handbook:  # open-r1: rows drawn with the seed
                 part = part.shuffle(seed=seed)
             part = part.select(range(int(len(part) * entry.weight)))
         kept.append(part)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
-from trainer.settings.mixtures import Mixture, read_mixer, read_mixture
 
 DEFAULT_MAX_BAD_EXAMPLES = "1%"
 """A handful of broken clips in a real corpus is far below 1%; a broken copy is far above."""
@@ -48,17 +47,6 @@ class DataArguments:
         "Mix the streams of --dataset_name A,B with one probability each, e.g. "
         "0.7,0.3 (evaluation uses the first).",
     )
-    dataset_mixture: str | None = flag(
-        None,
-        "Mix several datasets (in place of --dataset_name), as open-r1 and TRL write it: "
-        "YAML or JSON, e.g. '{datasets: [{id: A, weight: 0.5, columns: [messages]}, {id: B}], "
-        "seed: 0, test_split_size: 0.1}' (docs/launching.md).",
-    )
-    dataset_mixer: str | None = flag(
-        None,
-        "The alignment-handbook's mixture, '{A: 0.5, B: 1.0}': that share of each one's "
-        "--train_split_name; their --eval_split_name whole.",
-    )
     stream_audit_dir: str | None = flag(
         None, "Append each trained example's id and step to DIR/rank-R.txt."
     )
@@ -70,19 +58,6 @@ class DataArguments:
                 "e.g. 0.15."
             )
         max_bad(self.max_bad_examples, 0)  # a ValueError names the flag
-        self.mixture()
-
-    def mixture(self) -> Mixture | None:
-        """The datasets mixed (`--dataset_mixture` or `--dataset_mixer`), None for one
-        dataset; ValueError (naming the flag) for a mixture that cannot be read."""
-        if self.dataset_mixture and self.dataset_mixer:
-            raise ValueError("--dataset_mixture and --dataset_mixer both mix datasets: give one.")
-        if self.dataset_mixture:
-            return read_mixture(self.dataset_mixture)
-        if self.dataset_mixer:
-            return read_mixer(self.dataset_mixer, self.dataset_config_name,
-                              self.train_split_name, self.eval_split_name)  # fmt: skip
-        return None
 
     def probabilities(self) -> list[float]:
         """`--interleave_probabilities` as numbers (UserError if they are not)."""

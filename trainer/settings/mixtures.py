@@ -1,6 +1,7 @@
 """A mixture of several datasets, as TRL, open-r1 and the alignment-handbook write it, read from
-`--dataset_mixture` (a YAML or JSON mapping) or `--dataset_mixer` (the handbook's older
-`{ID: fraction}`). Only what the mixture is: trainer/data/mixing.py loads and mixes it.
+text-generation's `--dataset_mixture` (a YAML or JSON mapping: `{datasets: [...], ...}`, or the
+handbook's older `dataset_mixer`, `{ID: fraction}`). Only what the mixture is:
+trainer/data/mixing.py loads and mixes it.
 
 Three published meanings, kept apart because they choose different rows:
 - open-r1's and the handbook's `dataset_mixture` (open_r1/utils/data.py `get_dataset`): a
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import yaml
+
+from trainer.common.errors import UserError
 
 ENTRY_KEYS = {"id", "path", "config", "name", "split", "columns", "weight", "fraction"}
 MIXTURE_KEYS = {"datasets", "seed", "test_split_size", "streaming"}
@@ -55,17 +58,44 @@ class Mixture:
     """A part of the mixture held out for evaluation (a fraction, or a count of rows)."""
     eval_split: str = ""
     """The handbook's: each dataset's split of this name, concatenated whole, evaluates."""
-    first_rows: bool = False
-    """The handbook's: a weight keeps the first rows, not rows drawn with the seed."""
+    handbook: bool = False
+    """The handbook's `{ID: fraction}`: a weight keeps the first rows, not rows drawn with
+    the seed, and the datasets' own evaluation splits evaluate."""
 
 
-def read_mixture(text: str) -> Mixture:
+def mixture_of(data, options) -> Mixture | None:
+    """The mixture a run's flags name (`--dataset_mixture`, a task option), None for one
+    dataset; UserError for one that cannot be read with the other flags."""
+    text = getattr(options, "dataset_mixture", None)
+    if not text:
+        return None
+    try:
+        return read_mixture(text, data.dataset_config_name, data.train_split_name,
+                            data.eval_split_name)  # fmt: skip
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def read_mixture(
+    text: str, configs: str | None = None, train_split: str = "train", eval_split: str = ""
+) -> Mixture:
     """`--dataset_mixture`: open-r1's `{datasets: [{id, config, split, columns, weight}],
-    seed, test_split_size}`, with TRL's names (`path`, `name`, `fraction`) read too. ValueError
-    (one line, naming the flag) for anything else."""
+    seed, test_split_size}`, with TRL's names (`path`, `name`, `fraction`) read too; or the
+    handbook's `{ID: fraction}` (`read_mixer`). ValueError (one line, naming the flag) for
+    anything else."""
     value = _parsed(text, "--dataset_mixture")
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or not value:
         raise ValueError(f"--dataset_mixture {text!r}: give a mapping with a datasets list.")
+    if "datasets" in value:
+        return _listed(value)
+    if all(isinstance(share, int | float) for share in value.values()):
+        return read_mixer(value, configs, train_split, eval_split)
+    raise ValueError(f"--dataset_mixture: {', '.join(map(str, value))}: give datasets: [{{id, "
+                     "...}}, ...], or the handbook's {ID: fraction, ...}.")  # fmt: skip
+
+
+def _listed(value: dict) -> Mixture:
+    """The `{datasets: [...], seed, test_split_size}` form."""
     _only(value, MIXTURE_KEYS, "--dataset_mixture")
     if value.get("streaming"):
         raise ValueError(f"--dataset_mixture streaming: {STREAMS}.")
@@ -74,6 +104,14 @@ def read_mixture(text: str) -> Mixture:
         raise ValueError("--dataset_mixture: datasets must list one or more datasets, each "
                          "a mapping with id (or path).")  # fmt: skip
     datasets = tuple(_entry(entry, index) for index, entry in enumerate(entries))
+    _check_shares(datasets)
+    seed = value.get("seed", 0)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ValueError(f"--dataset_mixture seed {seed!r}: give a whole number (or null).")
+    return Mixture(datasets, seed, _test_size(value.get("test_split_size")))
+
+
+def _check_shares(datasets: tuple[MixedDataset, ...]) -> None:
     weights = [entry.weight is not None for entry in datasets]
     fractions = [entry.fraction is not None for entry in datasets]
     if any(weights) and any(fractions):
@@ -85,30 +123,23 @@ def read_mixture(text: str) -> Mixture:
                          "(TRL's rule).")  # fmt: skip
     if all(fractions) and not sum(entry.fraction or 0 for entry in datasets) > 0:
         raise ValueError("--dataset_mixture: the fractions add up to 0.")
-    seed = value.get("seed", 0)
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ValueError(f"--dataset_mixture seed {seed!r}: give a whole number (or null).")
-    return Mixture(datasets, seed, _test_size(value.get("test_split_size")))
 
 
-def read_mixer(text: str, configs: str | None, train_split: str, eval_split: str) -> Mixture:
-    """`--dataset_mixer`: the handbook's `{ID: fraction}`, read with its `dataset_splits`
-    (here --train_split_name and --eval_split_name) and `dataset_configs` (here
+def read_mixer(value: dict, configs: str | None, train_split: str, eval_split: str) -> Mixture:
+    """The handbook's `dataset_mixer: {ID: fraction}`, read with its `dataset_splits` (here
+    --train_split_name and --eval_split_name) and `dataset_configs` (here
     --dataset_config_name, one or one per dataset, separated by commas)."""
-    value = _parsed(text, "--dataset_mixer")
-    if not isinstance(value, dict) or not value:
-        raise ValueError(f"--dataset_mixer {text!r}: give a mapping of dataset to fraction, "
-                         "e.g. {A: 0.5, B: 1.0}.")  # fmt: skip
     names = configs.split(",") if configs else [None]
     if len(names) not in (1, len(value)):
         raise ValueError(f"--dataset_config_name gives {len(names)} configs for {len(value)} "
-                         "datasets of --dataset_mixer: give one, or one per dataset.")  # fmt: skip
+                         "datasets of the mixture: give one, or one per dataset.")  # fmt: skip
     names = names * len(value) if len(names) == 1 else names
     datasets = tuple(
-        MixedDataset(str(path), config, train_split, weight=_share(share, f"{path}", "fraction"))
+        MixedDataset(str(path), config, train_split,
+                     weight=_share(share, f"--dataset_mixture {path}", "fraction"))
         for (path, share), config in zip(value.items(), names, strict=True)
-    )
-    return Mixture(datasets, HANDBOOK_SEED, eval_split=eval_split, first_rows=True)
+    )  # fmt: skip
+    return Mixture(datasets, HANDBOOK_SEED, eval_split=eval_split, handbook=True)
 
 
 def _parsed(text: str, flag: str) -> object:

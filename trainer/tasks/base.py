@@ -28,7 +28,7 @@ from trainer.data.sources import (
     shard_index_of,
     table_layout,
 )
-from trainer.settings.mixtures import MixedDataset
+from trainer.settings.mixtures import MixedDataset, mixture_of
 from trainer.tasks.lora_adapters import weightless, with_lora
 
 if TYPE_CHECKING:
@@ -61,8 +61,6 @@ class Task(ABC):
     against them; the Trainer would find a wrong name only at the first evaluation."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
-    reads_mixtures: ClassVar[bool] = False
-    """Whether the task trains on a mixture of datasets (`--dataset_mixture`)."""
     reference_free_flag: ClassVar[str | None] = None
     """The flag with which a task's frozen reference model (`reference_parameters`) is not
     kept while training, its outputs computed before (the plan names it when a step does not
@@ -88,10 +86,10 @@ class Task(ABC):
 
     def sources(self) -> list[Task]:
         """This task once per dataset of `--dataset_name`: several when they are interleaved
-        (`--interleave_probabilities`) or mixed (`--dataset_mixture`, `--dataset_mixer`),
-        each copy reading only its own dataset, config and splits."""
+        (`--interleave_probabilities`) or mixed (text-generation's `--dataset_mixture`), each
+        copy reading only its own dataset, config and splits."""
         data = self.data_args
-        mixture = data.mixture()
+        mixture = mixture_of(data, self.options)
         if mixture is not None:
             return [self.mixed_source(entry, mixture.eval_split) for entry in mixture.datasets]
         if not data.interleave_probabilities:
@@ -110,18 +108,13 @@ class Task(ABC):
 
     def mixed_source(self, entry: MixedDataset, eval_split: str) -> Task:
         """This task reading one dataset of a mixture (its launch checks, its Hub id, its
-        splits); UserError for a task that does not mix datasets."""
-        if not self.reads_mixtures:
-            raise UserError(f"{self.spec.name} reads one dataset (--dataset_name), or several "
-                            "as streams (--streaming true --dataset_name A,B "
-                            "--interleave_probabilities P,Q); --dataset_mixture and "
-                            "--dataset_mixer are text-generation's.")  # fmt: skip
+        splits)."""
         task = copy.copy(self)
         task.data_args = dataclasses.replace(
             self.data_args, dataset_name=entry.path, dataset_config_name=entry.config,
-            train_split_name=entry.split, eval_split_name=eval_split, dataset_mixture=None,
-            dataset_mixer=None,
+            train_split_name=entry.split, eval_split_name=eval_split,
         )  # fmt: skip
+        task.options = dataclasses.replace(self.options, dataset_mixture=None)
         return task
 
     def interleaved(self, load: Callable[[Task], Any]) -> Any:

@@ -40,7 +40,7 @@ from trainer.data.sources import (
     split_off_evaluation,
 )
 from trainer.data.streams import is_stream
-from trainer.settings.mixtures import Mixture
+from trainer.settings.mixtures import Mixture, mixture_of
 from trainer.tasks.base import Task, named_files_layout
 from trainer.tasks.causal_lm import CausalLanguageModel, decoder_layer_values
 from trainer.tasks.text_generation.loss_mask import (
@@ -72,7 +72,6 @@ JSON: a column holds one type)."""
 
 class ChatTask(CausalLanguageModel, Task):
     spec = SPEC
-    reads_mixtures = True
     default_metric = "perplexity"  # exp(eval loss): the same order, in words a person reads
     metric_names = ("perplexity",)
     lower_is_better = frozenset({"perplexity"})  # and loss, which the Trainer knows itself
@@ -189,7 +188,7 @@ class ChatTask(CausalLanguageModel, Task):
     def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
         self._tokenizer = processor
         data = self.data_args
-        spec, mixture = data.train_split_name, data.mixture()
+        spec, mixture = data.train_split_name, mixture_of(data, self.options)
         evaluation, eval_spec = None, data.eval_split_name
         if mixture is not None:
             spec, eval_spec = "train", "test"  # of the mixture
@@ -215,7 +214,7 @@ class ChatTask(CausalLanguageModel, Task):
         """How messages name the data: the dataset, the data files, or the mixture."""
         if self.data_args.dataset_name:
             return self.data_args.dataset_name
-        return "the mixture" if self.data_args.mixture() else FILES
+        return "the mixture" if self.options.dataset_mixture else FILES
 
     def mixed(self, mixture: Mixture) -> tuple[Dataset, Dataset | None]:
         """A mixture's training and evaluation splits, each dataset read as `--dataset_name`
