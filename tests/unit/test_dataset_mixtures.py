@@ -128,7 +128,8 @@ def test_the_handbooks_mixer_takes_first_rows_and_whole_test_splits(mixed, tmp_p
 
 def test_a_mixture_is_planned_with_every_dataset_checked_before_launch(mixed, tmp_path, capsys):
     """The dry run plans the mixture, says where its evaluation split comes from, and checks
-    each dataset before launch: a missing one is one error line."""
+    each dataset before launch: a column it keeps that it lacks, or a missing dataset, is one
+    error line."""
     mixture = {"datasets": [{"id": str(mixed / "alpha"), "columns": ["messages"]},
                             {"id": str(mixed / "beta"), "columns": ["messages"]}],
                "test_split_size": 0.2}  # fmt: skip
@@ -136,6 +137,14 @@ def test_a_mixture_is_planned_with_every_dataset_checked_before_launch(mixed, tm
     assert code == 0, err
     assert json.loads(config["flags"]["task_options"]["dataset_mixture"]) == mixture
     assert "evaluation split: 0.2 of the mixture, drawn with seed 0 (test_split_size)" in err
+    mixture["datasets"][0]["columns"] = ["messages", "beta_id"]
+    code, _, err = dry_run(recipe(mixed, tmp_path, {"dataset_mixture": mixture}), capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and errors == [
+        f'error: Column "beta_id" (--dataset_mixture columns) not found in {mixed / "alpha"}; '
+        "its columns are: alpha_id, messages."
+    ]
+    mixture["datasets"][0]["columns"] = ["messages"]
     mixture["datasets"][1]["id"] = str(mixed / "missing")
     code, _, err = dry_run(recipe(mixed, tmp_path, {"dataset_mixture": mixture}), capsys)
     errors = [line for line in err.splitlines() if line.startswith("error:")]

@@ -61,6 +61,9 @@ class Task(ABC):
     against them; the Trainer would find a wrong name only at the first evaluation."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
+    mixed_columns: tuple[str, ...] = ()
+    """A mixture's dataset read by this copy (`mixed_source`): the columns its entry keeps,
+    which its launch check requires."""
     reference_free_flag: ClassVar[str | None] = None
     """The flag with which a task's frozen reference model (`reference_parameters`) is not
     kept while training, its outputs computed before (the plan names it when a step does not
@@ -115,6 +118,7 @@ class Task(ABC):
             train_split_name=entry.split, eval_split_name=eval_split,
         )  # fmt: skip
         task.options = dataclasses.replace(self.options, dataset_mixture=None)
+        task.mixed_columns = entry.columns or ()
         return task
 
     def interleaved(self, load: Callable[[Task], Any]) -> Any:

@@ -82,8 +82,9 @@ class ChatTask(CausalLanguageModel, Task):
 
     # -- before launch ------------------------------------------------------------------------
 
-    def column_flags(self) -> dict[str, str]:
-        return {}
+    def column_flags(self) -> dict[str, str | tuple[str, ...]]:
+        """Nothing of ours names a column but a mixture's `columns`, which must be there."""
+        return {"dataset_mixture columns": self.mixed_columns} if self.mixed_columns else {}
 
     def column_warning(self, columns: list[str]) -> str | None:
         """Not a warning: a training split in none of the formats is refused here, before
