@@ -47,15 +47,23 @@ def test_users_llm_recipes_train_for_three_steps(tmp_path):
     the real `python -m trainer --config FILE` for 3 steps on one tiny Llama, each delivering a
     model: the alignment-handbook's zephyr QLoRA recipe (its inline chat template, its
     `dataset_mixer` of one dataset with `dataset_splits`, `model_revision: main`, a
-    `report_to` list) as this CPU runs it (no 4-bit base, no bf16 weights or steps), and
-    Axolotl's lora-1b.yml (chats, `bf16: auto`, `val_set_size`)."""
+    `report_to` list) as this CPU runs it (no 4-bit base, no bf16 weights or steps),
+    Axolotl's lora-1b.yml (chats, `bf16: auto`, `val_set_size`), and the handbook's starchat2
+    recipe (a `dataset_mixture` of four splits of two datasets, its test part held out: 8 rows
+    of the tiny copies' 64, not 1000; an inline ChatML template)."""
     from tests.support.chat_models import FAMILIES, save_family_model
-    from tests.support.llm_recipes import HANDBOOK_CHAT_TEMPLATE, ZEPHYR_SFT_QLORA, axolotl
+    from tests.support.llm_recipes import (
+        HANDBOOK_CHAT_TEMPLATE,
+        STARCHAT2_SFT,
+        ZEPHYR_SFT_QLORA,
+        axolotl,
+    )
 
     save_family_model(FAMILIES["llama"], tmp_path / "llama")
     chat = {"messages": [{"role": "user", "content": "Hello"},
                          {"role": "assistant", "content": "Hi."}]}  # fmt: skip
-    for folder, splits in (("sft", ("train_sft", "test_sft")), ("kept", ("train", "validation"))):
+    for folder, splits in (("sft", ("train_sft", "test_sft")), ("sft2", ("train_sft", "test_sft")),
+                           ("kept", ("train", "validation"))):  # fmt: skip
         (tmp_path / folder).mkdir()
         for split in splits:
             (tmp_path / folder / f"{split}.jsonl").write_text("\n".join([json.dumps(chat)] * 16))
@@ -63,9 +71,14 @@ def test_users_llm_recipes_train_for_three_steps(tmp_path):
                 .replace("bf16: true\n", "").replace("torch_dtype: bfloat16\n", "")
                 .replace("push_to_hub: true\n", "")
                 .replace("@TEMPLATE@", json.dumps(HANDBOOK_CHAT_TEMPLATE)))  # fmt: skip
-    files = {"handbook": handbook, "axolotl": axolotl()}
+    starchat = (STARCHAT2_SFT.replace("flash_attention_2", "sdpa").replace("- wandb\n", "")
+                .replace("bf16: true\n", "").replace("torch_dtype: bfloat16\n", "")
+                .replace("push_to_hub: true\n", "")
+                .replace("test_split_size: 1000", "test_split_size: 8"))  # fmt: skip
+    files = {"handbook": handbook, "axolotl": axolotl(), "starchat2": starchat}
     for name, text in files.items():
-        for mark, path in (("@LLAMA@", "llama"), ("@SFT@", "sft"), ("@KEPT@", "kept")):
+        for mark, path in (("@LLAMA@", "llama"), ("@SFT@", "sft"), ("@SFT2@", "sft2"),
+                           ("@KEPT@", "kept")):  # fmt: skip
             text = text.replace(mark, str(tmp_path / path))
         (tmp_path / f"{name}.yaml").write_text(text)
         cwd = tmp_path / name
@@ -78,3 +91,4 @@ def test_users_llm_recipes_train_for_three_steps(tmp_path):
         assert code == 0, (name, output[-3000:])
         assert re.findall(r"step (\d+)/3", output)[-1] == "3", output[-2000:]
         assert (cwd / "out" / "model" / "config.json").is_file(), name
+    assert "evaluation split: 8 of the mixture, drawn with seed 0 (test_split_size)" in output

@@ -4,6 +4,8 @@ lines of tests/unit/test_user_flags.py and the runs of tests/processes/test_user
 
 from __future__ import annotations
 
+import json
+
 TRL_SFT_DOCSTRING = (
     "--model_name_or_path @QWEN@ --dataset_name @CHATS@ --learning_rate 2.0e-5 "
     "--num_train_epochs 1 --packing --per_device_train_batch_size 2 "
@@ -326,6 +328,86 @@ weight_decay: 0.0
 special_tokens:
   pad_token: "<|end_of_text|>"
 """
+STARCHAT2_SFT = """# Model arguments
+model_name_or_path: @LLAMA@
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+
+# Data training arguments
+chat_template: @CHATML@
+dataset_mixture:
+  datasets:
+    - id: @SFT@
+      config: default
+      split: train_sft
+      columns:
+        - messages
+      weight: 1.0
+    - id: @SFT2@
+      config: default
+      split: train_sft
+      columns:
+        - messages
+      weight: 1.0
+    - id: @SFT@
+      config: default
+      split: test_sft
+      columns:
+        - messages
+      weight: 1.0
+    - id: @SFT2@
+      config: default
+      split: test_sft
+      columns:
+        - messages
+      weight: 1.0
+  test_split_size: 1000
+  seed: 0
+dataset_num_proc: 24
+
+# SFT trainer config
+bf16: true
+do_eval: true
+eval_strategy: epoch
+gradient_accumulation_steps: 2
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+hub_model_id: starchat2-15b-v0.1
+hub_strategy: every_save
+learning_rate: 2.0e-05
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+max_length: 2048
+max_steps: -1
+num_train_epochs: 3
+output_dir: data/starchat2-15b-v0.1
+overwrite_output_dir: true
+per_device_eval_batch_size: 8
+per_device_train_batch_size: 8
+push_to_hub: true
+remove_unused_columns: true
+report_to:
+- tensorboard
+- wandb
+save_strategy: "no"
+seed: 42
+warmup_ratio: 0.1
+"""
+"""The alignment-handbook's recipes/starchat2-15b/sft/config_v0.1.yaml (its newer form, open-r1's
+`dataset_mixture`), its five datasets cut to two (@SFT@, @SFT2@), each with its train_sft and
+test_sft splits, as published; `config: default` is what a local folder of JSON Lines has."""
+STARCHAT2_CHAT_TEMPLATE = (
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
+    "{% endif %}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""Its inline template (ChatML), as the file writes it (JSON's escapes are YAML's)."""
+STARCHAT2_SFT = STARCHAT2_SFT.replace("@CHATML@", json.dumps(STARCHAT2_CHAT_TEMPLATE))
 LLAMA_FACTORY_LORA_SFT = """### model
 model_name_or_path: @LLAMA@
 

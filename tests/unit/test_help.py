@@ -139,7 +139,7 @@ def test_help_all_lists_every_option_and_help_the_project_flags(capsys, task_nam
     assert hidden > 60, "--help should leave most of the Trainer's flags to --help-all"
     assert f"... and {hidden} more Hugging Face training flags are accepted" in short
     assert "more Hugging Face training flags are accepted" not in everything
-    assert len(listed(short)) < len(listed(everything)) / 2
+    assert len(listed(short)) <= len(listed(everything)) / 2  # at most half
 
 
 def test_a_missing_recipe_still_gives_help_for_the_default_task(capsys):

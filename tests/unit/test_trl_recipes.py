@@ -168,8 +168,8 @@ def test_trls_flags_run_with_trls_meaning(given, group, key, value, llm, capsys)
          "is read; another revision: download it (hf download ID --revision REV"),
         ("--accelerate_config fsdp2", "error: --accelerate_config takes one of zero2, zero3, "
          "multi_gpu, single_gpu (zero1: --deepspeed zero2; fsdp1, fsdp2: parameters are sharded"),
-        ("--dataset_mixture {}", "error: --dataset_mixture is not a flag of this trainer (trl "
-         "sft, ScriptArguments): several datasets are mixed as streams: --streaming true"),
+        ("--dataset_mixture {}", "error: --dataset_mixture '{}': give a mapping with a datasets "
+         "list."),
         ("--use_dora", "error: --use_dora is not a flag of this trainer"),
         # (a value of a flag named *token* is masked, as secrets are)
         ("--eos_token <nothing>", "error: --eos_token <nothing> is not a token of the tokenizer's "
@@ -317,11 +317,13 @@ def test_every_attention_choice_runs_or_is_refused_before_launch(given, said, ll
 
 def test_a_mixture_of_one_dataset_is_that_dataset_with_its_splits(llm, tmp_path, capsys):
     """The alignment-handbook's `dataset_mixer: {ID: 1.0}` + `dataset_splits`, and TRL's
-    `dataset_mixture` of one dataset; several are refused in one line (mixed as streams)."""
-    sft = tmp_path / "sft"
-    sft.mkdir()
-    for split in ("train_sft", "test_sft"):
-        (sft / f"{split}.jsonl").write_text((llm / "chats" / "train.jsonl").read_text())
+    `dataset_mixture` of one dataset; several are a mixture
+    (tests/unit/test_dataset_mixtures.py)."""
+    sft, other = tmp_path / "sft", tmp_path / "other"
+    for folder in (sft, other):
+        folder.mkdir()
+        for split in ("train_sft", "test_sft"):
+            (folder / f"{split}.jsonl").write_text((llm / "chats" / "train.jsonl").read_text())
     model = {"model_name_or_path": str(llm / "llama")}
     files = {
         "handbook": {**model, "dataset_mixer": {str(sft): 1.0},
@@ -338,9 +340,12 @@ def test_a_mixture_of_one_dataset_is_that_dataset_with_its_splits(llm, tmp_path,
         planned[name] = data["dataset_name"], data["train_split_name"], data["eval_split_name"]
     assert planned == {"handbook": (str(sft), "train_sft", "test_sft"),
                        "trl": (str(sft), "train_sft", "")}  # fmt: skip
-    two = {**model, "dataset_mixer": {str(sft): 0.5, str(llm / "chats"): 0.5}}
-    code, _, err = dry_run(["--config", write_yaml(tmp_path / "r.yaml", two)], capsys)
-    assert code == 2 and "--dataset_mixer is not a flag of this trainer" in err, err
+    two = {**model, "dataset_mixer": {str(sft): 0.5, str(other): 1.0},
+           "dataset_splits": ["train_sft", "test_sft"]}  # fmt: skip
+    code, config, err = dry_run(["--config", write_yaml(tmp_path / "r.yaml", two)], capsys)
+    assert code == 0, err
+    mixture = json.loads(config["flags"]["task_options"]["dataset_mixture"])
+    assert (mixture, config["flags"]["data"]["dataset_name"]) == (two["dataset_mixer"], None)
 
 
 def planned_flags(config) -> dict:

@@ -22,6 +22,7 @@ from tests.support.llm_recipes import (
     LLAMA_FACTORY_LORA_SFT,
     OPEN_R1_QWEN_DEMO,
     OPEN_R1_SMOLLM2,
+    STARCHAT2_SFT,
     TRL_SFT_DOCSTRING,
     ZEPHYR_SFT_FULL,
     ZEPHYR_SFT_LORA,
@@ -685,8 +686,8 @@ def test_trls_space_separated_lora_target_modules_are_read_as_its_list(llama_and
 
 # The lines and files LLM users bring (issue 52), copied from their public sources with only
 # the model and dataset ids pointed at local tiny copies (@QWEN@: a tiny Qwen2, whose end of
-# turn is <|im_end|>; @LLAMA@: a tiny Llama; @CHATS@: chats in train and test; @SFT@: in
-# train_sft and test_sft, the handbook's split names of ultrachat_200k; @KEPT@: in train and
+# turn is <|im_end|>; @LLAMA@: a tiny Llama; @CHATS@: chats in train and test; @SFT@, @SFT2@:
+# in train_sft and test_sft, the handbook's split names of ultrachat_200k; @KEPT@: in train and
 # validation). Each is planned on this CPU machine ("accepted"), or refused in one line there
 # only for want of a GPU and planned by resolution on an 8 x H100 node ("gpu: LINE"), or
 # refused in one line naming what to use ("refused: LINE"): never a bare refusal, never a
@@ -745,6 +746,16 @@ USERS_LLM_LINES = [
      .replace("push_to_hub: true\n", "").replace("- all", "- default"), "gpu: "),
     ("open-r1 recipes/SmolLM2-1.7B-Instruct/sft/config.yaml (report_to tensorboard)",
      OPEN_R1_SMOLLM2.replace("push_to_hub: true\n", ""), "gpu: "),
+    ("alignment-handbook recipes/starchat2-15b/sft/config_v0.1.yaml (dataset_mixture)",
+     STARCHAT2_SFT, "gpu: --attn_implementation flash_attention_2: flash-attn is not installed"),
+    ("alignment-handbook starchat2 config_v0.1.yaml with sdpa, report_to tensorboard (this image)",
+     STARCHAT2_SFT.replace("flash_attention_2", "sdpa").replace("- wandb\n", "")
+     .replace("push_to_hub: true\n", ""), "gpu: "),
+    ("TRL trl/scripts/utils.py DatasetMixtureConfig's YAML (1.16.0), its fields filled",
+     "model_name_or_path: @QWEN@\ndatasets:\n  - path: @CHATS@\n    split: train\n"
+     "    columns: [messages]\n    fraction: 0.7\n  - path: @SFT@\n    split: train_sft\n"
+     "    columns: [messages]\n    fraction: 0.3\nstreaming: false\ntest_split_size: 0.1\n",
+     "accepted"),
     (AXOLOTL, axolotl("alpaca", optimizer="adamw_8bit", flash="flash_attention: true",
                       evals="evals_per_epoch: 4\nsaves_per_epoch: 1"),
      "refused: datasets (Axolotl) type alpaca: its rows are not read here"),
@@ -779,6 +790,7 @@ def llm_assets(tmp_path_factory):
                          {"role": "assistant", "content": "Hi."}]}  # fmt: skip
     rows = "\n".join([json.dumps(chat)] * 8)
     for folder, splits in (("chats", ("train", "test")), ("sft", ("train_sft", "test_sft")),
+                           ("sft2", ("train_sft", "test_sft")),
                            ("kept", ("train", "validation"))):  # fmt: skip
         (root / folder).mkdir()
         for split in splits:
@@ -789,7 +801,8 @@ def llm_assets(tmp_path_factory):
 def users_line(text: str, root, tmp_path) -> list[str]:
     """The line's arguments, or `--config FILE` for a file, with the local copies named."""
     places = {"@QWEN@": root / "qwen2", "@LLAMA@": root / "llama", "@CHATS@": root / "chats",
-              "@SFT@": root / "sft", "@KEPT@": root / "kept"}  # fmt: skip
+              "@SFT@": root / "sft", "@SFT2@": root / "sft2",
+              "@KEPT@": root / "kept"}  # fmt: skip
     for mark, path in places.items():
         text = text.replace(mark, str(path))
     if "\n" not in text:

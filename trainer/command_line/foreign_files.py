@@ -209,12 +209,36 @@ def known_names() -> set[str]:
     return names | {"task"} | {name[2:] for name in FOREIGN_FLAGS}
 
 
-def one_dataset_mixture(content: Mapping[str, object]) -> dict:
-    """A TRL recipe's mixture of one dataset as our flags: the alignment-handbook's
-    `dataset_mixer: {ID: 1.0}` with `dataset_splits: [train_sft, test_sft]`, TRL's
-    `dataset_mixture: {datasets: [{path, name, split}]}`. Several datasets are left for the
-    table of foreign flags to refuse (they are mixed as streams here)."""
-    return _trls_mixture(_handbooks_mixer(dict(content)))
+def read_mixtures(content: Mapping[str, object]) -> dict:
+    """A recipe's mixture of datasets as our flags: TRL 1.16's `datasets: [{path, name, split,
+    columns, fraction}]` with `test_split_size` and `streaming` (its `DatasetMixtureConfig`,
+    at the top of the file) as `dataset_mixture` in TRL's order (`seed: null`); open-r1's
+    `dataset_mixture` and the alignment-handbook's `dataset_mixer` as they are, the handbook's
+    `dataset_splits` as --train_split_name and --eval_split_name. A mixture of one dataset,
+    whole, is that dataset (--dataset_name)."""
+    flags = _handbooks_mixer(_trls_datasets(dict(content)))
+    return _one_mixed_dataset(flags)
+
+
+def _trls_datasets(flags: dict) -> dict:
+    if not trls_mixture_form(flags):
+        return flags
+    mixture = {"datasets": flags.pop("datasets"), "seed": None}
+    for key in ("test_split_size", "streaming"):
+        if key in flags:
+            mixture[key] = flags.pop(key)
+    flags["dataset_mixture"] = mixture
+    return flags
+
+
+def trls_mixture_form(content: Mapping[str, object]) -> bool:
+    """TRL's `datasets:` list (entries without Axolotl's `type`, and no other Axolotl key)."""
+    datasets = content.get("datasets")
+    return (
+        isinstance(datasets, list)
+        and all(isinstance(entry, Mapping) and "type" not in entry for entry in datasets)
+        and not (MARKS[AXOLOTL] - {"datasets"}) & set(content)
+    )
 
 
 def _handbooks_mixer(flags: dict) -> dict:
@@ -222,16 +246,23 @@ def _handbooks_mixer(flags: dict) -> dict:
     if isinstance(mixer, Mapping) and len(mixer) == 1 and float(*mixer.values()) == 1.0:
         del flags["dataset_mixer"]
         flags["dataset_name"] = next(iter(mixer))
-    if "dataset_mixer" not in flags and isinstance(splits, list):
+    if isinstance(splits, list):
         del flags["dataset_splits"]
         flags |= _handbook_splits([str(split) for split in splits])
     return flags
 
 
-def _trls_mixture(flags: dict) -> dict:
+PLAIN_ENTRY = {"id", "path", "config", "name", "split"}
+"""A mixture's entry that asks for one dataset's split as it is."""
+
+
+def _one_mixed_dataset(flags: dict) -> dict:
     mixture = flags.get("dataset_mixture")
-    datasets = mixture.get("datasets") if isinstance(mixture, Mapping) else None
-    if isinstance(datasets, list) and len(datasets) == 1 and isinstance(datasets[0], Mapping):
+    if not isinstance(mixture, Mapping) or set(mixture) - {"datasets", "seed"}:
+        return flags
+    datasets = mixture.get("datasets")
+    plain = isinstance(datasets, list) and len(datasets) == 1 and isinstance(datasets[0], Mapping)
+    if plain and not set(datasets[0]) - PLAIN_ENTRY:
         del flags["dataset_mixture"]
         flags |= _mixture_entry(datasets[0])
     return flags
@@ -248,9 +279,10 @@ def _handbook_splits(splits: list[str]) -> dict[str, object]:
 
 
 def _mixture_entry(entry: Mapping[str, object]) -> dict[str, object]:
-    flags: dict[str, object] = {"dataset_name": entry.get("path")}
-    if entry.get("name"):
-        flags["dataset_config_name"] = entry["name"]
+    flags: dict[str, object] = {"dataset_name": entry.get("id", entry.get("path"))}
+    config = entry.get("config", entry.get("name"))
+    if config:
+        flags["dataset_config_name"] = config
     if entry.get("split"):
         flags["train_split_name"] = entry["split"]
     return flags
@@ -259,6 +291,8 @@ def _mixture_entry(entry: Mapping[str, object]) -> dict[str, object]:
 def file_form(content: Mapping[str, object]) -> str | None:
     """Axolotl or LLaMA-Factory, from the file's keys; None for a recipe of our flags."""
     for form, marks in MARKS.items():
+        if form == AXOLOTL and trls_mixture_form(content):
+            continue
         if marks & set(content):
             return form
     return None
@@ -273,7 +307,7 @@ def translate_file(
     a refused key."""
     form = file_form(content)
     if form is None:
-        return one_dataset_mixture(content), []
+        return read_mixtures(content), []
     names = known()
     flags: dict[str, object] = {}
     notices = [f"{form} file: its keys are read as this trainer's flags"]

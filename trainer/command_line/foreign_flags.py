@@ -57,11 +57,6 @@ TRL_MODEL = "trl sft, ModelConfig"
 TRL_CLI = "trl sft's launch flags"
 TRL_OLD = "older TRL scripts and the alignment-handbook"
 LLAMA_FACTORY = "LLaMA-Factory"
-MIXTURE = (
-    "several datasets are mixed as streams: --streaming true --dataset_name A,B "
-    "--interleave_probabilities P,Q (with --max_steps); or one folder of train and validation "
-    "files as --dataset_name DIR"
-)
 ZERO3 = "parameters are sharded by DeepSpeed ZeRO: --deepspeed zero3"
 
 CLUSTER = (
@@ -230,6 +225,7 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
     "--chat_template_path": renamed("--chat_template", TRL, check=_a_template_file),
     "--dataset_config": renamed("--dataset_config_name", TRL_SCRIPT),
     "--dataset_configs": renamed("--dataset_config_name", "open-r1's recipes"),
+    "--dataset_mixer": renamed("--dataset_mixture", TRL_OLD),
     "--dataset_train_split": renamed("--train_split_name", TRL_SCRIPT),
     "--dataset_test_split": renamed("--eval_split_name", TRL_SCRIPT,
                                     note="TRL evaluates on its test split, as this does"),
@@ -282,8 +278,6 @@ FOREIGN_FLAGS: dict[str, ForeignFlag] = {
                                        "uint8; another storage type is for FSDP, and " + ZERO3),
     "--use_flash_attention_2": switch(["--attn_implementation", "flash_attention_2"], TRL_OLD),
     "--log_with": renamed("--report_to", TRL_OLD),
-    "--dataset_mixture": refused(MIXTURE, TRL_SCRIPT),
-    "--dataset_mixer": refused(MIXTURE, TRL_OLD),
     "--dataset_splits": refused("name the splits with --train_split_name and --eval_split_name",
                                 TRL_OLD),
     "--accelerate_config": mapped({"zero2": ("--deepspeed", "zero2"),

@@ -55,6 +55,7 @@ from trainer.config.task_inference import infer_task
 from trainer.config.topology import resolve_topology
 from trainer.settings.data_flags import DataArguments
 from trainer.settings.launcher_flags import LauncherArguments
+from trainer.settings.mixtures import STREAMS, Mixture, mixture_of
 from trainer.settings.model_flags import ModelArguments
 from trainer.settings.run_config import DemoAssets, Hardware, RunConfig, TrainingFlags
 from trainer.storage.locations import resolve_output_locations
@@ -95,6 +96,7 @@ def resolve_run(argv: list[str], env: Mapping[str, str], hardware: Hardware) -> 
     training |= required_training_arguments(task_class, flags, training, hardware)
     task_class.check_training_values(training)
     check_attention(flags.model.attn_implementation)
+    check_mixture(data, flags.task_options)
     check_streaming(data, training)
     check_hub_token(training, launcher)
     return RunConfig(
@@ -152,7 +154,9 @@ def with_model_and_data(
     google/vit-base-patch16-224-in21k); neither is the built-in demo (tiny Whisper,
     synthesized speech), its recipe first so that the command line still wins."""
     model = flags.model.model_name_or_path
-    dataset = flags.data.dataset_name or getattr(flags.task_options, "train_file", None)
+    data = flags.data
+    dataset = (data.dataset_name or getattr(flags.task_options, "dataset_mixture", None)
+               or getattr(flags.task_options, "train_file", None))  # fmt: skip
     if dataset is None:
         check_training_file(flags.task_options)
     if model is not None and dataset is not None:
@@ -213,6 +217,9 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
     --do_eval, no --eval_split_name), none, so that a dataset with only a train split runs;
     with --train_file, the --validation_file if given, else none. The notices say which."""
     data, training = flags.data, flags.training
+    mixture = mixture_of(data, flags.task_options)
+    if mixture is not None and not mixture.handbook:
+        return mixture_evaluation(mixture, data, training, given)
     if data.train_val_split is not None:
         if "--eval_split_name" in given:
             raise UserError(
@@ -231,6 +238,37 @@ def settle_evaluation_split(flags: ParsedFlags, given: set[str]) -> tuple[DataAr
     if "--eval_split_name" in given:
         return data, []
     return default_evaluation_split(data, flags.task_options)
+
+
+def mixture_evaluation(
+    mixture: Mixture, data: DataArguments, training: Mapping[str, Any], given: set[str]
+) -> tuple[DataArguments, list[str]]:
+    """A `--dataset_mixture` evaluates on its `test_split_size` part (or `--train_val_split`'s);
+    without one it has no evaluation split, and evaluation must be off (the handbook's
+    `{ID: fraction}` evaluates on its datasets' --eval_split_name, as one dataset does)."""
+    if "--eval_split_name" in given:
+        raise UserError("--eval_split_name names a split of one dataset; a --dataset_mixture "
+                        "evaluates on its test_split_size part: leave --eval_split_name "
+                        "out.")  # fmt: skip
+    if mixture.test_split_size is not None:
+        if data.train_val_split is not None:
+            raise UserError("--train_val_split and the mixture's test_split_size both hold out "
+                            "an evaluation part: give one.")  # fmt: skip
+        seed = training["seed"] if mixture.seed is None else mixture.seed
+        return replace(data, eval_split_name=""), [
+            f"evaluation split: {mixture.test_split_size:g} of the mixture, drawn with seed "
+            f"{seed} (test_split_size)"
+        ]
+    if data.train_val_split is not None:
+        return replace(data, eval_split_name=""), [
+            f"evaluation split: {data.train_val_split:g} of the mixture, drawn with seed "
+            f"{training['seed']} (--train_val_split)"
+        ]
+    strategy = str(getattr(training["eval_strategy"], "value", training["eval_strategy"]))
+    if strategy != "no" or training["do_eval"]:
+        raise UserError("The --dataset_mixture has no evaluation split: add test_split_size "
+                        "to it (a part held out, e.g. 0.1), or --eval_strategy no.")  # fmt: skip
+    return replace(data, eval_split_name=""), []
 
 
 def default_evaluation_split(data: DataArguments, options: Any) -> tuple[DataArguments, list[str]]:
@@ -390,6 +428,18 @@ def check_streaming(data: DataArguments, training: Mapping[str, Any]) -> None:
         )
     if data.shuffle_buffer_size < 1:
         raise UserError("--shuffle_buffer_size must be at least 1.")
+
+
+def check_mixture(data: DataArguments, options: Any) -> None:
+    """A mixture names its datasets itself, and is read whole."""
+    if not getattr(options, "dataset_mixture", None):
+        return
+    flag = "--dataset_mixture"
+    if data.dataset_name:
+        raise UserError(f"--dataset_name and {flag} both name the data: give the datasets in "
+                        f"{flag} only.")  # fmt: skip
+    if data.streaming or data.interleave_probabilities:
+        raise UserError(f"{flag} with --streaming or --interleave_probabilities: {STREAMS}.")
 
 
 def check_interleaving(data: DataArguments) -> None:

@@ -28,6 +28,7 @@ from trainer.data.sources import (
     shard_index_of,
     table_layout,
 )
+from trainer.settings.mixtures import MixedDataset, mixture_of
 from trainer.tasks.lora_adapters import weightless, with_lora
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class Task(ABC):
     against them; the Trainer would find a wrong name only at the first evaluation."""
     lower_is_better: ClassVar[frozenset[str]] = frozenset()
     """Metric names for which smaller values are better (the Trainer assumes otherwise)."""
+    mixed_columns: tuple[str, ...] = ()
+    """A mixture's dataset read by this copy (`mixed_source`): the columns its entry keeps,
+    which its launch check requires."""
     reference_free_flag: ClassVar[str | None] = None
     """The flag with which a task's frozen reference model (`reference_parameters`) is not
     kept while training, its outputs computed before (the plan names it when a step does not
@@ -85,8 +89,12 @@ class Task(ABC):
 
     def sources(self) -> list[Task]:
         """This task once per dataset of `--dataset_name`: several when they are interleaved
-        (`--interleave_probabilities`), each copy reading only its own dataset and config."""
+        (`--interleave_probabilities`) or mixed (text-generation's `--dataset_mixture`), each
+        copy reading only its own dataset, config and splits."""
         data = self.data_args
+        mixture = mixture_of(data, self.options)
+        if mixture is not None:
+            return [self.mixed_source(entry, mixture.eval_split) for entry in mixture.datasets]
         if not data.interleave_probabilities:
             return [self]
         names = data.dataset_name.split(",")
@@ -100,6 +108,18 @@ class Task(ABC):
             )
             copies.append(task)
         return copies
+
+    def mixed_source(self, entry: MixedDataset, eval_split: str) -> Task:
+        """This task reading one dataset of a mixture (its launch checks, its Hub id, its
+        splits)."""
+        task = copy.copy(self)
+        task.data_args = dataclasses.replace(
+            self.data_args, dataset_name=entry.path, dataset_config_name=entry.config,
+            train_split_name=entry.split, eval_split_name=eval_split,
+        )  # fmt: skip
+        task.options = dataclasses.replace(self.options, dataset_mixture=None)
+        task.mixed_columns = entry.columns or ()
+        return task
 
     def interleaved(self, load: Callable[[Task], Any]) -> Any:
         """`load` applied to every source; several streams are mixed by their probabilities,

@@ -12,6 +12,7 @@ from pathlib import Path
 from trainer.common.errors import UserError
 from trainer.common.flag_fields import flag
 from trainer.data.sources import LocalLayout, table_folder_layout
+from trainer.settings.mixtures import read_mixture
 from trainer.tasks.causal_lm import CAUSAL_LM_LORA_TARGETS, chat_template_text
 from trainer.tasks.model_config import (
     CAUSAL_LMS,
@@ -61,6 +62,7 @@ class ChatArguments:
     eos_token: str | None = flag(None, "End-of-sequence token in place of the tokenizer's.")
     train_file: str | None = flag(None, "run_clm.py's training file.")
     validation_file: str | None = flag(None, "run_clm.py's evaluation file.")
+    dataset_mixture: str | None = flag(None, "Datasets mixed (TRL's YAML).")
     generation_samples: int = flag(
         0, "At each evaluation, generate from this many evaluation prompts and log them."
     )
@@ -74,6 +76,8 @@ class ChatArguments:
         if self.chat_template is not None and chat_template_text(self.chat_template) is None:
             raise ValueError(f"--chat_template {self.chat_template}: no such file (nor a Jinja "
                              "template: one has {% ... %} or {{ ... }}).")  # fmt: skip
+        if self.dataset_mixture:
+            read_mixture(self.dataset_mixture)  # a ValueError names the flag
 
     def data_files(self) -> dict[str, Path]:
         """Split name -> file, for the files given by flag (run_clm.py's; empty for

@@ -30,6 +30,7 @@ from trainer.common.errors import UserError
 from trainer.common.step_time import encoder_forward_flops
 from trainer.data.bad_examples import NAMES_SHOWN, check_limit, skip_counted
 from trainer.data.example_ids import with_example_ids
+from trainer.data.mixing import mixed_splits
 from trainer.data.sources import (
     FILES,
     LocalLayout,
@@ -39,6 +40,7 @@ from trainer.data.sources import (
     split_off_evaluation,
 )
 from trainer.data.streams import is_stream
+from trainer.settings.mixtures import Mixture, mixture_of
 from trainer.tasks.base import Task, named_files_layout
 from trainer.tasks.causal_lm import CausalLanguageModel, decoder_layer_values
 from trainer.tasks.text_generation.loss_mask import (
@@ -80,8 +82,9 @@ class ChatTask(CausalLanguageModel, Task):
 
     # -- before launch ------------------------------------------------------------------------
 
-    def column_flags(self) -> dict[str, str]:
-        return {}
+    def column_flags(self) -> dict[str, str | tuple[str, ...]]:
+        """Nothing of ours names a column but a mixture's `columns`, which must be there."""
+        return {"dataset_mixture columns": self.mixed_columns} if self.mixed_columns else {}
 
     def column_warning(self, columns: list[str]) -> str | None:
         """Not a warning: a training split in none of the formats is refused here, before
@@ -186,14 +189,18 @@ class ChatTask(CausalLanguageModel, Task):
     def load_datasets(self, processor) -> tuple[Dataset, Dataset | None]:
         self._tokenizer = processor
         data = self.data_args
-        spec = data.train_split_name
-        train = self.interleaved(lambda source: source.load_source(spec, data.streaming))
+        spec, mixture = data.train_split_name, mixture_of(data, self.options)
         evaluation, eval_spec = None, data.eval_split_name
+        if mixture is not None:
+            spec, eval_spec = "train", "test"  # of the mixture
+            train, evaluation = self.mixed(mixture)
+        else:
+            train = self.interleaved(lambda source: source.load_source(spec, data.streaming))
         if data.train_val_split is not None:
-            where = f"split {spec} of {data.dataset_name}"
+            where = f"split {spec} of {self.data_name}"
             train, evaluation = split_off_evaluation(train, data.train_val_split, self.seed, where)
             eval_spec = f"{spec} (--train_val_split part)"
-        elif eval_spec:
+        elif eval_spec and mixture is None:
             evaluation = self.sources()[0].load_source(eval_spec)
         train = first_examples(train, data.max_train_samples)
         train = (self.streamed if is_stream(train) else self.tokenised)(train, spec, True)
@@ -203,10 +210,26 @@ class ChatTask(CausalLanguageModel, Task):
             evaluation = self.tokenised(evaluation, eval_spec, False)
         return train, evaluation
 
+    @property
+    def data_name(self) -> str:
+        """How messages name the data: the dataset, the data files, or the mixture."""
+        if self.data_args.dataset_name:
+            return self.data_args.dataset_name
+        return "the mixture" if self.options.dataset_mixture else FILES
+
+    def mixed(self, mixture: Mixture) -> tuple[Dataset, Dataset | None]:
+        """A mixture's training and evaluation splits, each dataset read as `--dataset_name`
+        reads one; the handbook's mixer keeps the columns of the formats read."""
+        sources = dict(zip(mixture.datasets, self.sources(), strict=True))
+        text = self.options.dataset_text_field
+        keep = ["messages", "prompt", "completion", *([text] if text else [])]
+        return mixed_splits(mixture, lambda entry, split: sources[entry].load_source(split),
+                            keep, self.seed)  # fmt: skip
+
     def tokenised(self, dataset: Dataset, spec: str, training: bool) -> Dataset:
         """The split as token ids and labels; bad rows skipped and counted, long ones cut and
         counted (one line each), rows left with nothing to learn dropped."""
-        where = f"split {spec} of {self.data_args.dataset_name or FILES}"
+        where = f"split {spec} of {self.data_name}"
         found = self.source_format(dataset, where)
         encoded = self.encoded(dataset, found, spec, where)
         keep = self.without_bad_rows(encoded["bad"], where, training)
@@ -219,7 +242,7 @@ class ChatTask(CausalLanguageModel, Task):
         """A training stream tokenised as it is read (stream.py): the same
         examples, bad and long rows counted by the training process. How the loss is masked
         is chosen on the stream's first rows (a split read whole tries all its rows)."""
-        where = f"split {spec} of {self.data_args.dataset_name or FILES}"
+        where = f"split {spec} of {self.data_name}"
         found = self.source_format(stream, where)
         tokenizer, rows = self._tokenizer, list(stream.take(PROBED_ROWS))
 
@@ -330,7 +353,7 @@ class ChatTask(CausalLanguageModel, Task):
     def trainer_class(self):
         from trainer.tasks.text_generation.trainer import ChatTrainer
 
-        where = f"split {self.data_args.train_split_name} of {self.data_args.dataset_name}"
+        where = f"split {self.data_args.train_split_name} of {self.data_name}"
         return partial(ChatTrainer, chat=self.options, samples=self._samples, where=where)
 
 
