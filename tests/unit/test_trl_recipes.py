@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 
 import pytest
 import yaml
@@ -395,6 +396,51 @@ def test_a_llama_factory_file_is_read_key_by_key(llm, tmp_path):
     assert flags["model"]["lora_target_modules"] == "q_proj,v_proj"
     assert flags["task_options"]["max_seq_length"] == 256
     assert flags["data"]["train_val_split"] == 0.25
-    content["stage"] = "dpo"
-    with pytest.raises(UserError, match=r"^stage \(LLaMA-Factory\) dpo: text-generation here is "):
+    content["stage"] = "ppo"
+    with pytest.raises(UserError, match=r"^stage \(LLaMA-Factory\) ppo: text-generation here is "
+                       r".*preference-tuning DPO \(stage: dpo\)"):  # fmt: skip
         resolved(["--config", write_yaml(tmp_path / "f.yaml", content)])
+
+
+def preference_pairs(folder):
+    rows = [{"prompt": [{"role": "user", "content": f"Say {word}."}],
+             "chosen": [{"role": "assistant", "content": f"{word.title()}!"}],
+             "rejected": [{"role": "assistant", "content": word}]}
+            for word in ("yes", "no", "maybe", "later")]  # fmt: skip
+    folder.mkdir()
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_a_dpo_stage_of_llama_factory_or_axolotl_is_preference_tuning(llm, tmp_path):
+    """LLaMA-Factory's `stage: dpo` and Axolotl's `rl: dpo` / `rl: ipo` choose the
+    preference-tuning task (TRL's DPOTrainer), their beta and loss its flags; what TRL's DPO
+    does not compute the same way is refused in one line."""
+    pairs = str(preference_pairs(tmp_path / "pairs"))
+    factory = {"model_name_or_path": str(llm / "llama"), "stage": "dpo", "do_train": True,
+               "finetuning_type": "lora", "lora_target": "all", "dataset": pairs,
+               "template": "llama3", "cutoff_len": 256, "pref_beta": 0.2,
+               "pref_loss": "hinge"}  # fmt: skip
+    config = resolved(["--config", write_yaml(tmp_path / "f.yaml", factory)])
+    assert config.task == "preference-tuning"
+    assert (config.task_options["beta"], config.task_options["loss_type"]) == (0.2, "hinge")
+    assert config.model.peft == "lora" and config.data.dataset_name == pairs
+    for key, value, refused in (("pref_loss", "simpo", "pref_loss (LLaMA-Factory) simpo: "),
+                                ("pref_ftx", 1.0, "pref_ftx (LLaMA-Factory) is not read here: "
+                                 "give --rpo_alpha")):  # fmt: skip
+        with pytest.raises(UserError, match=f"^{re.escape(refused)}"):
+            resolved(["--config", write_yaml(tmp_path / "f.yaml", {**factory, key: value})])
+
+    axolotl = {"base_model": str(llm / "llama"), "rl": "ipo", "rl_beta": 0.05,
+               "datasets": [{"path": pairs, "split": "train"}], "adapter": "lora",
+               "sequence_len": 256, "micro_batch_size": 2}  # fmt: skip
+    config = resolved(["--config", write_yaml(tmp_path / "a.yaml", axolotl)])
+    assert config.task == "preference-tuning" and config.model.peft == "lora"
+    assert (config.task_options["beta"], config.task_options["loss_type"]) == (0.05, "ipo")
+    assert config.task_options["max_seq_length"] == 256
+    with pytest.raises(UserError, match=r"^rl \(Axolotl\) kto: preference tuning here is TRL's "):
+        resolved(["--config", write_yaml(tmp_path / "a.yaml", {**axolotl, "rl": "kto"})])
+    typed = {**axolotl, "datasets": [{"path": pairs, "type": "chatml.intel"}]}
+    with pytest.raises(UserError, match=r"type chatml.intel: .*or preference pairs"):
+        resolved(["--config", write_yaml(tmp_path / "a.yaml", typed)])

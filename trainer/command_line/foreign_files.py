@@ -30,16 +30,18 @@ from trainer.tasks.registry import registered
 AXOLOTL, LLAMA_FACTORY = "Axolotl", "LLaMA-Factory"
 MARKS = {
     AXOLOTL: {"base_model", "sequence_len", "micro_batch_size", "sample_packing", "num_epochs",
-              "adapter", "lora_target_linear", "val_set_size", "datasets"},
+              "adapter", "lora_target_linear", "val_set_size", "datasets", "rl"},
     LLAMA_FACTORY: {"stage", "finetuning_type", "cutoff_len", "lora_target", "template",
                     "val_size"},
 }  # fmt: skip
 """Keys that only that tool's files have: one of them makes a file that tool's."""
 
 ROWS = (
-    "give chats (a messages column), prompt and completion columns, or a text column "
-    "(--dataset_text_field)"
+    "give chats (a messages column), prompt and completion columns, a text column "
+    "(--dataset_text_field), or preference pairs (chosen and rejected columns, TRL's formats)"
 )
+PREFERENCE = {"task": "preference-tuning"}
+"""What a DPO stage of another tool is here: the preference-tuning task (TRL's DPOTrainer)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,29 @@ def _train_on_inputs(value: object) -> dict[str, object]:
 def _stage(value: object) -> dict[str, object]:
     if value in ("sft", "pt"):
         return {}
+    if value == "dpo":
+        return PREFERENCE
     raise UserError(f"stage (LLaMA-Factory) {value}: text-generation here is supervised "
-                    "fine-tuning (stage: sft).")  # fmt: skip
+                    "fine-tuning (stage: sft), preference-tuning DPO (stage: dpo).")  # fmt: skip
+
+
+def _pref_loss(value: object) -> dict[str, object]:
+    """LLaMA-Factory hands sigmoid, hinge and ipo to TRL's DPO loss; its orpo, simpo and
+    kto_pair are losses of its own."""
+    if value in ("sigmoid", "hinge", "ipo"):
+        return {"loss_type": value}
+    raise UserError(f"pref_loss (LLaMA-Factory) {value}: TRL's DPO losses are trained here "
+                    "(--loss_type: sigmoid, hinge, ipo, robust, ...).")  # fmt: skip
+
+
+def _rl(value: object) -> dict[str, object]:
+    """Axolotl's `rl`: dpo, or ipo (its DPOStrategy sets TRL's loss_type ipo)."""
+    if value == "dpo":
+        return PREFERENCE
+    if value == "ipo":
+        return PREFERENCE | {"loss_type": "ipo"}
+    raise UserError(f"rl (Axolotl) {value}: preference tuning here is TRL's DPO (rl: dpo, "
+                    "rl: ipo, or --loss_type for its other losses).")  # fmt: skip
 
 
 def _finetuning_type(value: object) -> dict[str, object]:
@@ -174,6 +197,10 @@ KEYS: dict[str, dict[str, Key]] = {
                                "--save_strategy epoch)"),
         "lora_model_dir": Key(refused="an adapter is trained from the base model here; "
                               "--resume continues a run from its checkpoint"),
+        "rl": Key(translate=_rl),
+        "rl_beta": Key("beta"),
+        "dpo_loss_type": Key("loss_type"),
+        "dpo_label_smoothing": Key("label_smoothing"),
         **{f"wandb_{name}": NO_WANDB for name in ("project", "entity", "watch", "name",
                                                   "log_model", "run_id", "mode")},
     },
@@ -191,6 +218,11 @@ KEYS: dict[str, dict[str, Key]] = {
         "val_size": Key(translate=_evaluation_part),
         "plot_loss": Key(ignored="TensorBoard plots the loss (report_to tensorboard)"),
         "packing": Key("packing"),
+        "pref_beta": Key("beta"),
+        "pref_loss": Key(translate=_pref_loss),
+        "pref_ftx": Key(refused="give --rpo_alpha, TRL's weight of the chosen answers' NLL "
+                        "(averaged over the batch's tokens, where LLaMA-Factory averages each "
+                        "answer's first)"),
         "trust_remote_code": Key(ignored="no code from the Hub is run: transformers' own "
                                  "model classes are used"),
     },
