@@ -5,7 +5,8 @@ checkpointing decision, trainer/training/gradient_checkpointing.py).
 
 Checked against peak memory measured on CPU for tiny and whisper-small-sized models, with and
 without LoRA (tests/processes/test_memory_estimate.py), and for tiny Llama and Qwen2 causal LMs
-(bench/chat_memory.py); the tables are in docs/benchmarks.md.
+(bench/chat_memory.py; DPO with its reference model: bench/preference_memory.py); the tables
+are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -98,8 +98,10 @@ class PreferenceTask(CausalLanguageModel, Task):
     def activation_values_per_sample(self, model: PreTrainedModel) -> tuple[int, int]:
         """A pair is two sequences of up to --max_seq_length (chosen and rejected, one batch): each
         decoder layer keeps about 17 s h values per sequence (text generation's count); TRL's
-        fused LM head computes the log-probabilities in chunks, so no vocabulary-wide logits
-        are kept; with checkpointing, each layer's input plus one layer recomputed."""
+        fused LM head computes the log-probabilities in tiles, so no vocabulary-wide logits
+        are kept (on a GPU; its torch fallback on a CPU makes several fp32 copies of a tile of
+        up to 4,096 tokens x the vocabulary: bench/preference_memory.py); with checkpointing,
+        each layer's input plus one layer recomputed."""
         config = model.config.get_text_config()
         s, h = 2 * self.options.max_seq_length, config.hidden_size
         layer = decoder_layer_values(config, s)
