@@ -126,6 +126,27 @@ def test_the_handbooks_mixer_takes_first_rows_and_whole_test_splits(mixed, tmp_p
     assert mixture_rows(argv) == expected and len(expected[0]) == 5 + 9
 
 
+def test_axolotls_several_datasets_are_concatenated_and_shuffled_with_its_seed(mixed, tmp_path):
+    """Axolotl's `datasets:` of several chat sets is their concatenation, each read whole (its
+    `messages`), shuffled with the file's seed (42 without one), or left in order with
+    `shuffle_merged_datasets: false` (its merge_datasets)."""
+    from datasets import concatenate_datasets, load_dataset
+
+    def loaded(name: str):
+        found = load_dataset("json", data_files=str(mixed / name / "train.jsonl"), split="train")
+        return found.select_columns(["messages"])
+
+    whole = concatenate_datasets([loaded("alpha"), loaded("beta")])
+    content = {"base_model": str(mixed / "llama"), "sequence_len": 64,
+               "datasets": [{"path": str(mixed / "alpha"), "type": "chat_template"},
+                            {"path": str(mixed / "beta"), "type": "chat_template",
+                             "split": "train"}]}  # fmt: skip
+    for more, expected in (({"seed": 7}, whole.shuffle(seed=7)), ({}, whole.shuffle(seed=42)),
+                           ({"shuffle_merged_datasets": False}, whole)):  # fmt: skip
+        train, evaluation = mixture_rows(recipe(mixed, tmp_path, {**content, **more}))
+        assert (train, evaluation) == (first_turns(expected), None), more
+
+
 def test_a_mixture_is_planned_with_every_dataset_checked_before_launch(mixed, tmp_path, capsys):
     """The dry run plans the mixture, says where its evaluation split comes from, and checks
     each dataset before launch: a column it keeps that it lacks, or a missing dataset, is one

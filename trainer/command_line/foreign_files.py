@@ -40,6 +40,8 @@ ROWS = (
     "give chats (a messages column), prompt and completion columns, a text column "
     "(--dataset_text_field), or preference pairs (chosen and rejected columns, TRL's formats)"
 )
+AXOLOTL_COLUMNS = {"chat_template": "messages", "completion": "text"}
+"""The column each of Axolotl's dataset types reads by default (field_messages, field)."""
 PREFERENCE = {"task": "preference-tuning"}
 """What a DPO stage of another tool is here: the preference-tuning task (TRL's DPOTrainer)."""
 
@@ -55,22 +57,39 @@ class Key:
     refused: str = ""
 
 
-def _one_dataset(value: object) -> dict[str, object]:
-    """Axolotl's `datasets: [{path, type, split}]`: one dataset of rows this trainer reads."""
-    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], Mapping):
-        raise UserError("datasets (Axolotl) names several datasets: mix them as streams "
-                        "(--streaming true --dataset_name A,B --interleave_probabilities P,Q), "
-                        "or put the rows in one folder as dataset_name.")  # fmt: skip
+def _datasets(value: object) -> dict[str, object]:
+    """Axolotl's `datasets: [{path, type, split, name}]` of rows this trainer reads: one is
+    that dataset; several are a mixture of them whole, concatenated (its `merge_datasets`;
+    `_axolotl_shuffle` adds its seed)."""
+    if not isinstance(value, list) or not value or not all(isinstance(e, Mapping) for e in value):
+        raise UserError("datasets (Axolotl) is not a list of {path, type} entries.")
+    for entry in value:
+        kind = entry.get("type") or "chat_template"
+        if kind not in ("chat_template", "completion"):
+            raise UserError(f"datasets (Axolotl) type {kind}: its rows are not read here; "
+                            f"{ROWS}, and name the folder or Hub id as path.")  # fmt: skip
+    if len(value) > 1:  # each keeps the column its type reads, so that they concatenate
+        mixed = [{"path": entry.get("path"), "split": entry.get("split") or "train",
+                  "columns": [AXOLOTL_COLUMNS[entry.get("type") or "chat_template"]]}
+                 | ({"config": entry["name"]} if entry.get("name") else {})
+                 for entry in value]  # fmt: skip
+        return {"dataset_mixture": {"datasets": mixed}}
     entry = value[0]
-    kind = entry.get("type") or "chat_template"
-    if kind not in ("chat_template", "completion"):
-        raise UserError(f"datasets (Axolotl) type {kind}: its rows are not read here; {ROWS}, "
-                        "and name the folder or Hub id as dataset_name.")  # fmt: skip
     flags: dict[str, object] = {"dataset_name": entry.get("path")}
     if entry.get("split"):
         flags["train_split_name"] = entry["split"]
     if entry.get("name"):
         flags["dataset_config_name"] = entry["name"]
+    return flags
+
+
+def _axolotl_shuffle(flags: dict, content: Mapping[str, object]) -> dict:
+    """Axolotl shuffles its merged datasets with the file's `seed` (42 without one) unless
+    `shuffle_merged_datasets: false` (axolotl/utils/data/shared.py `merge_datasets`)."""
+    mixture = flags.get("dataset_mixture")
+    if isinstance(mixture, dict):
+        shuffled = content.get("shuffle_merged_datasets", True) is not False
+        mixture["seed"] = content.get("seed", 42) if shuffled else None
     return flags
 
 
@@ -166,7 +185,8 @@ NO_WANDB = Key(refused="wandb is not in this image (metrics go to TensorBoard: r
 KEYS: dict[str, dict[str, Key]] = {
     AXOLOTL: {
         "base_model": Key("model_name_or_path"),
-        "datasets": Key(translate=_one_dataset),
+        "datasets": Key(translate=_datasets),
+        "shuffle_merged_datasets": Key(translate=lambda v: {}),  # read by _axolotl_shuffle
         "sequence_len": Key("max_seq_length"),
         "sample_packing": Key("packing"),
         "micro_batch_size": Key("per_device_train_batch_size"),
@@ -349,7 +369,7 @@ def translate_file(
         answered, notice = _answer(form, key, value, names)
         flags.update(answered)
         notices += [notice] if notice else []
-    return flags, notices
+    return (_axolotl_shuffle(flags, content) if form == AXOLOTL else flags), notices
 
 
 def _answer(form: str, key: str, value: object, known: set[str]) -> tuple[dict, str | None]:
