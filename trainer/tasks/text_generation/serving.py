@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from trainer.tasks.instance_media import InstanceError
@@ -31,6 +32,11 @@ from trainer.tasks.text_generation.chat_completions import (
     message_text,
     openai_request,
     reply,
+)
+from trainer.tasks.text_generation.continuous_batching import (
+    ContinuousEngine,
+    ContinuousPredictions,
+    engine_refusal,
 )
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -136,6 +142,27 @@ class GenerationPredictor(Predictor):
         self.tokenizer_lock = threading.Lock()
         """One tokenizer call at a time (a fast tokenizer is not safe across the
         pre-processing threads)."""
+        self.continuous: ContinuousEngine | None = None
+        """transformers' continuous batching engine, once the server started it."""
+
+    def start_engine(self) -> str | None:
+        """Continuous batching (continuous_batching.py) for the server, warmed with two
+        tokens; the line saying why not when the model's generation config stops it."""
+        model = self.pipe.model
+        why_not = engine_refusal(model)
+        if why_not:
+            return f"continuous batching off: {why_not}; every request uses generate()"
+        self.continuous = ContinuousEngine(model)
+        self.continuous.generated_now(self.prepared(self.warm_up_input()).model_inputs[0][
+            "input_ids"], 2)  # fmt: skip
+        return None
+
+    def engine(self) -> ContinuousPredictions | None:
+        return None if self.continuous is None else ContinuousPredictions(self, self.continuous)
+
+    def model_in_use(self):
+        """Around `generate()` on the model's thread: the engine, if any, paused meanwhile."""
+        return nullcontext() if self.continuous is None else self.continuous.paused()
 
     @classmethod
     def media_extensions(cls) -> frozenset[str]:
@@ -347,7 +374,7 @@ class GenerationPredictor(Predictor):
             kwargs["streamer"] = batch[0].streamer  # the instance is alone in its batch
         if "seed" in parameters:
             torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
-        with torch.inference_mode():
+        with self.model_in_use(), torch.inference_mode():
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
         stops = _stop_strings(parameters)
