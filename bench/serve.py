@@ -394,6 +394,7 @@ class Server:
     def __init__(
         self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float,
         log: TextIO | None = None, workers: int = 1, name: str = "",
+        engine: str = "continuous",
     ):  # fmt: skip
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -401,11 +402,13 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
         self.log, self.name = log, name
-        """`name`, when given, starts each of its lines in `log` (servers run side by side)."""
+        """`name`, when given, starts each of its lines in `log` (servers run side by side);
+        `engine` is its --generation_engine (text generation's)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
              "--port", str(self.port), "--max_batch_size", str(max_batch_size),
-             "--max_wait_ms", str(max_wait_ms), "--workers", str(workers)],
+             "--max_wait_ms", str(max_wait_ms), "--workers", str(workers),
+             "--generation_engine", engine],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "OMP_NUM_THREADS": str(cores)},
         )  # fmt: skip

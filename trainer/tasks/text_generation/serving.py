@@ -2,12 +2,14 @@
 the model's own chat template) or a prompt (`{"prompt": "..."}`) in, the generated text out,
 with why it ended and how many tokens it took.
 
-Requests sent together share forward passes: the server's batcher (trainer/serve/batching.py)
-groups instances whose parameters are equal, and `predict` left-pads their prompts into one
-`generate()` call, so each row's positions and attention ignore the padding and its text is the
-one it would get alone (tests/unit/test_generation_serving.py compares them). Requests with
-other parameters (another `max_new_tokens`) go in other batches: a long generation holds up a
-short one by at most its own forward passes, never by sharing one.
+On the server, a greedy request goes to transformers' continuous batching engine
+(continuous_batching.py: `start_engine`, `engine`), joining its running batch at the next
+step. Any other request, and every one of `trainer.predict` and `--do_predict`, is generated
+here: the server's batcher (trainer/serve/batching.py) groups instances whose parameters are
+equal, and `predict` left-pads their prompts into one `generate()` call, so each row's
+positions and attention ignore the padding and its text is the one it would get alone
+(tests/unit/test_generation_serving.py compares them). Requests with other parameters go in
+other batches, one after the other on the model's thread.
 
 The decoding is transformers' own `generate()` with the model's `generation_config.json` as
 the defaults a request's parameters override: sampling (`temperature` > 0), `top_p`, `top_k`,
