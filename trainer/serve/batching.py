@@ -25,8 +25,9 @@ dropped when a batch is gathered, before any forward pass, and makes room for an
 
 A predictor may have an engine of its own (`Engine`: text generation's continuous batching,
 trainer/tasks/text_generation/continuous_batching.py): the instances it takes go to it as they
-come, awaited on the event loop, and never occupy the model's thread or the queue; the others
-are batched here as above. If the engine stops, the loop stops with it.
+come, awaited on the event loop, and never occupy the model's thread (they count against the
+queue's size while it answers them); the others are batched here as above. If the engine
+stops, the loop stops with it.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class Batcher:
         self.last_forward = 0.0
         """Seconds the last batch's forward pass took (0 before the first)."""
         self.model_free_at = 0.0
+        self.engine_holds = 0
+        """Instances the engine is answering: they count against the queue's size too."""
 
     @contextmanager
     def preparing(self, parameters: dict) -> Iterator[None]:
@@ -157,9 +160,9 @@ class Batcher:
         engine = self.engine
         by_engine = [engine is not None and engine.takes(item, asked)
                      for item, asked in zip(items, each, strict=True)]  # fmt: skip
-        queued = by_engine.count(False)
-        if self.queue.maxsize - self.queue.qsize() < queued:
-            raise QueueFull(f"{self.queue.qsize()} instances are waiting; try again")
+        waiting = self.queue.qsize() + self.engine_holds
+        if self.queue.maxsize - waiting < len(items):
+            raise QueueFull(f"{waiting} instances are waiting; try again")
         answers = []
         for item, asked, taken in zip(items, each, by_engine, strict=True):
             if taken:
@@ -172,7 +175,11 @@ class Batcher:
 
     async def _by_engine(self, item: Any, parameters: dict) -> Any:
         started = time.monotonic()
-        prediction, facts = await self.engine.answer(item, parameters)
+        self.engine_holds += 1
+        try:
+            prediction, facts = await self.engine.answer(item, parameters)
+        finally:
+            self.engine_holds -= 1
         latency_ms = round((time.monotonic() - started) * 1000, 1)
         self.log({"message": "continuous batching prediction", "severity": "INFO",
                   "latency_ms": latency_ms, **facts})  # fmt: skip
