@@ -76,6 +76,7 @@ class WorkerSettings:
     request_timeout: float | None
     gcs_read_prefixes: tuple[str, ...]
     generation_engine: str
+    workers: int
 
 
 def threads_per_worker(workers: int, env=os.environ) -> int:
@@ -193,7 +194,7 @@ def run_worker(
         predictor = load_predictor(Path(settings.folder))
         predictor.source = settings.location
         predictor.warm_up()
-        started_engine(predictor, settings.generation_engine)
+        started_engine(predictor, settings.generation_engine, settings.workers)
         pipe = predictor.pipe
         print(f"worker {index} (pid {os.getpid()}): model ready: {predictor.task} on "
               f"{pipe.device} in {pipe.model.dtype}, {settings.threads} torch threads",
@@ -376,7 +377,7 @@ def serve_with_workers(args, contract: Contract, location: str, prefixes: tuple[
         contract, location, location if local else tempfile.mkdtemp(prefix="model-"),
         threads_per_worker(workers), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, args.request_timeout_s or None, prefixes,
-        args.generation_engine,
+        args.generation_engine, workers,
     )  # fmt: skip
     port = args.port or contract.port
     sock = listening_socket(args.host, port)

@@ -94,9 +94,10 @@ class Predictor(ABC):
         `Engine`); None: the batcher's forward passes answer every instance."""
         return None
 
-    def start_engine(self) -> str | None:
-        """Starts that engine (the server does, after the warm-up); a line saying why not
-        when the task has one it cannot start for this model."""
+    def start_engine(self, workers: int = 1) -> str | None:
+        """Starts that engine (the server does, after the warm-up; `workers` sharing the
+        device); a line saying why not when the task has one it cannot start for this
+        model."""
         return None
 
     def __init__(self, pipe, task: str) -> None:

@@ -87,10 +87,11 @@ def load_predictor(model_dir: Path) -> Predictor:
     return spec.predictor(pipe, spec.name)
 
 
-def started_engine(predictor, engine: str) -> None:
+def started_engine(predictor, engine: str, workers: int = 1) -> None:
     """The predictor's own engine started when `engine` asks for it (`--generation_engine`),
-    after its warm-up; a line when it cannot be."""
+    after its warm-up, its share of the device's memory split between `workers`; a line when
+    it cannot be."""
     if engine == "continuous":
-        said = predictor.start_engine()
+        said = predictor.start_engine(workers)
         if said:
             print(said, flush=True)

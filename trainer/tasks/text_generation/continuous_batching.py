@@ -32,8 +32,12 @@ ENGINE_SAMPLING = ("temperature", "top_p", "top_k")
 CPU_CACHE_TOKENS = 32768
 """The engine's KV cache on a CPU, in tokens (prompts and generations of every request it holds
 at once): transformers sizes it as a share of free memory, which took 14 GB of RAM for a tiny
-model. A request that would not fit it alone goes to `generate()`. On a GPU, transformers'
-own sizing (a share of the memory free after the model loaded)."""
+model. A request that would not fit it alone goes to `generate()`. On a GPU, a share of the
+memory free after the model loaded (`GPU_CACHE_SHARE`)."""
+GPU_CACHE_SHARE = 0.5
+"""The share of the GPU memory free once the model loaded that the engine's KV cache takes,
+split between the `--workers` (transformers' own default, 0.9, would leave `generate()`'s
+batches and the other workers a tenth)."""
 ENGINE_LOGGER = "ContinuousBatchingLogger"
 """transformers' engine's own logger: quiet, since the server says in one line why its
 engine stopped (`EngineStopped`), where the engine would log a traceback."""
@@ -91,13 +95,15 @@ class ContinuousEngine:
     """transformers' manager, started, with each request awaited on the server's event loop
     (its outputs come through `register_result_handler`, no thread waits on them)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, workers: int = 1) -> None:
         from transformers import ContinuousBatchingConfig
 
         logging.getLogger(ENGINE_LOGGER).setLevel(logging.CRITICAL)
         config = ContinuousBatchingConfig(auto_switch_to_flash=False)  # as generate() runs
         if model.device.type == "cpu":
             config.num_blocks = CPU_CACHE_TOKENS // config.page_size
+        else:
+            config.max_memory_percent = GPU_CACHE_SHARE / workers
         self.manager = model.init_continuous_batching(
             generation_config=greedy_config(model), continuous_batching_config=config
         )

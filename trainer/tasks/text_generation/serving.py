@@ -147,14 +147,14 @@ class GenerationPredictor(Predictor):
         self.continuous: ContinuousEngine | None = None
         """transformers' continuous batching engine, once the server started it."""
 
-    def start_engine(self) -> str | None:
+    def start_engine(self, workers: int = 1) -> str | None:
         """Continuous batching (continuous_batching.py) for the server, warmed with two
         tokens; the line saying why not when the model's generation config stops it."""
         model = self.pipe.model
         why_not = engine_refusal(model)
         if why_not:
             return f"continuous batching off: {why_not}; every request uses generate()"
-        self.continuous = ContinuousEngine(model)
+        self.continuous = ContinuousEngine(model, workers)
         self.continuous.generated_now(self.prepared(self.warm_up_input()).model_inputs[0][
             "input_ids"], 2)  # fmt: skip
         return None
