@@ -71,7 +71,14 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        ContinuousBatchingConfig,
+        GenerationConfig,
+    )
+
+    from trainer.tasks.text_generation.continuous_batching import CPU_CACHE_TOKENS
 
     torch.set_num_threads(args.cores)
     with tempfile.TemporaryDirectory() as root:
@@ -88,7 +95,9 @@ def main() -> None:
         return out[0, len(ids) :].tolist()
 
     config = GenerationConfig(max_new_tokens=args.long_tokens, do_sample=False, eos_token_id=-1)
-    manager = model.init_continuous_batching(generation_config=config)
+    cache = ContinuousBatchingConfig(num_blocks=CPU_CACHE_TOKENS // 256)  # as the server's
+    manager = model.init_continuous_batching(generation_config=config,
+                                             continuous_batching_config=cache)  # fmt: skip
     manager.start()
     try:
         engine = lambda ids, tokens: engine_request(manager, ids, tokens)  # noqa: E731

@@ -66,6 +66,7 @@ a task with a request count is measured by count. p50/p99 are nearest-rank perce
     python bench/serve.py [--tasks demo speech image text chat] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
                           [--max_batch_size N ...] [--max_wait_ms MS ...] [--workers N ...]
+                          [--generation_engines continuous generate]
                           [--cores N]
                           [--report FILE] [--server_log FILE] [--skip_baseline]
 
@@ -394,6 +395,7 @@ class Server:
     def __init__(
         self, model_dir: Path, cores: int, max_batch_size: int, max_wait_ms: float,
         log: TextIO | None = None, workers: int = 1, name: str = "",
+        engine: str = "continuous",
     ):  # fmt: skip
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -401,11 +403,13 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
         self.log, self.name = log, name
-        """`name`, when given, starts each of its lines in `log` (servers run side by side)."""
+        """`name`, when given, starts each of its lines in `log` (servers run side by side);
+        `engine` is its --generation_engine (text generation's)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
              "--port", str(self.port), "--max_batch_size", str(max_batch_size),
-             "--max_wait_ms", str(max_wait_ms), "--workers", str(workers)],
+             "--max_wait_ms", str(max_wait_ms), "--workers", str(workers),
+             "--generation_engine", engine],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "OMP_NUM_THREADS": str(cores)},
         )  # fmt: skip
@@ -531,14 +535,16 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
         # One server per --workers value, all started, then driven in turns at each level:
         # a load that changes on a shared machine meets each alike.
         servers = {}
+        engines = args.generation_engines if task == "chat" else args.generation_engines[:1]
         try:
-            for workers in args.workers:
-                path = server_label(args, max_batch_size, max_wait_ms, workers)
-                if args.server_log is not None and len(args.workers) == 1:
+            for workers, engine in itertools.product(args.workers, engines):
+                path = server_label(args, max_batch_size, max_wait_ms, workers, engine)
+                side_by_side = len(args.workers) > 1 or len(engines) > 1
+                if args.server_log is not None and not side_by_side:
                     args.server_log.write(f"=== {task}: {path}\n")
                 servers[path] = Server(model_dir, args.cores, max_batch_size, max_wait_ms,
-                                       args.server_log, workers,
-                                       path if len(args.workers) > 1 else "")  # fmt: skip
+                                       args.server_log, workers, path if side_by_side else "",
+                                       engine)  # fmt: skip
             for server in servers.values():
                 server.wait_ready()
             for clients in args.clients:
@@ -553,13 +559,16 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
 
 
 def server_label(args: argparse.Namespace, max_batch_size: int, max_wait_ms: float,
-                 workers: int) -> str:  # fmt: skip
-    """A server row's path: "server", with the settings swept ("server, 2 workers")."""
+                 workers: int, engine: str) -> str:  # fmt: skip
+    """A server row's path: "server", with the settings swept ("server, 2 workers",
+    "server, generate")."""
     label = "server"
     if len(args.max_batch_size) * len(args.max_wait_ms) > 1:
         label += f", batch {max_batch_size}, wait {max_wait_ms:g} ms"
     if len(args.workers) > 1:
         label += f", {workers} worker{'s' if workers > 1 else ''}"
+    if len(args.generation_engines) > 1:
+        label += f", {engine}"
     return label
 
 
@@ -724,6 +733,10 @@ def main() -> None:
         default=[1],
         help="the server's model workers; several: one server per value",
     )
+    parser.add_argument("--generation_engines", nargs="+", default=["continuous"],
+                        choices=["continuous", "generate"],
+                        help="the chat server's --generation_engine; several: one server per "
+                             "value, side by side")  # fmt: skip
     parser.add_argument("--skip_baseline", action="store_true",
                         help="the server alone: no one-at-a-time run and no forward pass "
                              "alone (a sweep after a run that measured them)")  # fmt: skip

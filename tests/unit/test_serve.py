@@ -381,7 +381,10 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2(tmp_path, capsys):
     for argv, message in [([str(tmp_path)], f"error: {tmp_path} is not a model folder"),
                           (["gs://"], "error: gs:// names no bucket"),
                           (["gs://b/m", "--max_batch_size", "0"],
-                           "error: --max_batch_size must be at least 1")]:  # fmt: skip
+                           "error: --max_batch_size must be at least 1"),
+                          (["gs://b/m", "--generation_engine", "vllm"],
+                           "error: --generation_engine (or SERVE_GENERATION_ENGINE) is 'vllm': "
+                           "one of continuous, generate")]:  # fmt: skip
         with pytest.raises(SystemExit) as stopped:
             main(argv)
         assert stopped.value.code == 2

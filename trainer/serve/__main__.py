@@ -15,7 +15,11 @@ import os
 import sys
 
 from trainer.serve.contract import Contract
-from trainer.tasks.served_model import DEFAULT_MAX_BATCH_SIZE, checked_location
+from trainer.tasks.served_model import (
+    DEFAULT_MAX_BATCH_SIZE,
+    GENERATION_ENGINES,
+    checked_location,
+)
 
 DEFAULT_MAX_WAIT_MS = 10.0
 DEFAULT_QUEUE_SIZE = 256
@@ -77,6 +81,14 @@ def parser(env) -> argparse.ArgumentParser:
                    help="model workers behind the one port, each with its own copy of the "
                         "model on the same device, its own batching and its share of the CPU "
                         "threads ($SERVE_WORKERS)")  # fmt: skip
+    p.add_argument("--generation_engine",
+                   default=env.get("SERVE_GENERATION_ENGINE", GENERATION_ENGINES[0]),
+                   help="text generation only: continuous (transformers' continuous batching: "
+                        "a request joins the running batch at its next decoding step and "
+                        "leaves it when it ends; requests asking for sampling, n, or stop "
+                        "strings still use generate()) or generate (one generate() per "
+                        "batch of requests with equal parameters) "
+                        "($SERVE_GENERATION_ENGINE)")  # fmt: skip
     return p
 
 
@@ -111,6 +123,10 @@ def checked_arguments(args: argparse.Namespace, contract: Contract) -> tuple[str
     if args.deployment not in DEPLOYMENT_TIMEOUTS_S:
         raise ValueError(f"--deployment (or SERVE_DEPLOYMENT) is {args.deployment!r}: one of "
                          f"{', '.join(DEPLOYMENT_TIMEOUTS_S)}")  # fmt: skip
+    if args.generation_engine not in GENERATION_ENGINES:
+        engines = ", ".join(GENERATION_ENGINES)
+        raise ValueError(f"--generation_engine (or SERVE_GENERATION_ENGINE) is "
+                         f"{args.generation_engine!r}: one of {engines}")  # fmt: skip
     if args.request_timeout_s is None:
         args.request_timeout_s = DEPLOYMENT_TIMEOUTS_S[args.deployment]
     if args.max_wait_ms < 0 or args.request_timeout_s < 0:
@@ -124,16 +140,17 @@ def deadline_words(args: argparse.Namespace) -> str:
     return f"request deadline {limit} (deployed as {args.deployment})"
 
 
-def loader(location: str):
+def loader(location: str, engine: str):
     """What loads the predictor on the server's loading thread: downloads a gs:// model
-    first, then loads and warms it."""
+    first, then loads and warms it, and starts its engine (`--generation_engine`)."""
 
     def load():
-        from trainer.tasks.served_model import load_predictor, model_folder
+        from trainer.tasks.served_model import load_predictor, model_folder, started_engine
 
         predictor = load_predictor(model_folder(location))
         predictor.source = location
         predictor.warm_up()
+        started_engine(predictor, engine)
         # Where it runs, said once: a GPU node whose driver torch cannot use would else
         # serve from the CPU without a word.
         pipe = predictor.pipe
@@ -172,8 +189,9 @@ def main(argv: list[str] | None = None) -> None:
 
     failed: list[bool] = []
     app = make_app(
-        contract, loader(location), args.max_batch_size, args.max_wait_ms / 1000,
-        args.max_request_bytes, args.queue_size, on_load_failure=stop_failed,
+        contract, loader(location, args.generation_engine), args.max_batch_size,
+        args.max_wait_ms / 1000, args.max_request_bytes, args.queue_size,
+        on_load_failure=stop_failed,
         request_timeout=args.request_timeout_s or None, gcs_read_prefixes=prefixes,
         model_location=location, on_batching_stopped=stop_failed,
         after_batching_stops=BATCHING_STOPPED,

@@ -124,7 +124,8 @@ def make_app(
     `on_batching_stopped` is called, then its error line ends with `after_batching_stops`."""
     state = ModelState(load, model_location)
     preprocessing = ThreadPoolExecutor(thread_name_prefix="prepare")
-    holder: dict[str, Batcher] = {}
+    holder: dict = {}
+    """The batcher, and the predictor's engine (None: it has none), once it is loaded."""
     description: dict = {}
     """The served model's, for the page (health says it once ready)."""
 
@@ -140,9 +141,9 @@ def make_app(
             predictor = state.predictor
             predictor.gcs_read_prefixes = gcs_read_prefixes
             description.update(predictor.description())
-            holder["batcher"] = Batcher(
-                predictor.predict, max_batch_size, max_wait, queue_size, log_line
-            )
+            holder["engine"] = predictor.engine()
+            holder["batcher"] = Batcher(predictor.predict, max_batch_size, max_wait, queue_size,
+                                        log_line, holder["engine"])  # fmt: skip
             try:
                 await holder["batcher"].run()
             except Exception as error:  # noqa: BLE001 - said in the log and by the health route
@@ -154,6 +155,8 @@ def make_app(
         task = asyncio.create_task(load_then_batch())
         yield
         task.cancel()
+        if holder.get("engine") is not None:
+            holder["engine"].stop()
         preprocessing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -22,6 +22,12 @@ answering health) while the model computes. A full queue answers 503 at once ins
 letting requests time out behind it. An instance whose request is no longer waiting for it
 (its caller has gone, or it waited past the server's deadline: its future is cancelled) is
 dropped when a batch is gathered, before any forward pass, and makes room for another.
+
+A predictor may have an engine of its own (`Engine`: text generation's continuous batching,
+trainer/tasks/text_generation/continuous_batching.py): the instances it takes go to it as they
+come, awaited on the event loop, and never occupy the model's thread (they count against the
+queue's size while it answers them); the others are batched here as above. If the engine
+stops, the loop stops with it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 IDLE_SHARE = 0.25
 """The longest the model's thread waits, past a batch's own window, for instances on their
@@ -45,6 +51,23 @@ request whose instance cannot be decoded is answered 400 and never queued."""
 
 def parameters_key(parameters: dict) -> str:
     return json.dumps(parameters, sort_keys=True)
+
+
+class Engine(Protocol):
+    """What answers some instances by itself, a request joining its running batch at its next
+    step (the predictor's `engine()`)."""
+
+    def takes(self, item: Any, parameters: dict) -> bool:
+        """Whether it answers this instance as the predictor's `predict` would."""
+
+    async def answer(self, item: Any, parameters: dict) -> tuple[Any, dict]:
+        """The instance's prediction, as `predict` gives it, and what to log of it."""
+
+    async def run(self) -> None:
+        """Returns or raises only when the engine has stopped."""
+
+    def stop(self) -> None:
+        """Stops it (the server is stopping): what it still holds is failed."""
 
 
 class QueueFull(RuntimeError):
@@ -71,6 +94,18 @@ class Arrival:
     at: float = field(default_factory=time.monotonic)
 
 
+async def first_to_end(*work) -> None:
+    """Runs `work` until one of them returns or raises (raised here); the others cancelled."""
+    tasks = [asyncio.ensure_future(one) for one in work]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def hand_out(batch: list[Waiting], results: list) -> None:
     """Each result to its instance's request (an exception raised there), unless the request
     stopped waiting."""
@@ -91,8 +126,9 @@ class Batcher:
         max_wait: float,
         queue_size: int,
         log: Callable[[dict], None],
+        engine: Engine | None = None,
     ) -> None:
-        self.forward, self.log = forward, log
+        self.forward, self.log, self.engine = forward, log, engine
         self.max_batch_size, self.max_wait = max_batch_size, max_wait
         self.queue: asyncio.Queue[Waiting] = asyncio.Queue(queue_size)
         self.model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
@@ -101,6 +137,8 @@ class Batcher:
         self.last_forward = 0.0
         """Seconds the last batch's forward pass took (0 before the first)."""
         self.model_free_at = 0.0
+        self.engine_holds = 0
+        """Instances the engine is answering: they count against the queue's size too."""
 
     @contextmanager
     def preparing(self, parameters: dict) -> Iterator[None]:
@@ -119,13 +157,33 @@ class Batcher:
         batches)."""
         loop = asyncio.get_running_loop()
         each = parameters if isinstance(parameters, list) else [parameters] * len(items)
-        waiting = [Waiting(item, asked, loop.create_future())
-                   for item, asked in zip(items, each, strict=True)]  # fmt: skip
-        if self.queue.maxsize - self.queue.qsize() < len(waiting):
-            raise QueueFull(f"{self.queue.qsize()} instances are waiting; try again")
-        for entry in waiting:
-            self.queue.put_nowait(entry)
-        return list(await asyncio.gather(*(entry.future for entry in waiting)))
+        engine = self.engine
+        by_engine = [engine is not None and engine.takes(item, asked)
+                     for item, asked in zip(items, each, strict=True)]  # fmt: skip
+        waiting = self.queue.qsize() + self.engine_holds
+        if self.queue.maxsize - waiting < len(items):
+            raise QueueFull(f"{waiting} instances are waiting; try again")
+        answers = []
+        for item, asked, taken in zip(items, each, by_engine, strict=True):
+            if taken:
+                answers.append(self._by_engine(item, asked))
+            else:
+                entry = Waiting(item, asked, loop.create_future())
+                self.queue.put_nowait(entry)
+                answers.append(entry.future)
+        return list(await asyncio.gather(*answers))
+
+    async def _by_engine(self, item: Any, parameters: dict) -> Any:
+        started = time.monotonic()
+        self.engine_holds += 1
+        try:
+            prediction, facts = await self.engine.answer(item, parameters)
+        finally:
+            self.engine_holds -= 1
+        latency_ms = round((time.monotonic() - started) * 1000, 1)
+        self.log({"message": "continuous batching prediction", "severity": "INFO",
+                  "latency_ms": latency_ms, **facts})  # fmt: skip
+        return prediction
 
     async def run(self) -> None:
         """Forever: gather a batch, run it on the model's thread, hand out the results. An
@@ -133,11 +191,18 @@ class Batcher:
         requests) fails every instance still waiting and is raised: the server then stops
         saying it is healthy."""
         try:
-            while True:
-                await self._one_batch()
+            if self.engine is None:
+                await self._batches()
+            else:
+                await first_to_end(self._batches(), self.engine.run())
+                raise RuntimeError("the engine stopped")  # run() returned: it ended quietly
         except BaseException as error:
             self.fail_waiting(error)
             raise
+
+    async def _batches(self) -> None:
+        while True:
+            await self._one_batch()
 
     def fail_waiting(self, error: BaseException) -> None:
         """Every instance queued or held back gets `error` (a stopped loop answers them)."""

@@ -5,8 +5,9 @@ SDK, LangChain, LiteLLM) is pointed at the server as it is.
 A body is one instance of the prediction route (`{"@requestFormat": "chatCompletions",
 ...the body}`, as Model Garden's containers take it): the same checks, the same batching with
 other requests of the same parameters, the same answer written as OpenAI's. With `"stream":
-true` the answer is server-sent events, a chunk for each piece of text as the model's thread
-generates it (its instance alone in its batch), ending with `data: [DONE]`; with
+true` the answer is server-sent events, a chunk for each piece of text as it is generated (by
+text generation's continuous batching engine, or by `generate()` on the model's thread with the
+instance alone in its batch), ending with `data: [DONE]`; with
 `stream_options.include_usage`, a last chunk carries the usage. An error is OpenAI's body,
 `{"error": {"message", "type", "param", "code"}}`.
 """

@@ -43,7 +43,7 @@ from trainer.common.quiet import silence_known_noise
 from trainer.serve import app as served
 from trainer.serve.contract import Contract
 from trainer.tasks.load_failure import load_failure_line
-from trainer.tasks.served_model import load_predictor
+from trainer.tasks.served_model import load_predictor, started_engine
 
 LOADING, READY, STOPPED = 0, 1, 2
 """A worker's state in shared memory: loading its model, serving, or stopped serving."""
@@ -75,6 +75,8 @@ class WorkerSettings:
     queue_size: int
     request_timeout: float | None
     gcs_read_prefixes: tuple[str, ...]
+    generation_engine: str
+    workers: int
 
 
 def threads_per_worker(workers: int, env=os.environ) -> int:
@@ -192,6 +194,7 @@ def run_worker(
         predictor = load_predictor(Path(settings.folder))
         predictor.source = settings.location
         predictor.warm_up()
+        started_engine(predictor, settings.generation_engine, settings.workers)
         pipe = predictor.pipe
         print(f"worker {index} (pid {os.getpid()}): model ready: {predictor.task} on "
               f"{pipe.device} in {pipe.model.dtype}, {settings.threads} torch threads",
@@ -374,6 +377,7 @@ def serve_with_workers(args, contract: Contract, location: str, prefixes: tuple[
         contract, location, location if local else tempfile.mkdtemp(prefix="model-"),
         threads_per_worker(workers), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, args.request_timeout_s or None, prefixes,
+        args.generation_engine, workers,
     )  # fmt: skip
     port = args.port or contract.port
     sock = listening_socket(args.host, port)

@@ -88,6 +88,18 @@ class Predictor(ABC):
         thread (a task that streams); None: the task answers whole."""
         return None
 
+    def engine(self) -> Any:
+        """What answers some instances itself as they come, off the model's thread (text
+        generation's continuous batching, once started: trainer/serve/batching.py's
+        `Engine`); None: the batcher's forward passes answer every instance."""
+        return None
+
+    def start_engine(self, workers: int = 1) -> str | None:
+        """Starts that engine (the server does, after the warm-up; `workers` sharing the
+        device); a line saying why not when the task has one it cannot start for this
+        model."""
+        return None
+
     def __init__(self, pipe, task: str) -> None:
         self.pipe = pipe
         self.task = task

@@ -16,6 +16,10 @@ from trainer.tasks.registry import task_names, task_of_model, task_spec
 
 DEFAULT_MAX_BATCH_SIZE = 8
 """Instances in one forward pass: the server's default, and offline predictions'."""
+GENERATION_ENGINES = ("continuous", "generate")
+"""How a text generation model generates (docs/serving.md, "Continuous batching"):
+transformers' continuous batching, a request joining the running batch at its next step, for
+the requests it honours; or every request in `generate()` batches of equal parameters."""
 
 
 def checked_location(location: str) -> str:
@@ -81,3 +85,13 @@ def load_predictor(model_dir: Path) -> Predictor:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     pipe = pipeline(spec.predictor.pipeline_task, model=str(model_dir), device=device, dtype=dtype)
     return spec.predictor(pipe, spec.name)
+
+
+def started_engine(predictor, engine: str, workers: int = 1) -> None:
+    """The predictor's own engine started when `engine` asks for it (`--generation_engine`),
+    after its warm-up, its share of the device's memory split between `workers`; a line when
+    it cannot be."""
+    if engine == "continuous":
+        said = predictor.start_engine(workers)
+        if said:
+            print(said, flush=True)

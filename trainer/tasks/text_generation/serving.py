@@ -2,12 +2,14 @@
 the model's own chat template) or a prompt (`{"prompt": "..."}`) in, the generated text out,
 with why it ended and how many tokens it took.
 
-Requests sent together share forward passes: the server's batcher (trainer/serve/batching.py)
-groups instances whose parameters are equal, and `predict` left-pads their prompts into one
-`generate()` call, so each row's positions and attention ignore the padding and its text is the
-one it would get alone (tests/unit/test_generation_serving.py compares them). Requests with
-other parameters (another `max_new_tokens`) go in other batches: a long generation holds up a
-short one by at most its own forward passes, never by sharing one.
+On the server, a greedy request goes to transformers' continuous batching engine
+(continuous_batching.py: `start_engine`, `engine`), joining its running batch at the next
+step. Any other request, and every one of `trainer.predict` and `--do_predict`, is generated
+here: the server's batcher (trainer/serve/batching.py) groups instances whose parameters are
+equal, and `predict` left-pads their prompts into one `generate()` call, so each row's
+positions and attention ignore the padding and its text is the one it would get alone
+(tests/unit/test_generation_serving.py compares them). Requests with other parameters go in
+other batches, one after the other on the model's thread.
 
 The decoding is transformers' own `generate()` with the model's `generation_config.json` as
 the defaults a request's parameters override: sampling (`temperature` > 0), `top_p`, `top_k`,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from trainer.tasks.instance_media import InstanceError
@@ -31,6 +34,11 @@ from trainer.tasks.text_generation.chat_completions import (
     message_text,
     openai_request,
     reply,
+)
+from trainer.tasks.text_generation.continuous_batching import (
+    ContinuousEngine,
+    ContinuousPredictions,
+    engine_refusal,
 )
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -136,6 +144,27 @@ class GenerationPredictor(Predictor):
         self.tokenizer_lock = threading.Lock()
         """One tokenizer call at a time (a fast tokenizer is not safe across the
         pre-processing threads)."""
+        self.continuous: ContinuousEngine | None = None
+        """transformers' continuous batching engine, once the server started it."""
+
+    def start_engine(self, workers: int = 1) -> str | None:
+        """Continuous batching (continuous_batching.py) for the server, warmed with two
+        tokens; the line saying why not when the model's generation config stops it."""
+        model = self.pipe.model
+        why_not = engine_refusal(model)
+        if why_not:
+            return f"continuous batching off: {why_not}; every request uses generate()"
+        self.continuous = ContinuousEngine(model, workers)
+        self.continuous.generated_now(self.prepared(self.warm_up_input()).model_inputs[0][
+            "input_ids"], 2)  # fmt: skip
+        return None
+
+    def engine(self) -> ContinuousPredictions | None:
+        return None if self.continuous is None else ContinuousPredictions(self, self.continuous)
+
+    def model_in_use(self):
+        """Around `generate()` on the model's thread: the engine, if any, paused meanwhile."""
+        return nullcontext() if self.continuous is None else self.continuous.paused()
 
     @classmethod
     def media_extensions(cls) -> frozenset[str]:
@@ -347,7 +376,7 @@ class GenerationPredictor(Predictor):
             kwargs["streamer"] = batch[0].streamer  # the instance is alone in its batch
         if "seed" in parameters:
             torch.manual_seed(parameters["seed"])  # the model's thread is the only one sampling
-        with torch.inference_mode():
+        with self.model_in_use(), torch.inference_mode():
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
         stops = _stop_strings(parameters)

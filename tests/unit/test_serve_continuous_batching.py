@@ -1,0 +1,196 @@
+"""The server's continuous batching (trainer/tasks/text_generation/continuous_batching.py):
+transformers' engine behind the text-generation predictor, through the real server on a
+loopback port, tiny models of real families (tests/support/chat_models.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.support.chat_models import FAMILIES, save_family_model
+from tests.support.helpers import wait_until
+from tests.support.served_app import serve, wait_ready
+from trainer.tasks.text_generation.continuous_batching import honours
+from trainer.tasks.text_generation.serving import GenerationPredictor
+
+PROMPTS = [f"Tell me a joke number {i}" for i in range(6)]
+
+
+def endless_predictor(family: str, folder):
+    """A tiny model whose generation config names no end-of-turn token: every answer is as
+    long as asked."""
+    from transformers import pipeline
+
+    pipe = pipeline("text-generation", model=str(save_family_model(FAMILIES[family], folder)))
+    pipe.model.generation_config.eos_token_id = None
+    return GenerationPredictor(pipe, "text-generation")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def alone_then_engine(request, tmp_path_factory):
+    """(each prompt's greedy answer by `generate()` alone, the predictor); each test starts
+    its engine, which the server stops when it stops (as `python -m trainer.serve` does)."""
+    predictor = endless_predictor(request.param, tmp_path_factory.mktemp(request.param))
+    wanted = [3 if i % 2 else 17 for i in range(len(PROMPTS))]
+    alone = [predictor.predict([predictor.prepare(p)], {"max_new_tokens": n, "temperature": 0})[0]
+             for p, n in zip(PROMPTS, wanted, strict=True)]  # fmt: skip
+    return alone, wanted, predictor
+
+
+def logged(capsys, message: str) -> list[dict]:
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{")]  # fmt: skip
+    return [line for line in lines if line.get("message") == message]
+
+
+def test_which_requests_the_engine_takes():
+    assert honours({"max_new_tokens": 5}, model_samples=False)
+    assert honours({"temperature": 0, "top_p": 0.5, "seed": 3}, model_samples=True)
+    assert not honours({}, model_samples=True)  # the model's config samples
+    for asked in ({"temperature": 0.7}, {"top_k": 5}, {"n": 2}, {"stop": ["\n"]}):
+        assert not honours(asked, model_samples=False), asked
+
+
+def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_engine, capsys):
+    alone, wanted, predictor = alone_then_engine
+    assert predictor.start_engine() is None
+    capsys.readouterr()
+    with serve(predictor) as url:
+        wait_ready(url)
+
+        def ask(i: int) -> dict:
+            body = {"instances": [{"prompt": PROMPTS[i]}],
+                    "parameters": {"max_new_tokens": wanted[i], "temperature": 0}}  # fmt: skip
+            return httpx.post(url + "/predict", json=body, timeout=120).json()["predictions"][0]
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(ask, range(len(PROMPTS))))
+        several = {"instances": [{"prompt": PROMPTS[0], "n": 2}, {"prompt": PROMPTS[1]}],
+                   "parameters": {"max_new_tokens": 3, "temperature": 0}}  # fmt: skip
+        mixed = httpx.post(url + "/predict", json=several, timeout=120).json()["predictions"]
+    assert together == alone
+    engine_lines = logged(capsys, "continuous batching prediction")
+    assert sorted(line["completion_tokens"] for line in engine_lines) == sorted([*wanted, 3])
+    # n: 2 is generate()'s (one batch on the model's thread); the other instance the engine's
+    assert [len(mixed[0]), mixed[1]] == [2, alone[1]]
+    assert mixed[0][0]["text"] == alone[0]["text"][: len(mixed[0][0]["text"])]
+
+
+def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, capsys):
+    """While a 300-token generation runs, a 4-token request is answered within its own
+    tokens and a few engine steps, before the long one ends (the batcher's generate() made
+    it wait for all 300): counted in the engine's steps, which the server logs per request."""
+    _, _, predictor = alone_then_engine
+    assert predictor.start_engine() is None
+    capsys.readouterr()
+    with serve(predictor) as url:
+        wait_ready(url)
+        long_body = {"instances": [{"prompt": PROMPTS[0]}],
+                     "parameters": {"max_new_tokens": 300, "temperature": 0}}  # fmt: skip
+        answers: list = []
+        long = threading.Thread(target=lambda: answers.append(
+            httpx.post(url + "/predict", json=long_body, timeout=300).json()))  # fmt: skip
+        long.start()
+        engine = predictor.continuous
+        wait_until(lambda: engine.step() > 20, 120, "the long generation to be under way")
+        short = httpx.post(url + "/predict", timeout=120, json={
+            "instances": [{"prompt": PROMPTS[1]}],
+            "parameters": {"max_new_tokens": 4, "temperature": 0}})  # fmt: skip
+        long.join()
+    assert short.json()["predictions"][0]["completion_tokens"] == 4
+    assert "predictions" in answers[0]
+    # In the order they ended: the short one, sent once the long one was 20 steps in, ended
+    # first, beside it.
+    short_line, long_line = logged(capsys, "continuous batching prediction")
+    # (a model may write its tokenizer's end-of-sequence token: the answer then ends there,
+    # as generate()'s would, though all 300 tokens were generated)
+    assert short_line["completion_tokens"] == 4 and long_line["engine_steps"] >= 300
+    assert short_line["engine_steps"] <= 4 + 4, short_line  # its prefill, its 4, a few more
+
+
+def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_engine, capsys):
+    from openai import OpenAI
+
+    _, _, predictor = alone_then_engine
+    assert predictor.start_engine() is None
+    capsys.readouterr()
+    with serve(predictor) as url:
+        wait_ready(url)
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "What is two plus two?"}]
+        whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                               temperature=0)  # fmt: skip
+        stream = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+        prompt = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=5,
+                                           temperature=0, stream=True)  # fmt: skip
+        completed = "".join(c.choices[0].text for c in prompt)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
+    alone = predictor.predict([predictor.prepare(PROMPTS[2])], {"max_new_tokens": 5,
+                                                                "temperature": 0})[0]  # fmt: skip
+    assert completed == alone["text"]
+    assert len(logged(capsys, "continuous batching prediction")) == 3
+
+
+def test_a_prompt_too_long_for_its_tokens_is_refused_alone_with_its_numbers(alone_then_engine):
+    _, _, predictor = alone_then_engine
+    assert predictor.start_engine() is None
+    limit = predictor.positions()
+    with serve(predictor) as url:
+        wait_ready(url)
+        body = {"instances": [{"prompt": "Hello"}, {"prompt": "Hello", "max_tokens": limit}],
+                "parameters": {"max_tokens": 3, "temperature": 0}}  # fmt: skip
+        fits, refused = httpx.post(url + "/predict", json=body, timeout=60).json()["predictions"]
+    assert fits["completion_tokens"] == 3
+    assert f"over the model's {limit} positions" in refused["error"]
+
+
+def test_a_dead_engine_stops_the_server_with_one_line(tmp_path, capsys):
+    """The engine's thread dies (its forward pass raises): the request it held fails, health
+    turns 503, and one line says why (`python -m trainer.serve` then ends, exit 1, and a
+    worker of --workers is started again: the batching loop's own stop)."""
+    predictor = endless_predictor("llama", tmp_path)
+    assert predictor.start_engine() is None
+    layer = predictor.pipe.model.model.layers[0].mlp
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a broken layer")
+
+    with serve(predictor) as url:
+        wait_ready(url)
+        capsys.readouterr()
+        layer.forward = broken
+        body = {"instances": [{"prompt": "Hello"}], "parameters": {"max_tokens": 3}}
+        failed = httpx.post(url + "/predict", json=body, timeout=60)
+        wait_until(lambda: httpx.get(url + "/health").status_code == 503, 60, "health 503")
+    assert failed.status_code in (400, 500), failed.text
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert errors == ["error: the batching loop stopped: EngineStopped: the continuous "
+                      "batching engine failed: RuntimeError: a broken layer; health answers "
+                      "503 from now on"]  # fmt: skip
+
+
+def test_a_model_the_engine_would_serve_otherwise_keeps_generate(tmp_path):
+    """A repetition penalty the engine would drop, an eager attention it would make paged:
+    no engine, one line saying why, every request on generate()."""
+    from transformers import pipeline
+
+    penalised = endless_predictor("llama", tmp_path / "llama")
+    penalised.pipe.model.generation_config.repetition_penalty = 1.3
+    assert penalised.start_engine() == (
+        "continuous batching off: its generation config processes the logits "
+        "(RepetitionPenaltyLogitsProcessor); every request uses generate()"
+    )
+    gemma = save_family_model(FAMILIES["gemma2"], tmp_path / "gemma2")
+    eager = GenerationPredictor(pipeline("text-generation", model=str(gemma)), "text-generation")
+    assert "its attention is eager" in eager.start_engine()
+    assert penalised.engine() is None and eager.engine() is None
