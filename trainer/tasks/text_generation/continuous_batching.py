@@ -21,6 +21,7 @@ import asyncio
 import copy
 import itertools
 import logging
+import threading
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -108,6 +109,7 @@ class ContinuousEngine:
             generation_config=greedy_config(model), continuous_batching_config=config
         )
         self.manager.start()
+        stopped_at_exit(self)
         self.waiting: dict[str, asyncio.Future] = {}
         self.numbers = itertools.count()
 
@@ -209,6 +211,20 @@ class ContinuousEngine:
     def stop(self) -> None:
         """Its thread ended now: a thread left running would keep the process alive."""
         self.manager.stop(block=True, timeout=30, hard_stop=True)
+
+
+def stopped_at_exit(engine: ContinuousEngine) -> None:
+    """The engine stopped when the interpreter exits. Its thread is not a daemon: a server
+    told to stop while its model loaded (the load goes on; the interpreter waits for it) would
+    otherwise start an engine that nothing stops, and never exit. `threading`'s exit hooks
+    run before it waits for its threads (as concurrent.futures' are); once it is waiting, no
+    hook can be added, and the engine is stopped at once."""
+    import threading
+
+    try:
+        threading._register_atexit(engine.stop)
+    except RuntimeError:  # the interpreter is already exiting: nothing will be served
+        engine.stop()
 
 
 class ContinuousPredictions:
