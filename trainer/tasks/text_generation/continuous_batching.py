@@ -219,8 +219,6 @@ def stopped_at_exit(engine: ContinuousEngine) -> None:
     otherwise start an engine that nothing stops, and never exit. `threading`'s exit hooks
     run before it waits for its threads (as concurrent.futures' are); once it is waiting, no
     hook can be added, and the engine is stopped at once."""
-    import threading
-
     try:
         threading._register_atexit(engine.stop)
     except RuntimeError:  # the interpreter is already exiting: nothing will be served
