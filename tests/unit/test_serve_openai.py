@@ -17,16 +17,23 @@ PARTS = [{"role": "user", "content": [{"type": "text", "text": "What is"},
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A tiny Llama whose generation config names no end-of-turn token (every answer as long
-    as asked), served; yields (base URL, OpenAI client)."""
-    from openai import OpenAI
+def tiny(tmp_path_factory):
+    """A tiny Llama's pipeline, its generation config naming no end-of-turn token (every
+    answer as long as asked)."""
     from transformers import pipeline
 
     folder = save_family_model(FAMILIES["llama"], tmp_path_factory.mktemp("llama"))
     pipe = pipeline("text-generation", model=str(folder))
     pipe.model.generation_config.eos_token_id = None
-    with serve(GenerationPredictor(pipe, "text-generation")) as url:
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """The tiny Llama served; yields (base URL, OpenAI client)."""
+    from openai import OpenAI
+
+    with serve(GenerationPredictor(tiny, "text-generation")) as url:
         wait_ready(url)
         yield url, OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
@@ -105,13 +112,69 @@ def test_the_sdk_is_told_what_the_server_cannot_honour(served):
     from openai import BadRequestError
 
     _, client = served
-    for extra, named in [({"logprobs": True}, "logprobs"), ({"max_tokens": 0}, "max_tokens"),
+    for extra, named in [({"presence_penalty": 0.5}, "presence_penalty"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"top_logprobs": 2}, "logprobs: true"),
+                         ({"logprobs": True, "top_logprobs": 21}, "0 to 20"),
                          ({"extra_body": {"frobnicate": 1}}, "frobnicate")]:  # fmt: skip
         with pytest.raises(BadRequestError, match=named):
             client.chat.completions.create(model="tiny", messages=CHAT, **extra)
     with pytest.raises(BadRequestError, match="image_url"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:,"}}]}])  # fmt: skip
+
+
+def greedy_logprobs(pipe, prompt_ids: list[int], tokens: int):
+    """Plain transformers on the served model: the greedy answer's ids (`generate()`), and a
+    forward pass's log-softmax over the prompt and that answer: each answer token's
+    log-probability and the 3 largest at its position."""
+    import torch
+
+    model = pipe.model
+    with torch.inference_mode():
+        ids = model.generate(torch.tensor([prompt_ids]), max_new_tokens=tokens, do_sample=False,
+                             eos_token_id=None)[0].tolist()  # fmt: skip
+        logits = model(torch.tensor([ids])).logits[0].float()
+    positions = logits.log_softmax(-1)[len(prompt_ids) - 1 : -1]
+    answer = ids[len(prompt_ids) :]
+    own = positions.gather(1, torch.tensor(answer)[:, None]).squeeze(1).tolist()
+    return answer, own, positions.topk(3, dim=-1).values.tolist()
+
+
+def test_the_sdk_gets_each_tokens_logprob_and_the_most_likely_beside_it(served, tiny):
+    """`logprobs` with `top_logprobs` (a chat) and a completion's `logprobs` count: each
+    answer token and its log-probability, and the most likely ones beside it, are those of
+    plain transformers' greedy answer and a forward pass's log-softmax over it (the raw
+    distribution, as vLLM reports by default); refused while streaming."""
+    from openai import BadRequestError
+
+    _, client = served
+    tokenizer = tiny.tokenizer
+    chat = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5,
+                                          temperature=0, logprobs=True, top_logprobs=3)  # fmt: skip
+    (choice,) = chat.choices
+    tokens = choice.logprobs.content
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"]  # fmt: skip
+    answer, own, top = greedy_logprobs(tiny, list(prompt), 5)
+    assert [entry.token for entry in tokens] == [tokenizer.decode([i]) for i in answer]
+    assert [entry.logprob for entry in tokens] == pytest.approx(own, abs=1e-4)
+    shown = [t.logprob for entry in tokens for t in entry.top_logprobs]
+    assert shown == pytest.approx([value for row in top for value in row], abs=1e-4)
+    assert all(entry.bytes == list(entry.token.encode()) for entry in tokens)
+
+    text = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0,
+                                     logprobs=2)  # fmt: skip
+    logprobs = text.choices[0].logprobs
+    answer, own, top = greedy_logprobs(tiny, tokenizer("Hello")["input_ids"], 4)
+    assert logprobs.tokens == [tokenizer.decode([i]) for i in answer]
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(4)]
+    assert logprobs.token_logprobs == pytest.approx(own, abs=1e-4)
+    # keyed by the token's text, as OpenAI writes them: two tokens of one text are one entry
+    assert all(1 <= len(most) <= 2 for most in logprobs.top_logprobs)
+    assert [max(most.values()) for most in logprobs.top_logprobs] == pytest.approx(
+        [row[0] for row in top], abs=1e-4)  # fmt: skip
+    with pytest.raises(BadRequestError, match="logprobs are answered whole"):
+        client.chat.completions.create(model="tiny", messages=CHAT, logprobs=True, stream=True)
 
 
 def test_predict_takes_chat_completions_instances_as_model_garden_does(served):

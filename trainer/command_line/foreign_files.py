@@ -61,18 +61,9 @@ def _datasets(value: object) -> dict[str, object]:
     """Axolotl's `datasets: [{path, type, split, name}]` of rows this trainer reads: one is
     that dataset; several are a mixture of them whole, concatenated (its `merge_datasets`;
     `_axolotl_shuffle` adds its seed)."""
-    if not isinstance(value, list) or not value or not all(isinstance(e, Mapping) for e in value):
-        raise UserError("datasets (Axolotl) is not a list of {path, type} entries.")
-    for entry in value:
-        kind = entry.get("type") or "chat_template"
-        if kind not in ("chat_template", "completion"):
-            raise UserError(f"datasets (Axolotl) type {kind}: its rows are not read here; "
-                            f"{ROWS}, and name the folder or Hub id as path.")  # fmt: skip
-    if len(value) > 1:  # each keeps the column its type reads, so that they concatenate
-        mixed = [{"path": entry.get("path"), "split": entry.get("split") or "train",
-                  "columns": [AXOLOTL_COLUMNS[entry.get("type") or "chat_template"]]}
-                 | ({"config": entry["name"]} if entry.get("name") else {})
-                 for entry in value]  # fmt: skip
+    kinds = _readable_types(value)
+    if len(kinds) > 1:
+        mixed = [_mixed_entry(entry, kind) for entry, kind in zip(value, kinds, strict=True)]
         return {"dataset_mixture": {"datasets": mixed}}
     entry = value[0]
     flags: dict[str, object] = {"dataset_name": entry.get("path")}
@@ -81,6 +72,26 @@ def _datasets(value: object) -> dict[str, object]:
     if entry.get("name"):
         flags["dataset_config_name"] = entry["name"]
     return flags
+
+
+def _readable_types(value: object) -> list[str]:
+    """Each Axolotl dataset's type, or UserError for one whose rows are not read here."""
+    if not isinstance(value, list) or not value or not all(isinstance(e, Mapping) for e in value):
+        raise UserError("datasets (Axolotl) is not a list of {path, type} entries.")
+    kinds = [entry.get("type") or "chat_template" for entry in value]
+    unread = [kind for kind in kinds if kind not in AXOLOTL_COLUMNS]
+    if unread:
+        raise UserError(f"datasets (Axolotl) type {unread[0]}: its rows are not read here; "
+                        f"{ROWS}, and name the folder or Hub id as path.")  # fmt: skip
+    return kinds
+
+
+def _mixed_entry(entry: Mapping[str, object], kind: str) -> dict[str, object]:
+    """An Axolotl dataset as a mixture's: kept whole, with the column its type reads only,
+    so that datasets of other columns concatenate."""
+    mixed = {"path": entry.get("path"), "split": entry.get("split") or "train",
+             "columns": [AXOLOTL_COLUMNS[kind]]}  # fmt: skip
+    return mixed | ({"config": entry["name"]} if entry.get("name") else {})
 
 
 def _axolotl_shuffle(flags: dict, content: Mapping[str, object]) -> dict:

@@ -59,6 +59,8 @@ def add_openai_routes(
             k: v for k, v in payload.items() if k not in ("stream", "stream_options")}  # fmt: skip
         if stream and (payload.get("n") or 1) > 1:
             return openai_error(400, "stream: true answers one choice (n 1) at a time")
+        if stream and payload.get("logprobs") not in (None, False):
+            return openai_error(400, "logprobs are answered whole: ask with stream: false")
         loop = asyncio.get_running_loop()
         try:
             prepared = await loop.run_in_executor(preprocessing, predictor.prepare, instance)

@@ -4,9 +4,11 @@ and as a predict instance with `"@requestFormat": "chatCompletions"`, as Model G
 containers take it.
 
 A request's fields map onto the task's parameters (`max_tokens` or `max_completion_tokens`,
-`temperature`, `top_p`, `top_k`, `n`, `stop`, `seed`); fields that would change the answer in
-a way this server does not compute (`logprobs`, penalties, `echo`, `best_of`, `suffix`) are
-taken at their neutral values only, and any other field is refused by name, never ignored.
+`temperature`, `top_p`, `top_k`, `n`, `stop`, `seed`; a chat's `logprobs` and `top_logprobs`,
+a completion's `logprobs` count, as the task's `logprobs`: trainer/tasks/text_generation/
+logprobs.py); fields that would change the answer in a way this server does not compute
+(penalties, `echo`, `best_of`, `suffix`) are taken at their neutral values only, and any
+other field is refused by name, never ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.tasks.instance_media import InstanceError
+from trainer.tasks.text_generation.logprobs import chat_logprobs, completion_logprobs
 
 REQUEST_FORMAT = "@requestFormat"
 CHAT = "chatCompletions"
@@ -25,9 +28,10 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's (and vLLM's) default length of a completion; a chat's is the model's own."""
 
 SAMPLING = ("temperature", "top_p", "top_k", "n", "stop", "seed")
+LOGPROBS = ("logprobs", "top_logprobs")
+COMPLETION_MAX_LOGPROBS = 5
+"""OpenAI's limit on a completion's `logprobs` (a chat's `top_logprobs`: 20)."""
 NEUTRAL: dict[str, Callable[[object], bool]] = {
-    "logprobs": lambda v: v in (None, False),
-    "top_logprobs": lambda v: v in (None, 0),
     "frequency_penalty": lambda v: v in (None, 0),
     "presence_penalty": lambda v: v in (None, 0),
     "echo": lambda v: v in (None, False),
@@ -39,8 +43,16 @@ NEUTRAL: dict[str, Callable[[object], bool]] = {
 }
 """Fields taken at these values only (`user` names the caller, `stream` is the route's)."""
 FIELDS = {
-    CHAT: {"model", "messages", "max_tokens", "max_completion_tokens", *SAMPLING, *NEUTRAL},
-    COMPLETIONS: {"model", "prompt", "max_tokens", *SAMPLING, *NEUTRAL},
+    CHAT: {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        *SAMPLING,
+        *NEUTRAL,
+        *LOGPROBS,
+    },
+    COMPLETIONS: {"model", "prompt", "max_tokens", "logprobs", *SAMPLING, *NEUTRAL},
 }
 
 
@@ -49,7 +61,7 @@ def openai_request(body: object, form: str) -> tuple[object, dict[str, Any]]:
     for, unchecked), or InstanceError naming the first field this server cannot honour."""
     checked_fields(body, form)
     parameters = {name: body[name] for name in SAMPLING if body.get(name) is not None}
-    parameters |= length(body, form)
+    parameters |= length(body, form) | asked_logprobs(body, form)
     if form == CHAT:
         return body.get("messages"), parameters
     return completion_prompt(body.get("prompt")), parameters
@@ -81,6 +93,26 @@ def length(body: dict, form: str) -> dict[str, Any]:
     if given:
         return {"max_tokens": given[0]}
     return {"max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS} if form == COMPLETIONS else {}
+
+
+def asked_logprobs(body: dict, form: str) -> dict[str, Any]:
+    """`{"logprobs": K}` (K most likely tokens beside each one's own) when the body asks for
+    log-probabilities: a chat's `logprobs: true` with `top_logprobs: K`, a completion's
+    `logprobs: K`; `{}` when it does not."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if form == COMPLETIONS:
+        return {} if wanted is None else {"logprobs": completion_logprobs_count(wanted)}
+    if wanted not in (None, False, True):
+        raise InstanceError("logprobs must be true or false")
+    if top is not None and not wanted:
+        raise InstanceError("top_logprobs needs logprobs: true")
+    return {"logprobs": 0 if top is None else top} if wanted else {}
+
+
+def completion_logprobs_count(wanted: object) -> int:
+    if isinstance(wanted, bool) or wanted not in range(COMPLETION_MAX_LOGPROBS + 1):
+        raise InstanceError(f"logprobs must be an integer from 0 to {COMPLETION_MAX_LOGPROBS}")
+    return wanted
 
 
 def completion_prompt(prompt: object) -> str:
@@ -127,12 +159,14 @@ def reply(form: str, model: object) -> Callable[[dict | list[dict]], dict]:
         if form == CHAT:
             identity = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
             choices = [{"index": i, "message": {"role": "assistant", "content": a["text"]},
-                        "logprobs": None, "finish_reason": a["finish_reason"]}
+                        "logprobs": chat_logprobs(a["logprobs"]) if "logprobs" in a else None,
+                        "finish_reason": a["finish_reason"]}
                        for i, a in enumerate(answers)]  # fmt: skip
         else:
             identity = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
-            choices = [{"index": i, "text": a["text"], "logprobs": None,
-                        "finish_reason": a["finish_reason"]}
+            choices = [{"index": i, "text": a["text"],
+                        "logprobs": completion_logprobs(a["logprobs"]) if "logprobs" in a
+                        else None, "finish_reason": a["finish_reason"]}
                        for i, a in enumerate(answers)]  # fmt: skip
         return {**identity, "created": created, "model": name, "choices": choices,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,

@@ -58,11 +58,13 @@ def samples(parameters: dict[str, Any], model_samples: bool) -> bool:
 
 def honours(parameters: dict[str, Any], model_samples: bool) -> bool:
     """Whether the engine answers a request with these parameters as `generate()` would:
-    greedy, one answer, no stop strings (a `seed` only matters to a sample)."""
+    greedy, one answer, no stop strings, no log-probabilities (a `seed` only matters to a
+    sample)."""
     return (
         not samples(parameters, model_samples)
         and parameters.get("n", 1) == 1
         and not parameters.get("stop")
+        and "logprobs" not in parameters
     )
 
 

@@ -40,6 +40,11 @@ from trainer.tasks.text_generation.continuous_batching import (
     ContinuousPredictions,
     engine_refusal,
 )
+from trainer.tasks.text_generation.logprobs import (
+    MAX_TOP_LOGPROBS,
+    answer_logprobs,
+    step_logprobs,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 256
 """Tokens generated when neither the request nor the model's generation_config.json says."""
@@ -126,6 +131,9 @@ PARAMETER_CHECKS: dict[str, Callable[[object], str | None]] = {
     "top_k": lambda v: None if _is_int(v) and v >= 0 else "must be an integer of at least 0",
     "stop": _stop_problem,
     "seed": lambda v: None if _is_int(v) and 0 <= v < 2**63 else "must be a non-negative integer",
+    "logprobs": lambda v: None if _is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS
+    else f"must be an integer from 0 to {MAX_TOP_LOGPROBS} (the most likely tokens shown "
+    "beside each one's own)",
     "raw_response": lambda v: None if v is True else "must be true (this server answers the "
     "generated text alone, never the prompt with it)",
 }  # fmt: skip
@@ -380,11 +388,21 @@ class GenerationPredictor(Predictor):
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
         stops = _stop_strings(parameters)
+        sequences = out.sequences if "logprobs" in parameters else out
         rows = [self.answer(row[width:], len(prompts[i // choices]), stops)
-                for i, row in enumerate(out.tolist())]  # fmt: skip
+                for i, row in enumerate(sequences.tolist())]  # fmt: skip
+        if "logprobs" in parameters:
+            self.add_logprobs(rows, out.logits, sequences[:, width:], parameters["logprobs"])
         if choices == 1:
             return rows
         return [rows[start : start + choices] for start in range(0, len(rows), choices)]
+
+    def add_logprobs(self, answers: list[dict], logits: tuple, new_ids, top: int) -> None:
+        """Each answer's tokens with their log-probabilities and the `top` most likely
+        (logprobs.py), from `generate()`'s raw logits of each step."""
+        steps = step_logprobs(logits, new_ids, top)
+        for row, ids, answer in zip(steps, new_ids.tolist(), answers, strict=True):
+            answer["logprobs"] = answer_logprobs(ids, row, answer["text"], self.pipe.tokenizer)
 
     def generate_kwargs(self, parameters: dict[str, Any], pad: int) -> dict[str, Any]:
         """`generate()`'s arguments: the model's generation config, overridden by the request."""
@@ -400,6 +418,8 @@ class GenerationPredictor(Predictor):
         stops = _stop_strings(parameters)
         if stops:
             kwargs |= {"stop_strings": stops, "tokenizer": self.pipe.tokenizer}
+        if "logprobs" in parameters:  # the raw logits of each step, for logprobs.py
+            kwargs |= {"output_logits": True, "return_dict_in_generate": True}
         return kwargs
 
     def max_new_tokens(self, parameters: dict[str, Any]) -> int:
