@@ -14,10 +14,10 @@ it, "operator torchvision::nms does not exist"; a text model needs none of the t
 
 On bench/serve.py's small Llama (float32, greedy), one server after the other, each with
 `--cores` threads: first both answer the same prompts (greedy completions of `--lone_tokens`
-tokens) and their texts are compared; then, through `/v1/completions` with `temperature` 0
-and every answer exactly as long as asked (the model's generation config names no end token;
-vLLM is also sent `ignore_eos` and `min_tokens`, and each answer's `completion_tokens` is
-checked):
+tokens), compared token for token (`agree`) and by text; then, through `/v1/completions` with
+`temperature` 0 and every answer exactly as long as asked (the model's generation config
+names no end token; vLLM is also sent `ignore_eos` and `min_tokens`, and each answer's
+`completion_tokens` is checked):
 
 1. `lone`: one client, `--lone_tokens` tokens;
 2. `short alone`: `--short_clients` clients, `--short_tokens` tokens;
