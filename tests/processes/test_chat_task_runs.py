@@ -13,18 +13,15 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from tests.support.chat_models import FAMILIES, save_family_model
 from tests.support.helpers import (
-    SLOW_STEPS,
+    assert_same_weights,
     run_trainer,
-    start_trainer,
+    stopped_then_resumed,
     trainer_env,
     use_delivered_model,
-    wait_while_running,
-    with_start_hook,
 )
 from tests.support.lora_flags import LORA
 
@@ -102,22 +99,9 @@ def test_a_run_stopped_mid_run_resumes_to_the_uninterrupted_weights(
     llama_and_chats, uninterrupted, tmp_path
 ):
     args = chat_args(llama_and_chats)
-    env = trainer_env(tmp_path / "cache")
-    job = start_trainer(args, tmp_path, with_start_hook(env, tmp_path / "hooks", SLOW_STEPS))
-    wait_while_running([job], lambda: "step 5/10" in job.log.read_text(), 300, "step 5")
-    job.terminate()
-    code, log = job.finish()
-    assert code == 75, log[-3000:]
-    (stopped,) = re.findall(r"^preempted: .*?(checkpoint-(\d+))", log, re.M)
-    assert 5 <= int(stopped[1]) < 10, log[-2000:]
-    code, output = run_trainer(args, tmp_path, env)
-    assert code == 0, output[-3000:]
-    assert f"resuming from out/{stopped[0]}" in output
-    expected = load_file(uninterrupted / "out" / "model" / "model.safetensors")
-    resumed = load_file(tmp_path / "out" / "model" / "model.safetensors")
-    assert expected.keys() == resumed.keys()
-    for name, weight in expected.items():
-        torch.testing.assert_close(resumed[name], weight, rtol=0, atol=1e-6, msg=name)
+    stopped_then_resumed(args, tmp_path, trainer_env(tmp_path / "cache"), 5, 10)
+    assert_same_weights(uninterrupted / "out" / "model" / "model.safetensors",
+                        tmp_path / "out" / "model" / "model.safetensors")  # fmt: skip
 
 
 def test_the_built_in_chat_demo_learns_the_capitals_it_can_only_learn_from_data(tmp_path):

@@ -25,6 +25,7 @@ from tests.support.helpers import (
     make_shards_in_process,
     run_trainer,
     start_trainer,
+    stopped_then_resumed,
     trainer_env,
     use_delivered_model,
     wait_while_running,
@@ -195,20 +196,10 @@ def test_a_lora_run_with_gradient_checkpointing_saves_on_sigterm_and_resumes_the
         "--gradient_checkpointing", "true", "--save_interval_minutes", "60",
         "--stop_grace_seconds", "25", "--logging_steps", "1",
     )  # fmt: skip
-    plain = trainer_env(tmp_path / "cache")
     # Slow steps until the SIGTERM lands (a whole run takes seconds); the resume goes at speed.
-    job = start_trainer(args, tmp_path, with_start_hook(plain, tmp_path / "hooks", SLOW_STEPS))
-    wait_while_running([job], lambda: "step 3/12" in job.log.read_text(), 300, "step 3")
-    job.terminate()
-    code, log = job.finish()
-    assert code == 75, log[-3000:]
-    (stopped,) = re.findall(r"^preempted: .*?(checkpoint-(\d+))", log, re.M)
-    assert 3 <= int(stopped[1]) < 12 and (tmp_path / "out" / stopped[0]).is_dir(), log[-2000:]
-
-    code, output = run_trainer(args, tmp_path, plain)
-    assert code == 0, output[-3000:]
-    assert f"resuming from out/{stopped[0]}" in output
-    assert min(int(step) for step in re.findall(r"step (\d+)/12", output)) == int(stopped[1]) + 1
+    stopped, output = stopped_then_resumed(args, tmp_path, trainer_env(tmp_path / "cache"), 3, 12)
+    saved = int(stopped.removeprefix("checkpoint-"))
+    assert min(int(step) for step in re.findall(r"step (\d+)/12", output)) == saved + 1
     labels = use_delivered_model("text-classification", delivered(tmp_path), "a fine day")
     assert sorted(labels["labels"]) == SENTIMENTS
     # the adapters learnt through the recomputed layers: LoRA's B matrices start at zero

@@ -567,6 +567,38 @@ def with_start_hook(env: dict[str, str], folder: Path, code: str) -> dict[str, s
     return {**env, "PYTHONPATH": f"{folder}{os.pathsep}{env['PYTHONPATH']}"}
 
 
+def stopped_then_resumed(
+    args: list[str], cwd: Path, env: dict[str, str], at: int, steps: int
+) -> tuple[str, str]:
+    """A run (steps slowed by `SLOW_STEPS`) given SIGTERM once its log says `step AT/STEPS`,
+    then run again at speed: (the checkpoint the stop saved, e.g. `checkpoint-6`, the second
+    run's output). Asserts what a Spot preemption must give: exit 75, the one `preempted:`
+    line naming a checkpoint at or after AT that is on disk, and the resume from it."""
+    job = start_trainer(args, cwd, with_start_hook(env, cwd / "hooks", SLOW_STEPS))
+    wait_while_running([job], lambda: f"step {at}/{steps}" in job.log.read_text(), 300,
+                       f"step {at}")  # fmt: skip
+    job.terminate()
+    code, log = job.finish()
+    assert code == 75, log[-3000:]
+    (stopped,) = re.findall(r"^preempted: .*?(checkpoint-(\d+))", log, re.M)
+    assert at <= int(stopped[1]) < steps and (cwd / "out" / stopped[0]).is_dir(), log[-2000:]
+    code, output = run_trainer(args, cwd, env)
+    assert code == 0, output[-3000:]
+    assert f"resuming from out/{stopped[0]}" in output
+    return stopped[0], output
+
+
+def assert_same_weights(expected: Path, resumed: Path) -> None:
+    """Two models' safetensors hold the same tensors, to 1e-6."""
+    import torch
+    from safetensors.torch import load_file
+
+    want, got = load_file(expected), load_file(resumed)
+    assert want.keys() == got.keys()
+    for name, weight in want.items():
+        torch.testing.assert_close(got[name], weight, rtol=0, atol=1e-6, msg=name)
+
+
 def use_delivered_model(task: str, model_dir: Path, item: str | Path) -> dict:
     """Use a saved model in a fresh interpreter with plain transformers, as its users will
     (tests/support/delivered_model.py); what came out, as a dict."""
