@@ -33,14 +33,25 @@ def answer_logprobs(new_ids: list[int], steps: list, text: str, tokenizer) -> li
     """The answer's tokens with their log-probabilities: those whose text the answer keeps
     (up to an end-of-turn token or a stop string), each `{"token", "logprob",
     "top_logprobs": [{"token", "logprob"}]}` with the token's own text."""
-    kept: list[dict] = []
-    for index, (token, (value, most)) in enumerate(zip(new_ids, steps, strict=False)):
-        if len(tokenizer.decode(new_ids[:index], skip_special_tokens=True)) >= len(text):
-            break
-        kept.append({"token": tokenizer.decode([token]), "logprob": value,
-                     "top_logprobs": [{"token": tokenizer.decode([other]), "logprob": lp}
-                                      for other, lp in most]})  # fmt: skip
-    return kept
+    kept = covering(new_ids, text, tokenizer)
+    return [{"token": tokenizer.decode([token]), "logprob": value,
+             "top_logprobs": [{"token": tokenizer.decode([other]), "logprob": lp}
+                              for other, lp in most]}
+            for token, (value, most) in zip(new_ids[:kept], steps, strict=False)]  # fmt: skip
+
+
+def covering(new_ids: list[int], text: str, tokenizer) -> int:
+    """The fewest leading tokens whose decoded text is as long as the answer's (the rest are
+    its end-of-turn token, padding, or past a stop string): a binary search, a few decodes on
+    the model's thread, not one per token."""
+    low, high = 0, len(new_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(new_ids[:middle], skip_special_tokens=True)) >= len(text):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def chat_logprobs(tokens: list[dict[str, Any]]) -> dict:
