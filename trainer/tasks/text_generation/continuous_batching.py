@@ -211,8 +211,10 @@ class ContinuousEngine:
         return self.manager.pause() if self.manager.is_running() else nullcontext()
 
     def stop(self) -> None:
-        """Its thread ended now: a thread left running would keep the process alive."""
-        self.manager.stop(block=True, timeout=30, hard_stop=True)
+        """Its thread ended now: a thread left running would keep the process alive. Once is
+        enough (the server's shutdown and the exit hook both ask)."""
+        if self.manager.is_running():
+            self.manager.stop(block=True, timeout=30, hard_stop=True)
 
 
 def stopped_at_exit(engine: ContinuousEngine) -> None:
