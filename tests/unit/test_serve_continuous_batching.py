@@ -14,7 +14,7 @@ import pytest
 from tests.support.chat_models import FAMILIES, save_family_model
 from tests.support.helpers import wait_until
 from tests.support.served_app import serve, wait_ready
-from trainer.tasks.text_generation.continuous_batching import honours
+from trainer.tasks.text_generation.continuous_batching import honours, processor_arguments
 from trainer.tasks.text_generation.serving import GenerationPredictor
 
 PROMPTS = [f"Tell me a joke number {i}" for i in range(6)]
@@ -48,11 +48,31 @@ def logged(capsys, message: str) -> list[dict]:
 
 
 def test_which_requests_the_engine_takes():
-    assert honours({"max_new_tokens": 5}, model_samples=False)
-    assert honours({"temperature": 0, "top_p": 0.5, "seed": 3}, model_samples=True)
-    assert not honours({}, model_samples=True)  # the model's config samples
-    for asked in ({"temperature": 0.7}, {"top_k": 5}, {"n": 2}, {"stop": ["\n"]}):
-        assert not honours(asked, model_samples=False), asked
+    """All but a seeded sample (the engine's samples come from one random stream) and
+    log-probabilities (it reports none beside the token it chose)."""
+    for asked in ({"max_new_tokens": 5}, {"temperature": 0, "top_p": 0.5, "seed": 3},
+                  {"temperature": 0.7}, {"top_k": 5, "n": 3}, {"stop": ["\n"]}):  # fmt: skip
+        assert honours(asked, model_samples=False), asked
+    assert honours({}, model_samples=True)
+    for asked in ({"seed": 3}, {"logprobs": 0}):
+        assert not honours(asked, model_samples=True), asked
+    assert not honours({"temperature": 0.7, "seed": 3}, model_samples=False)
+
+
+def test_each_request_samples_as_generate_would_over_the_models_config():
+    from transformers import GenerationConfig
+
+    greedy = {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    plain = GenerationConfig()  # nothing set: generate() takes transformers' defaults
+    assert processor_arguments({}, plain, 1000) == greedy
+    assert processor_arguments({"temperature": 0.7}, plain, 1000) == {
+        "temperature": 0.7, "top_k": 50, "top_p": 1.0}  # fmt: skip
+    assert processor_arguments({"top_k": 0, "top_p": 0.5}, plain, 1000) == {
+        "temperature": 1.0, "top_k": 1000, "top_p": 0.5}  # fmt: skip
+    llama = GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9)  # Llama 3.1's
+    assert processor_arguments({"top_k": 7}, llama, 1000) == {
+        "temperature": 0.6, "top_k": 7, "top_p": 0.9}  # fmt: skip
+    assert processor_arguments({"temperature": 0}, llama, 1000) == greedy
 
 
 def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_engine, capsys):
@@ -74,9 +94,11 @@ def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_
         mixed = httpx.post(url + "/predict", json=several, timeout=120).json()["predictions"]
     assert together == alone
     engine_lines = logged(capsys, "continuous batching prediction")
-    assert sorted(line["completion_tokens"] for line in engine_lines) == sorted([*wanted, 3])
-    # n: 2 is generate()'s (one batch on the model's thread); the other instance the engine's
+    assert sorted(line["completion_tokens"] for line in engine_lines) == sorted([*wanted, 2 * 3,
+                                                                                3])  # fmt: skip
+    # n: 2 is two requests of the engine's, the other instance one
     assert [len(mixed[0]), mixed[1]] == [2, alone[1]]
+    assert mixed[0][0] == mixed[0][1]
     assert mixed[0][0]["text"] == alone[0]["text"][: len(mixed[0][0]["text"])]
 
 
@@ -112,6 +134,60 @@ def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, c
     assert short_line["engine_steps"] <= 4 + 4, short_line  # its prefill, its 4, a few more
 
 
+def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_then_engine,
+                                                                          capsys):  # fmt: skip
+    """Beside a 300-token generation, requests that sample (each with its own temperature,
+    top-k and top-p, `n` of them) or stop at a string are answered within their own tokens
+    and a few engine steps, as `generate()` would answer them: a top-k or top-p that keeps
+    one token is greedy whatever the temperature, a hot sample's answers differ, and a stop
+    string ends the answer where `generate()`'s stop_strings cut it. Only a seeded sample
+    goes to `generate()` (its `prediction batch` line), and draws the same tokens twice."""
+    alone, wanted, predictor = alone_then_engine
+    stop_in = alone[0]["text"]
+    stop = stop_in[len(stop_in) // 2 : len(stop_in) // 2 + 2]
+    stopped_alone = predictor.predict([predictor.prepare(PROMPTS[0])], {
+        "max_new_tokens": wanted[0], "temperature": 0, "stop": [stop]})[0]  # fmt: skip
+    assert predictor.start_engine() is None
+    capsys.readouterr()
+    with serve(predictor) as url:
+        wait_ready(url)
+
+        def ask(prompt: str, **parameters) -> list | dict:
+            body = {"instances": [{"prompt": prompt}], "parameters": parameters}
+            return httpx.post(url + "/predict", json=body, timeout=300).json()["predictions"][0]
+
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(ask, PROMPTS[2], max_new_tokens=300, temperature=0)
+            engine = predictor.continuous
+            wait_until(lambda: engine.step() > 20, 120, "the long generation to be under way")
+            one_token = [
+                ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_k=1),
+                ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_p=1e-6),
+            ]
+            hot = ask(PROMPTS[1], max_new_tokens=6, temperature=50.0, top_k=0, n=3)
+            stopped = ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=0, stop=[stop])
+            long.result()
+            seeded = [ask(PROMPTS[1], max_new_tokens=6, temperature=1.0, seed=9) for _ in "ab"]
+    assert one_token == [alone[0], alone[0]]
+    assert len(hot) == 3 and len({answer["text"] for answer in hot}) > 1
+    # the same answer, its request out of the batch at the token that wrote the stop string
+    # (generate()'s stop_strings match at a token's end: it may go on, counting more tokens)
+    assert stopped["text"] == stopped_alone["text"] and stopped["finish_reason"] == "stop"
+    assert stopped["completion_tokens"] <= stopped_alone["completion_tokens"]
+    assert stopped["completion_tokens"] < wanted[0]
+    assert seeded[0] == seeded[1]
+    out = capsys.readouterr().out
+    engine_lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    by_engine = [line for line in engine_lines
+                 if line.get("message") == "continuous batching prediction"]  # fmt: skip
+    # in the order they ended: the two greedy samples, the hot n: 3, the stopped, the long one
+    *short, last = by_engine
+    assert len(short) == 4 and last["engine_steps"] >= 300
+    assert all(line["engine_steps"] <= wanted[0] + 4 for line in short), short
+    batches = [line for line in engine_lines if line.get("message") == "prediction batch"]
+    assert len(batches) == 2  # the two seeded samples
+
+
 def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_engine, capsys):
     from openai import OpenAI
 
@@ -129,16 +205,26 @@ def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_eng
             stream_options={"include_usage": True},
         )  # fmt: skip
         chunks = list(stream)
+        pair = list(
+            client.chat.completions.create(
+                model="tiny", messages=messages, n=2, max_tokens=12, temperature=0, stream=True
+            )
+        )
         prompt = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=5,
                                            temperature=0, stream=True)  # fmt: skip
         completed = "".join(c.choices[0].text for c in prompt)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
+    texts = ["", ""]
+    for chunk in pair:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [whole.choices[0].message.content] * 2  # n: 2, each choice streamed
     alone = predictor.predict([predictor.prepare(PROMPTS[2])], {"max_new_tokens": 5,
                                                                 "temperature": 0})[0]  # fmt: skip
     assert completed == alone["text"]
-    assert len(logged(capsys, "continuous batching prediction")) == 3
+    assert len(logged(capsys, "continuous batching prediction")) == 4
 
 
 def test_a_prompt_too_long_for_its_tokens_is_refused_alone_with_its_numbers(alone_then_engine):

@@ -94,6 +94,26 @@ def test_the_sdk_streams_a_chat_chunk_by_chunk_with_its_usage(served):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
 
 
+def test_the_sdk_streams_n_choices_each_as_it_is_answered_whole(served):
+    """n: 2 streamed, each chunk naming its choice (`generate()`'s rows here: a seeded sample
+    is generated there, so the stream and the whole answer draw the same tokens)."""
+    _, client = served
+    asked = {"model": "tiny", "messages": CHAT, "max_tokens": 8, "n": 2, "temperature": 0.9,
+             "seed": 5}  # fmt: skip
+    whole = client.chat.completions.create(**asked)
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    texts, ends = ["", ""], [None, None]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            ends[choice.index] = choice.finish_reason or ends[choice.index]
+    assert texts == [choice.message.content for choice in whole.choices]
+    assert texts[0] != texts[1]  # two samples, each in its own choice
+    assert ends == ["length", "length"]
+    pieces = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 2  # as generated, not each answer at once
+
+
 def test_the_sdk_completes_and_streams_a_prompt(served):
     url, client = served
     answer = client.completions.create(model="tiny", prompt="The capital of France",

@@ -7,7 +7,7 @@ A body is one instance of the prediction route (`{"@requestFormat": "chatComplet
 other requests of the same parameters, the same answer written as OpenAI's. With `"stream":
 true` the answer is server-sent events, a chunk for each piece of text as it is generated (by
 text generation's continuous batching engine, or by `generate()` on the model's thread with the
-instance alone in its batch), ending with `data: [DONE]`; with
+instance alone in its batch), each naming its choice of the `n`, ending with `data: [DONE]`; with
 `stream_options.include_usage`, a last chunk carries the usage. An error is OpenAI's body,
 `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -57,8 +57,6 @@ def add_openai_routes(
         stream = payload.get("stream") is True
         instance = {REQUEST_FORMAT: form} | {
             k: v for k, v in payload.items() if k not in ("stream", "stream_options")}  # fmt: skip
-        if stream and (payload.get("n") or 1) > 1:
-            return openai_error(400, "stream: true answers one choice (n 1) at a time")
         if stream and payload.get("logprobs") not in (None, False):
             return openai_error(400, "logprobs are answered whole: ask with stream: false")
         loop = asyncio.get_running_loop()
@@ -117,16 +115,19 @@ async def whole(batcher: Batcher, prepared: Prepared):
 
 
 def streamed(batcher: Batcher, predictor: Predictor, prepared: Prepared, chunk: Chunks):
-    """Server-sent events: the text as the model's thread generates it, then the end."""
+    """Server-sent events: the text of each of its `n` answers as it is generated, then the
+    end."""
     loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue[str] = asyncio.Queue()
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    choices = prepared.parameters.get("n", 1)
     prepared.streamer = predictor.streamer(
-        lambda text: loop.call_soon_threadsafe(pieces.put_nowait, text)
+        lambda index, text: loop.call_soon_threadsafe(pieces.put_nowait, (index, text)), choices
     )
     own = (prepared.parameters or {}) | {"stream": uuid.uuid4().hex}  # alone in its batch
     result = asyncio.ensure_future(batcher.predict([prepared], [own]))
     stops = prepared.parameters.get("stop") or []
-    events = sse_events(result, pieces, [stops] if isinstance(stops, str) else stops, chunk)
+    events = sse_events(result, pieces, [stops] if isinstance(stops, str) else stops, chunk,
+                        choices)  # fmt: skip
     return StreamingResponse(dropped_when_gone(events, result), media_type="text/event-stream")
 
 
@@ -141,8 +142,11 @@ async def dropped_when_gone(events: AsyncIterator[str], result: asyncio.Future):
             result.cancel()
 
 
-async def generated_pieces(result: asyncio.Future, pieces: asyncio.Queue) -> AsyncIterator[str]:
-    """Each piece of text as it comes, until the prediction is done."""
+async def generated_pieces(
+    result: asyncio.Future, pieces: asyncio.Queue
+) -> AsyncIterator[tuple[int, str]]:
+    """Each piece of text as it comes, with its answer's index, until the prediction is
+    done."""
     while True:
         getter = asyncio.ensure_future(pieces.get())
         await asyncio.wait({getter, result}, return_when=asyncio.FIRST_COMPLETED)
@@ -166,16 +170,17 @@ def sendable(text: str, stops: list[str]) -> str:
 
 
 async def sse_events(result: asyncio.Future, pieces: asyncio.Queue, stops: list[str],
-                     chunk: Chunks) -> AsyncIterator[str]:  # fmt: skip
+                     chunk: Chunks, choices: int = 1) -> AsyncIterator[str]:  # fmt: skip
     if chunk.chat:
-        yield chunk.first()
-    text, sent = "", 0
-    async for piece in generated_pieces(result, pieces):
-        text += piece
-        ready = sendable(text, stops)
-        if len(ready) > sent:
-            yield chunk.delta(ready[sent:])
-            sent = len(ready)
+        for index in range(choices):
+            yield chunk.first(index)
+    texts, sent = [""] * choices, [0] * choices
+    async for index, piece in generated_pieces(result, pieces):
+        texts[index] += piece
+        ready = sendable(texts[index], stops)
+        if len(ready) > sent[index]:
+            yield chunk.delta(ready[sent[index] :], index=index)
+            sent[index] = len(ready)
     try:
         (answer,) = result.result()
     except Exception as error:  # noqa: BLE001 - said in the stream, as OpenAI's servers do
@@ -185,18 +190,18 @@ async def sse_events(result: asyncio.Future, pieces: asyncio.Queue, stops: list[
                              "param": None, "code": None}})  # fmt: skip
         yield "data: [DONE]\n\n"
         return
-    yield from_answer_end(chunk, answer, sent)
+    for choice in answer["choices"]:
+        yield from_answer_end(chunk, choice, sent[choice["index"]])
     if chunk.with_usage:
         yield chunk.usage(answer["usage"])
     yield "data: [DONE]\n\n"
 
 
-def from_answer_end(chunk: Chunks, answer: dict, sent: int) -> str:
-    """The rest of the answer's text (held back for stop strings) and why it ended."""
-    choice = answer["choices"][0]
+def from_answer_end(chunk: Chunks, choice: dict, sent: int) -> str:
+    """The rest of an answer's text (held back for stop strings) and why it ended."""
     full = choice["message"]["content"] if "message" in choice else choice["text"]
     rest = full[sent:] if len(full) > sent else ""
-    return chunk.delta(rest, choice["finish_reason"])
+    return chunk.delta(rest, choice["finish_reason"], choice["index"])
 
 
 class Chunks:
@@ -215,16 +220,16 @@ class Chunks:
         return sse({**self.identity, "object": kind, "created": self.created,
                     "choices": choices, **usage, **more})  # fmt: skip
 
-    def first(self) -> str:
-        return self.body([{"index": 0, "delta": {"role": "assistant", "content": ""},
+    def first(self, index: int = 0) -> str:
+        return self.body([{"index": index, "delta": {"role": "assistant", "content": ""},
                            "logprobs": None, "finish_reason": None}])  # fmt: skip
 
-    def delta(self, text: str, finish: str | None = None) -> str:
+    def delta(self, text: str, finish: str | None = None, index: int = 0) -> str:
         if not self.chat:
-            return self.body([{"index": 0, "text": text, "logprobs": None,
+            return self.body([{"index": index, "text": text, "logprobs": None,
                                "finish_reason": finish}])  # fmt: skip
         delta = {"content": text} if text else {}
-        return self.body([{"index": 0, "delta": delta, "logprobs": None,
+        return self.body([{"index": index, "delta": delta, "logprobs": None,
                            "finish_reason": finish}])  # fmt: skip
 
     def usage(self, usage: dict) -> str:

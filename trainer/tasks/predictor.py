@@ -51,8 +51,9 @@ class Prepared:
     """What writes its answer in the format it came in (a chat completion for an OpenAI
     request); None: the task's own answer."""
     streamer: Any = None
-    """Where the model's thread hands the answer's text as it is generated (a transformers
-    streamer; one instance alone in its batch); None: the whole answer at the end."""
+    """Where the model hands the text of the instance's answers as they are generated (the
+    predictor's `streamer`; one instance alone in its batch); None: the whole answer at the
+    end."""
 
 
 class Predictor(ABC):
@@ -83,9 +84,10 @@ class Predictor(ABC):
     """The OpenAI routes the task answers (`chat/completions`, `completions`), each with the
     `@requestFormat` an instance of its body carries; none: those routes answer 404."""
 
-    def streamer(self, on_text: Callable[[str], None]) -> Any:
-        """A streamer handing the generated text to `on_text` as it comes, on the model's
-        thread (a task that streams); None: the task answers whole."""
+    def streamer(self, on_text: Callable[[int, str], None], choices: int = 1) -> Any:
+        """A streamer handing each of an instance's `choices` answers' text to
+        `on_text(choice, text)` as it comes (a task that streams); None: the task answers
+        whole."""
         return None
 
     def engine(self) -> Any:

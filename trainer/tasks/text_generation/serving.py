@@ -2,12 +2,13 @@
 the model's own chat template) or a prompt (`{"prompt": "..."}`) in, the generated text out,
 with why it ended and how many tokens it took.
 
-On the server, a greedy request goes to transformers' continuous batching engine
+On the server, a request goes to transformers' continuous batching engine
 (continuous_batching.py: `start_engine`, `engine`), joining its running batch at the next
-step. Any other request, and every one of `trainer.predict` and `--do_predict`, is generated
-here: the server's batcher (trainer/serve/batching.py) groups instances whose parameters are
-equal, and `predict` left-pads their prompts into one `generate()` call, so each row's
-positions and attention ignore the padding and its text is the one it would get alone
+step, unless it asks for what only `generate()` gives (a seeded sample, log-probabilities).
+Those, and every request of `trainer.predict` and `--do_predict`, are generated here: the
+server's batcher (trainer/serve/batching.py) groups instances whose parameters are equal,
+and `predict` left-pads their prompts into one `generate()` call, so each row's positions
+and attention ignore the padding and its text is the one it would get alone
 (tests/unit/test_generation_serving.py compares them). Requests with other parameters go in
 other batches, one after the other on the model's thread.
 
@@ -221,36 +222,12 @@ class GenerationPredictor(Predictor):
         prepared.parameters, prepared.reply = checked, reply(form, body.get("model"))
         return prepared
 
-    def streamer(self, on_text: Callable[[str], None]) -> Any:
-        """A streamer for `generate()` (transformers' `BaseStreamer`) that hands `on_text`
-        each new piece of the answer's text as its tokens come (the prompt and special tokens
-        left out; a piece ending inside a character waits for the rest of it)."""
-        from transformers.generation.streamers import BaseStreamer
-
-        tokenizer = self.pipe.tokenizer
-
-        class Pieces(BaseStreamer):
-            def __init__(self) -> None:
-                self.ids: list[int] | None = None  # None: the prompt is yet to come
-                self.sent = 0
-
-            def put(self, value) -> None:
-                if self.ids is None:
-                    self.ids = []
-                    return
-                self.ids += value.reshape(-1).tolist()
-                self.hand_on(partial=True)
-
-            def end(self) -> None:
-                self.hand_on(partial=False)
-
-            def hand_on(self, partial: bool) -> None:
-                text = tokenizer.decode(self.ids or [], skip_special_tokens=True)
-                if len(text) > self.sent and not (partial and text.endswith("\ufffd")):
-                    on_text(text[self.sent :])
-                    self.sent = len(text)
-
-        return Pieces()
+    def streamer(self, on_text: Callable[[int, str], None], choices: int = 1) -> Any:
+        """A streamer for `generate()` (transformers' `BaseStreamer`) over the rows of the
+        instance's `choices` answers, handing `on_text(choice, text)` each new piece of an
+        answer's text as its tokens come; its `choices` are one streamer per answer, which
+        the continuous batching engine feeds instead."""
+        return Rows([Pieces(index, on_text, self.pipe.tokenizer) for index in range(choices)])
 
     def decoded(self, instance: object) -> tuple[str, bool]:
         """(the text the model continues, whether it is a rendered chat)."""
@@ -387,7 +364,7 @@ class GenerationPredictor(Predictor):
         with self.model_in_use(), torch.inference_mode():
             out = model.generate(input_ids=input_ids.to(model.device),
                                  attention_mask=mask.to(model.device), **kwargs)  # fmt: skip
-        stops = _stop_strings(parameters)
+        stops = self.stop_strings(parameters)
         sequences = out.sequences if "logprobs" in parameters else out
         rows = [self.answer(row[width:], len(prompts[i // choices]), stops)
                 for i, row in enumerate(sequences.tolist())]  # fmt: skip
@@ -415,12 +392,17 @@ class GenerationPredictor(Predictor):
             kwargs["do_sample"] = True
             kwargs |= {name: parameters[name] for name in ("temperature", "top_p", "top_k")
                        if name in parameters}  # fmt: skip
-        stops = _stop_strings(parameters)
+        stops = self.stop_strings(parameters)
         if stops:
             kwargs |= {"stop_strings": stops, "tokenizer": self.pipe.tokenizer}
         if "logprobs" in parameters:  # the raw logits of each step, for logprobs.py
             kwargs |= {"output_logits": True, "return_dict_in_generate": True}
         return kwargs
+
+    @staticmethod
+    def stop_strings(parameters: dict[str, Any]) -> list[str]:
+        stop = parameters.get("stop")
+        return [stop] if isinstance(stop, str) else list(stop or [])
 
     def max_new_tokens(self, parameters: dict[str, Any]) -> int:
         """The request's, else the model's generation_config.json's, else the default."""
@@ -489,6 +471,45 @@ def continuation(
     return generated(text, finish, prompt_tokens, len(kept) + (length is not None))
 
 
-def _stop_strings(parameters: dict[str, Any]) -> list[str]:
-    stop = parameters.get("stop")
-    return [stop] if isinstance(stop, str) else list(stop or [])
+class Pieces:
+    """One answer's streamer (transformers' `BaseStreamer` protocol): given the prompt first,
+    then its new tokens, it hands `on_text(index, text)` each new piece of the answer's text
+    (the prompt and special tokens left out; a piece ending inside a character waits for the
+    rest of it)."""
+
+    def __init__(self, index: int, on_text: Callable[[int, str], None], tokenizer) -> None:
+        self.index, self.on_text, self.tokenizer = index, on_text, tokenizer
+        self.ids: list[int] | None = None  # None: the prompt is yet to come
+        self.sent = 0
+
+    def put(self, value) -> None:
+        if self.ids is None:
+            self.ids = []
+            return
+        self.ids += value.reshape(-1).tolist()
+        self.hand_on(partial=True)
+
+    def end(self) -> None:
+        self.hand_on(partial=False)
+
+    def hand_on(self, partial: bool) -> None:
+        text = self.tokenizer.decode(self.ids or [], skip_special_tokens=True)
+        if len(text) > self.sent and not (partial and text.endswith("\ufffd")):
+            self.on_text(self.index, text[self.sent :])
+            self.sent = len(text)
+
+
+class Rows:
+    """`generate()`'s streamer for an instance's answers, one row each: the prompts it is
+    handed first, then each step's tokens, split among the rows' `choices`."""
+
+    def __init__(self, choices: list[Pieces]) -> None:
+        self.choices = choices
+
+    def put(self, value) -> None:
+        for choice, row in zip(self.choices, value.reshape(len(self.choices), -1), strict=True):
+            choice.put(row)
+
+    def end(self) -> None:
+        for choice in self.choices:
+            choice.end()
