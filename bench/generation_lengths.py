@@ -26,7 +26,10 @@ one's first content chunk and its end,
 4. `stream beside long`: the same while `--long_clients` others ask for `--long_tokens` tokens.
 
     python bench/generation_lengths.py [--duration 20] [--cores 2] [--engines continuous generate]
-                                       [--stream_tokens 32]
+                                       [--stream_tokens 32] [--short_parameters JSON]
+
+`--short_parameters '{"temperature": 0.7, "top_p": 0.9}'` makes the short requests samples
+(as most chat clients send them), the long ones staying greedy.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import SENTENCES, Server, build_small_llama, drive, percentile  # noqa: E402
 
 
-def bodies(tokens: int) -> list[bytes]:
-    """One-prompt requests asking for `tokens` new tokens."""
-    parameters = {"max_new_tokens": tokens}
+def bodies(tokens: int, more: dict | None = None) -> list[bytes]:
+    """One-prompt requests asking for `tokens` new tokens (and the parameters `more`)."""
+    parameters = {"max_new_tokens": tokens, **(more or {})}
     return [json.dumps({"instances": [{"prompt": sentence}], "parameters": parameters}).encode()
             for sentence in SENTENCES]  # fmt: skip
 
@@ -118,7 +121,7 @@ def measured(model_dir: Path, engine: str, args: argparse.Namespace) -> dict[str
     server = Server(model_dir, args.cores, max_batch_size=8, max_wait_ms=10.0, engine=engine)
     try:
         server.wait_ready()
-        short = bodies(args.short_tokens)
+        short = bodies(args.short_tokens, args.short_parameters)
         alone = drive(server, short, args.short_clients, {"duration": args.duration})
         short_beside, long = beside(
             server, args, lambda: drive(server, short, args.short_clients,
@@ -141,6 +144,9 @@ def main() -> None:
     parser.add_argument("--long_tokens", type=int, default=256)
     parser.add_argument("--short_clients", type=int, default=4)
     parser.add_argument("--long_clients", type=int, default=2)
+    parser.add_argument("--short_parameters", type=json.loads, default={},
+                        help='more parameters of the short requests, as JSON: '
+                        '\'{"temperature": 0.7, "top_p": 0.9}\' samples them')  # fmt: skip
     parser.add_argument("--stream_tokens", type=int, default=32,
                         help="the streamed chat completions' max_tokens")  # fmt: skip
     parser.add_argument("--engines", nargs="+", default=["continuous", "generate"],

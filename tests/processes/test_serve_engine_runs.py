@@ -31,10 +31,10 @@ from trainer.tasks.text_generation import continuous_batching
 _init = continuous_batching.ContinuousEngine.__init__
 
 
-def planted(self, model, *rest):
+def planted(self, model, *rest, **named):
     # Once the test's `break` file is there, the first engine to run a step raises in its
-    # model's forward pass (once: the replacement worker's engine runs).
-    _init(self, model, *rest)
+    # model's forward pass (once: the replacement worker's engines run).
+    _init(self, model, *rest, **named)
     mlp = model.model.layers[0].mlp
     forward = mlp.forward
 

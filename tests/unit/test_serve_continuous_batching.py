@@ -117,7 +117,7 @@ def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, c
         long = threading.Thread(target=lambda: answers.append(
             httpx.post(url + "/predict", json=long_body, timeout=300).json()))  # fmt: skip
         long.start()
-        engine = predictor.continuous
+        engine = predictor.continuous.greedy
         wait_until(lambda: engine.step() > 20, 120, "the long generation to be under way")
         short = httpx.post(url + "/predict", timeout=120, json={
             "instances": [{"prompt": PROMPTS[1]}],
@@ -136,9 +136,10 @@ def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, c
 
 def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_then_engine,
                                                                           capsys):  # fmt: skip
-    """Beside a 300-token generation, requests that sample (each with its own temperature,
-    top-k and top-p, `n` of them) or stop at a string are answered within their own tokens
-    and a few engine steps, as `generate()` would answer them: a top-k or top-p that keeps
+    """Beside two 300-token generations, one greedy, one sampled (one in each engine),
+    requests that sample (each with its own temperature, top-k and top-p, `n` of them) or
+    stop at a string are answered within their own tokens and a few steps of their engine,
+    as `generate()` would answer them: a top-k or top-p that keeps
     one token is greedy whatever the temperature, a hot sample's answers differ, and a stop
     string ends the answer where `generate()`'s stop_strings cut it. Only a seeded sample
     goes to `generate()` (its `prediction batch` line), and draws the same tokens twice."""
@@ -156,17 +157,20 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
             body = {"instances": [{"prompt": prompt}], "parameters": parameters}
             return httpx.post(url + "/predict", json=body, timeout=300).json()["predictions"][0]
 
-        with ThreadPoolExecutor(1) as pool:
-            long = pool.submit(ask, PROMPTS[2], max_new_tokens=300, temperature=0)
-            engine = predictor.continuous
-            wait_until(lambda: engine.step() > 20, 120, "the long generation to be under way")
+        with ThreadPoolExecutor(2) as pool:
+            longs = [pool.submit(ask, PROMPTS[2], max_new_tokens=300, temperature=temperature)
+                     for temperature in (0, 1.0)]  # fmt: skip
+            engines = predictor.continuous
+            wait_until(lambda: min(engines.greedy.step(), engines.sampling.step()) > 20, 120,
+                       "the long generations to be under way")  # fmt: skip
             one_token = [
                 ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_k=1),
                 ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_p=1e-6),
             ]
             hot = ask(PROMPTS[1], max_new_tokens=6, temperature=50.0, top_k=0, n=3)
             stopped = ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=0, stop=[stop])
-            long.result()
+            for long in longs:
+                long.result()
             seeded = [ask(PROMPTS[1], max_new_tokens=6, temperature=1.0, seed=9) for _ in "ab"]
     assert one_token == [alone[0], alone[0]]
     assert len(hot) == 3 and len({answer["text"] for answer in hot}) > 1
@@ -180,9 +184,9 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
     engine_lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     by_engine = [line for line in engine_lines
                  if line.get("message") == "continuous batching prediction"]  # fmt: skip
-    # in the order they ended: the two greedy samples, the hot n: 3, the stopped, the long one
-    *short, last = by_engine
-    assert len(short) == 4 and last["engine_steps"] >= 300
+    # in the order they ended: the two greedy samples, the hot n: 3, the stopped, the long ones
+    *short, last, other = by_engine
+    assert len(short) == 4 and min(last["engine_steps"], other["engine_steps"]) >= 300
     assert all(line["engine_steps"] <= wanted[0] + 4 for line in short), short
     batches = [line for line in engine_lines if line.get("message") == "prediction batch"]
     assert len(batches) == 2  # the two seeded samples

@@ -37,7 +37,7 @@ from trainer.tasks.text_generation.chat_completions import (
     reply,
 )
 from trainer.tasks.text_generation.continuous_batching import (
-    ContinuousEngine,
+    ContinuousEngines,
     ContinuousPredictions,
     engine_refusal,
 )
@@ -153,8 +153,8 @@ class GenerationPredictor(Predictor):
         self.tokenizer_lock = threading.Lock()
         """One tokenizer call at a time (a fast tokenizer is not safe across the
         pre-processing threads)."""
-        self.continuous: ContinuousEngine | None = None
-        """transformers' continuous batching engine, once the server started it."""
+        self.continuous: ContinuousEngines | None = None
+        """transformers' continuous batching engines, once the server started them."""
 
     def start_engine(self, workers: int = 1) -> str | None:
         """Continuous batching (continuous_batching.py) for the server, warmed with two
@@ -163,16 +163,15 @@ class GenerationPredictor(Predictor):
         why_not = engine_refusal(model)
         if why_not:
             return f"continuous batching off: {why_not}; every request uses generate()"
-        self.continuous = ContinuousEngine(model, workers)
-        self.continuous.generated_now(self.prepared(self.warm_up_input()).model_inputs[0][
-            "input_ids"], 2)  # fmt: skip
+        self.continuous = ContinuousEngines(model, workers)
+        self.continuous.warm_up(self.prepared(self.warm_up_input()).model_inputs[0]["input_ids"])
         return None
 
     def engine(self) -> ContinuousPredictions | None:
         return None if self.continuous is None else ContinuousPredictions(self, self.continuous)
 
     def model_in_use(self):
-        """Around `generate()` on the model's thread: the engine, if any, paused meanwhile."""
+        """Around `generate()` on the model's thread: the engines, if any, paused meanwhile."""
         return nullcontext() if self.continuous is None else self.continuous.paused()
 
     @classmethod
