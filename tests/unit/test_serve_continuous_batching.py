@@ -192,6 +192,35 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
     assert len(batches) == 2  # the two seeded samples
 
 
+def test_each_sample_in_one_batch_keeps_its_own_top_k(alone_then_engine):
+    """Hot samples (temperature 50: near uniform) of one token, sent together: those asking
+    for top-k 3 are all among the prompt's 3 most likely first tokens (by a plain forward
+    pass), and each of them comes up; those asking for no top-k range wider."""
+    import torch
+
+    _, _, predictor = alone_then_engine
+    ids = predictor.prepare(PROMPTS[3]).model_inputs[0]["input_ids"]
+    with torch.inference_mode():
+        logits = predictor.pipe.model(torch.tensor([ids])).logits[0, -1]
+    tokenizer = predictor.pipe.tokenizer
+    likeliest = {tokenizer.decode([i], skip_special_tokens=True) for i in logits.topk(3).indices}
+    assert predictor.start_engine() is None
+    with serve(predictor) as url:
+        wait_ready(url)
+
+        def texts(top_k: int) -> list[str]:
+            body = {"instances": [{"prompt": PROMPTS[3]}], "parameters": {
+                "max_new_tokens": 1, "temperature": 50.0, "top_k": top_k, "n": 16}}  # fmt: skip
+            answers = httpx.post(url + "/predict", json=body, timeout=120).json()["predictions"]
+            return [answer["text"] for answer in answers[0]]
+
+        with ThreadPoolExecutor(6) as pool:
+            kept, free = [pool.map(texts, [k] * 3) for k in (3, 0)]
+            kept, free = sum(kept, []), sum(free, [])
+    assert set(kept) == likeliest, (set(kept), likeliest)
+    assert len(set(free)) > 3
+
+
 def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_engine, capsys):
     from openai import OpenAI
 
