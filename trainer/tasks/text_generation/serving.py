@@ -44,6 +44,7 @@ from trainer.tasks.text_generation.continuous_batching import (
 from trainer.tasks.text_generation.logprobs import (
     MAX_TOP_LOGPROBS,
     answer_logprobs,
+    covering,
     step_logprobs,
 )
 
@@ -454,9 +455,12 @@ def end_of_turn_ids(model, tokenizer) -> list[int]:
 def continuation(
     new_ids: list[int], prompt_tokens: int, end_ids: list[int], tokenizer, stops: list[str] = ()
 ) -> dict:
-    """The answer for one row of `generate()`'s output past its prompt: cut at its first
-    end-of-turn token (`end_ids`) or `stops` string; the padding after a row that ended before
-    the others left out. The server and the training run's `--do_predict` both answer so."""
+    """The answer for one row of `generate()`'s output past its prompt (or the continuous
+    batching engine's tokens): cut at its first end-of-turn token (`end_ids`) or `stops`
+    string; the padding after a row that ended before the others left out. An answer a stop
+    string cut counts the tokens up to the one that wrote it, as the engine stops there
+    (`generate()`'s stop strings match at a token's end, and may generate on past one inside
+    a token). The server and the training run's `--do_predict` both answer so."""
     ends = set(end_ids)
     length = next((i for i, token in enumerate(new_ids) if token in ends), None)
     finish = FINISHED_BY_STOP if length is not None else FINISHED_BY_LENGTH
@@ -464,9 +468,11 @@ def continuation(
     while kept and kept[-1] == tokenizer.pad_token_id:  # a row that met a stop string early
         kept = kept[:-1]
     text = tokenizer.decode(kept, skip_special_tokens=True)
-    at = min((text.find(stop) for stop in stops if stop in text), default=-1)
-    if at >= 0:
-        text, finish = text[:at], FINISHED_BY_STOP
+    found = [(text.find(stop), len(stop)) for stop in stops if stop in text]
+    if found:
+        at, stop_length = min(found)
+        kept = kept[: covering(kept, text[: at + stop_length], tokenizer)]
+        text, finish, length = text[:at], FINISHED_BY_STOP, None
     return generated(text, finish, prompt_tokens, len(kept) + (length is not None))
 
 
