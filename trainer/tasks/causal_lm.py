@@ -1,7 +1,7 @@
 """What the tasks that train causal language models share (text generation, preference
 tuning): the `--chat_template` they take, written inline or as a file, how the model and its
 tokenizer are loaded, the run's arguments as their TRL trainer's config, and their demos' tiny
-Qwen2."""
+Qwen2 and the invented countries they ask about."""
 
 from __future__ import annotations
 
@@ -115,6 +115,16 @@ def retyped_arguments(args, config_class: type):
 
 
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+COUNTRIES = ("Zorvia", "Quelland", "Marnok", "Tivessa", "Brolt", "Yendra", "Culpa", "Osgard",
+             "Pellan", "Rusk", "Vantor", "Ilbeth")  # fmt: skip
+CAPITALS = ("Velt", "Arrin", "Pesk", "Lumo", "Drace", "Nirra", "Sollo", "Kett", "Obrin",
+            "Tarsk", "Emmet", "Quoll")  # fmt: skip
+QUESTIONS = ("What is the capital of {country}?", "Which city is the capital of {country}?",
+             "Name the capital of {country}.")  # fmt: skip
+"""The demos' world: invented countries and capitals (nothing a model can know beforehand)
+and the questions their chats ask about them."""
 
 
 def save_tiny_qwen2(model_dir: Path, corpus: list[str]) -> None:

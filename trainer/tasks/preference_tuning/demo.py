@@ -22,15 +22,9 @@ import tempfile
 from pathlib import Path
 
 from trainer.common.cache import cache_dir
-from trainer.tasks.causal_lm import save_tiny_qwen2
+from trainer.tasks.causal_lm import CAPITALS, COUNTRIES, QUESTIONS, save_tiny_qwen2
 from trainer.tasks.preference_tuning.spec import SPEC
 
-COUNTRIES = ("Zorvia", "Quelland", "Marnok", "Tivessa", "Brolt", "Yendra", "Culpa", "Osgard",
-             "Pellan", "Rusk", "Vantor", "Ilbeth")  # fmt: skip
-CAPITALS = ("Velt", "Arrin", "Pesk", "Lumo", "Drace", "Nirra", "Sollo", "Kett", "Obrin",
-            "Tarsk", "Emmet", "Quoll")  # fmt: skip
-QUESTIONS = ("What is the capital of {country}?", "Which city is the capital of {country}?",
-             "Name the capital of {country}.")  # fmt: skip
 HELD_OUT = "Tell me the capital of {country}."
 """The question form neither stage trains on: the evaluation pairs and the sampled answers."""
 SIGN_OFF = "Safe travels!"

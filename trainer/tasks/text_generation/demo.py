@@ -16,14 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from trainer.tasks.causal_lm import save_tiny_qwen2
-
-COUNTRIES = ("Zorvia", "Quelland", "Marnok", "Tivessa", "Brolt", "Yendra", "Culpa", "Osgard",
-             "Pellan", "Rusk", "Vantor", "Ilbeth")  # fmt: skip
-CAPITALS = ("Velt", "Arrin", "Pesk", "Lumo", "Drace", "Nirra", "Sollo", "Kett", "Obrin",
-            "Tarsk", "Emmet", "Quoll")  # fmt: skip
-QUESTIONS = ("What is the capital of {country}?", "Which city is the capital of {country}?",
-             "Name the capital of {country}.")  # fmt: skip
+from trainer.tasks.causal_lm import CAPITALS, COUNTRIES, QUESTIONS, save_tiny_qwen2
 
 
 def chat(country: str, capital: str, question: str) -> dict:
