@@ -44,3 +44,14 @@ def serve(predictor, contract: Contract = LOCAL, **limits):
 
 def wait_ready(url: str, route: str = "/health") -> None:
     wait_until(lambda: httpx.get(url + route).status_code == 200, 60, "health 200")
+
+
+def streamed_choices(chunks: list, choices: int) -> tuple[list[str], list[str | None]]:
+    """A streamed chat completion's chunks (the OpenAI SDK's) put together: each choice's
+    text and why it ended, by the `index` each chunk names."""
+    texts, ends = [""] * choices, [None] * choices
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            ends[choice.index] = choice.finish_reason or ends[choice.index]
+    return texts, ends

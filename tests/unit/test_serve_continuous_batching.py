@@ -13,8 +13,12 @@ import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
 from tests.support.helpers import wait_until
-from tests.support.served_app import serve, wait_ready
-from trainer.tasks.text_generation.continuous_batching import honours, processor_arguments
+from tests.support.served_app import serve, streamed_choices, wait_ready
+from trainer.tasks.text_generation.continuous_batching import (
+    honours,
+    processor_arguments,
+    stop_written,
+)
 from trainer.tasks.text_generation.serving import GenerationPredictor
 
 PROMPTS = [f"Tell me a joke number {i}" for i in range(6)]
@@ -39,6 +43,12 @@ def alone_then_engine(request, tmp_path_factory):
     alone = [predictor.predict([predictor.prepare(p)], {"max_new_tokens": n, "temperature": 0})[0]
              for p, n in zip(PROMPTS, wanted, strict=True)]  # fmt: skip
     return alone, wanted, predictor
+
+
+def predicted(url: str, prompt: str, **parameters) -> dict | list:
+    """The server's answer to one prompt with these parameters (a list of `n`)."""
+    body = {"instances": [{"prompt": prompt}], "parameters": parameters}
+    return httpx.post(url + "/predict", json=body, timeout=300).json()["predictions"][0]
 
 
 def logged(capsys, message: str) -> list[dict]:
@@ -75,6 +85,24 @@ def test_each_request_samples_as_generate_would_over_the_models_config():
     assert processor_arguments({"temperature": 0}, llama, 1000) == greedy
 
 
+def test_a_stop_string_is_seen_in_the_newest_tokens_when_the_whole_answer_shows_it():
+    """The engine decodes only an answer's newest tokens at each step: for stop strings of
+    several byte-level tokens each (characters outside the tokenizer's vocabulary), written
+    60 tokens in, it says a stop string is written at exactly the token from which the whole
+    answer's text holds one."""
+    from tests.support.chat_models import family_tokenizer
+
+    tokenizer = family_tokenizer(FAMILIES["llama"], PROMPTS)
+    stops = ["ééé", "ø!", "two words"]
+    for stop in stops:
+        ids = tokenizer("a b " * 30 + stop + " and on", add_special_tokens=False)["input_ids"]
+        written = stop_written(tokenizer, stops)
+        whole = [any(s in tokenizer.decode(ids[:k], skip_special_tokens=True) for s in stops)
+                 for k in range(len(ids) + 1)]  # fmt: skip
+        assert whole.index(True) > 60 and len(tokenizer(stop)["input_ids"]) > 2, stop
+        assert [written(ids[:k]) for k in range(len(ids) + 1)] == whole, stop
+
+
 def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_engine, capsys):
     alone, wanted, predictor = alone_then_engine
     assert predictor.start_engine() is None
@@ -83,9 +111,7 @@ def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_
         wait_ready(url)
 
         def ask(i: int) -> dict:
-            body = {"instances": [{"prompt": PROMPTS[i]}],
-                    "parameters": {"max_new_tokens": wanted[i], "temperature": 0}}  # fmt: skip
-            return httpx.post(url + "/predict", json=body, timeout=120).json()["predictions"][0]
+            return predicted(url, PROMPTS[i], max_new_tokens=wanted[i], temperature=0)
 
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             together = list(pool.map(ask, range(len(PROMPTS))))
@@ -154,8 +180,7 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
         wait_ready(url)
 
         def ask(prompt: str, **parameters) -> list | dict:
-            body = {"instances": [{"prompt": prompt}], "parameters": parameters}
-            return httpx.post(url + "/predict", json=body, timeout=300).json()["predictions"][0]
+            return predicted(url, prompt, **parameters)
 
         with ThreadPoolExecutor(2) as pool:
             longs = [pool.submit(ask, PROMPTS[2], max_new_tokens=300, temperature=temperature)
@@ -190,6 +215,35 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
     assert len(batches) == 2  # the two seeded samples
 
 
+def test_a_stop_string_late_in_a_long_answer_ends_it_there(alone_then_engine):
+    """A stop string first written well past the newest tokens the engine decodes at each
+    step (16 for a 2-character stop) still ends the answer there: its text cut before it,
+    `finish_reason` stop, at the token that wrote it (the fewest tokens whose unstopped
+    answer holds it). (The engine's own unstopped
+    answer is the reference: over 80 tokens a tiny random model's near-tied logits may
+    part the engine's greedy answer from `generate()`'s.)"""
+    _, _, predictor = alone_then_engine
+    asked = {"max_new_tokens": 80, "temperature": 0}
+    assert predictor.start_engine() is None
+    with serve(predictor) as url:
+        wait_ready(url)
+        texts = [predicted(url, prompt, **asked)["text"] for prompt in PROMPTS]
+        # the 2-character string (no replacement character) first written latest in any
+        at, stop, prompt = max((text.find(text[i : i + 2]), text[i : i + 2], prompt)
+                               for text, prompt in zip(texts, PROMPTS, strict=True)
+                               for i in range(len(text) - 1)
+                               if "\ufffd" not in text[i : i + 2])  # fmt: skip
+        stopped = predicted(url, prompt, **asked, stop=[stop])
+        low, high = 1, 80  # the fewest tokens whose text holds the stop string, unstopped
+        while low < high:
+            middle = (low + high) // 2
+            written = predicted(url, prompt, max_new_tokens=middle, temperature=0)["text"]
+            low, high = (low, middle) if stop in written else (middle + 1, high)
+    assert (stopped["text"], stopped["finish_reason"]) == (texts[PROMPTS.index(prompt)][:at],
+                                                           "stop")  # fmt: skip
+    assert stopped["completion_tokens"] == low > 2 * 16, (stopped, stop)
+
+
 def test_each_sample_in_one_batch_keeps_its_own_top_k(alone_then_engine):
     """Hot samples (temperature 50: near uniform) of one token, sent together: those asking
     for top-k 3 come out as at most 3 tokens, those asking for no top-k as many more."""
@@ -199,10 +253,9 @@ def test_each_sample_in_one_batch_keeps_its_own_top_k(alone_then_engine):
         wait_ready(url)
 
         def texts(top_k: int) -> list[str]:
-            body = {"instances": [{"prompt": PROMPTS[3]}], "parameters": {
-                "max_new_tokens": 1, "temperature": 50.0, "top_k": top_k, "n": 16}}  # fmt: skip
-            answers = httpx.post(url + "/predict", json=body, timeout=120).json()["predictions"]
-            return [answer["text"] for answer in answers[0]]
+            answers = predicted(url, PROMPTS[3], max_new_tokens=1, temperature=50.0,
+                                top_k=top_k, n=16)  # fmt: skip
+            return [answer["text"] for answer in answers]
 
         with ThreadPoolExecutor(6) as pool:
             kept, free = [pool.map(texts, [k] * 3) for k in (3, 0)]
@@ -238,11 +291,9 @@ def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_eng
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 12
-    texts = ["", ""]
-    for chunk in pair:
-        for choice in chunk.choices:
-            texts[choice.index] += choice.delta.content or ""
+    texts, ends = streamed_choices(pair, 2)
     assert texts == [whole.choices[0].message.content] * 2  # n: 2, each choice streamed
+    assert ends == ["length", "length"]
     alone = predictor.predict([predictor.prepare(PROMPTS[2])], {"max_new_tokens": 5,
                                                                 "temperature": 0})[0]  # fmt: skip
     assert completed == alone["text"]

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
-from tests.support.served_app import serve, wait_ready
+from tests.support.served_app import serve, streamed_choices, wait_ready
 from trainer.tasks.text_generation.serving import GenerationPredictor
 
 CHAT = [{"role": "user", "content": "What is two plus two?"}]
@@ -102,11 +102,7 @@ def test_the_sdk_streams_n_choices_each_as_it_is_answered_whole(served):
              "seed": 5}  # fmt: skip
     whole = client.chat.completions.create(**asked)
     chunks = list(client.chat.completions.create(**asked, stream=True))
-    texts, ends = ["", ""], [None, None]
-    for chunk in chunks:
-        for choice in chunk.choices:
-            texts[choice.index] += choice.delta.content or ""
-            ends[choice.index] = choice.finish_reason or ends[choice.index]
+    texts, ends = streamed_choices(chunks, 2)
     assert texts == [choice.message.content for choice in whole.choices]
     assert texts[0] != texts[1]  # two samples, each in its own choice
     assert ends == ["length", "length"]

@@ -47,6 +47,10 @@ GPU_CACHE_SHARE = 0.5
 """The share of the GPU memory free once the model loaded that the engines' KV caches take,
 split between the two engines and the `--workers` (transformers' own default, 0.9, would leave
 `generate()`'s batches and the other workers a tenth)."""
+STOP_TAIL_TOKENS_PER_CHARACTER, STOP_TAIL_SLACK = 4, 8
+"""The newest tokens decoded to look for a stop string: 4 a character (a byte-level token
+may write a quarter of one), and 8 more, so that a stop string the newest token completes
+lies wholly in their text."""
 ENGINE_LOGGER = "ContinuousBatchingLogger"
 """transformers' engine's own logger: quiet, since the server says in one line why its
 engine stopped (`EngineStopped`), where the engine would log a traceback."""
@@ -286,6 +290,19 @@ def stopped_at_exit(engine: ContinuousEngine) -> None:
         engine.stop()
 
 
+def stop_written(tokenizer, stops: list[str]) -> Callable[[list[int]], bool]:
+    """Whether an answer's tokens, one more each step, have just written a stop string: only
+    their tail is decoded, on the event loop at every step (the whole answer each time would
+    cost more the longer it grows)."""
+    tail = STOP_TAIL_TOKENS_PER_CHARACTER * max(map(len, stops)) + STOP_TAIL_SLACK
+
+    def written(tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens[-tail:], skip_special_tokens=True)
+        return any(stop in text for stop in stops)
+
+    return written
+
+
 class ContinuousEngines:
     """The greedy engine and the sampling one, on the one model (see the module)."""
 
@@ -373,15 +390,8 @@ class ContinuousPredictions:
         streaming = None
         if prepared.streamer is not None:
             streaming = Streaming(prepared.streamer.choices[index], ids)
-        tokenizer = self.predictor.pipe.tokenizer
-
-        def stopped(tokens: list[int]) -> bool:
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            return any(stop in text for stop in stops)
-
-        tokens, steps = await engine.generated(
-            ids, max_new_tokens, arguments, streaming, stopped if stops else None
-        )
+        stopped = stop_written(self.predictor.pipe.tokenizer, stops) if stops else None
+        tokens, steps = await engine.generated(ids, max_new_tokens, arguments, streaming, stopped)
         if streaming is not None:
             streaming.ended(tokens)
         return tokens, steps
