@@ -85,10 +85,9 @@ def parser(env) -> argparse.ArgumentParser:
                    default=env.get("SERVE_GENERATION_ENGINE", GENERATION_ENGINES[0]),
                    help="text generation only: continuous (transformers' continuous batching: "
                         "a request joins the running batch at its next decoding step and "
-                        "leaves it when it ends; requests asking for sampling, n, or stop "
-                        "strings still use generate()) or generate (one generate() per "
-                        "batch of requests with equal parameters) "
-                        "($SERVE_GENERATION_ENGINE)")  # fmt: skip
+                        "leaves it when it ends; a seeded sample or a request for logprobs "
+                        "still uses generate()) or generate (one generate() per batch of "
+                        "requests with equal parameters) ($SERVE_GENERATION_ENGINE)")  # fmt: skip
     return p
 
 
