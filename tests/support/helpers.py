@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import json
 import os
 import re
@@ -131,10 +132,31 @@ def small_disk(folder: Path, megabytes: int):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
+PORTS_PER_WORKER = 1500
+"""Each pytest-xdist worker's block of ports, from 20000 (above Ray's worker ports, 10002 to
+19999) up to the kernel's ephemeral range (32768 on): room for 8 workers."""
+_ports_handed_out = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port that is free and that nothing else will be handed before its user listens.
+
+    A port found by binding port 0 comes from the kernel's ephemeral range, from which every
+    other process's bind(0) and outgoing connection also draw: in the seconds before a
+    launcher listens on it, a process of a test beside it may take it (a chief's launch then
+    fails: "another process is utilizing it"). These ports lie below that range, in a block
+    of this xdist worker's own, each handed out once per session."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    first = 20000 + worker * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = first + next(_ports_handed_out) % PORTS_PER_WORKER
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue  # in use, or lingering from a closed connection
+        return port
+    raise RuntimeError(f"no free port in {first}..{first + PORTS_PER_WORKER - 1}")
 
 
 @contextlib.contextmanager
