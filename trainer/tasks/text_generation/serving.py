@@ -480,12 +480,18 @@ class Pieces:
     """One answer's streamer (transformers' `BaseStreamer` protocol): given the prompt first,
     then its new tokens, it hands `on_text(index, text)` each new piece of the answer's text
     (the prompt and special tokens left out; a piece ending inside a character waits for the
-    rest of it)."""
+    rest of it).
+
+    Each step decodes only a window of the newest tokens, not the whole answer (which would
+    cost more the longer it grows): the text of the tokens from `start` on, less that of
+    those from `start` to `read` (handed on already). The window starts a token back, so a
+    word's spacing decodes as in the whole answer (text-generation-inference's and vLLM's
+    incremental detokenizing)."""
 
     def __init__(self, index: int, on_text: Callable[[int, str], None], tokenizer) -> None:
         self.index, self.on_text, self.tokenizer = index, on_text, tokenizer
         self.ids: list[int] | None = None  # None: the prompt is yet to come
-        self.sent = 0
+        self.start = self.read = 0
 
     def put(self, value) -> None:
         if self.ids is None:
@@ -498,10 +504,12 @@ class Pieces:
         self.hand_on(partial=False)
 
     def hand_on(self, partial: bool) -> None:
-        text = self.tokenizer.decode(self.ids or [], skip_special_tokens=True)
-        if len(text) > self.sent and not (partial and text.endswith("\ufffd")):
-            self.on_text(self.index, text[self.sent :])
-            self.sent = len(text)
+        ids = self.ids or []
+        sent = self.tokenizer.decode(ids[self.start : self.read], skip_special_tokens=True)
+        text = self.tokenizer.decode(ids[self.start :], skip_special_tokens=True)
+        if len(text) > len(sent) and not (partial and text.endswith("\ufffd")):
+            self.on_text(self.index, text[len(sent) :])
+            self.start, self.read = self.read, len(ids)
 
 
 class Rows:
