@@ -621,28 +621,17 @@ def served_model(context: Context, task: str) -> Path:
 
 
 LLAMA_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
-            "num_attention_heads": 32, "num_key_value_heads": 8}  # fmt: skip
+            "num_attention_heads": 32, "num_key_value_heads": 8,
+            "tie_word_embeddings": False}  # fmt: skip
 """Llama 3.2 1B's shape (its vocabulary: the tiny local tokenizer's)."""
 
 
 def build_1b_llama(model_dir: Path) -> None:
-    """bench/serve.py's small Llama at 1B's shape, saved in bf16."""
+    """bench/serve.py's small Llama at 1B's shape, made on the GPU and saved in bf16."""
     import torch
-    from serve import CHAT_TOKENS, SENTENCES
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from serve import build_llama
 
-    from tests.support.chat_models import FAMILIES, family_tokenizer
-
-    tokenizer = family_tokenizer(FAMILIES["llama"], list(SENTENCES))
-    config = LlamaConfig(**LLAMA_1B, vocab_size=len(tokenizer), tie_word_embeddings=False,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=None)  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.generation_config.update(max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=None)
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    build_llama(model_dir, LLAMA_1B, device="cuda", dtype=torch.bfloat16)
 
 
 def generation(context: Context) -> dict:

@@ -20,7 +20,10 @@ Models, built in a temporary folder with random weights from their configs (no d
 - `chat`: a small Llama (`LlamaConfig`, 4 layers of 256) with a byte-level BPE tokenizer
   carrying Llama 3.1's special tokens and chat template (tests/support/chat_models.py); every
   request generates exactly `CHAT_TOKENS` tokens greedily (its generation config names no
-  end-of-turn token, so no answer ends early), so tokens/s is `CHAT_TOKENS` x requests/s.
+  end-of-turn token, so no answer ends early), so tokens/s is `CHAT_TOKENS` x requests/s;
+- `chat-135m`: the same, at SmolLM2-135M's dimensions (`SMOLLM2_135M`: 30 layers of 576,
+  its 49,152-token vocabulary, of which the small tokenizer writes a few hundred), where
+  each step's forward pass outweighs what the server and the engine add to it.
 
 Instances: 3 s WAV clips (16 kHz tones over noise), 224x224 PNG images, one-sentence texts,
 the same sentences as prompts (a few of each, cycled); every request holds one instance.
@@ -63,7 +66,7 @@ least one each); requests/s is the requests answered over the time from the firs
 the last answer. `--requests` or `--duration` take `N` for every task or `TASK=N` for one;
 a task with a request count is measured by count. p50/p99 are nearest-rank percentiles.
 
-    python bench/serve.py [--tasks demo speech image text chat] [--clients 1 4 16]
+    python bench/serve.py [--tasks demo speech image text chat chat-135m] [--clients 1 4 16]
                           [--duration 10 [TASK=S ...]] [--requests N [TASK=N ...]]
                           [--max_batch_size N ...] [--max_wait_ms MS ...] [--workers N ...]
                           [--generation_engines continuous generate]
@@ -121,7 +124,8 @@ SENTENCES = (
 CHAT_TOKENS = 32
 """Tokens each chat request generates."""
 TASK_MODELS = {"demo": "demo tiny Whisper", "speech": "whisper-small", "image": "ViT-base",
-               "text": "BERT-base", "chat": "small Llama"}  # fmt: skip
+               "text": "BERT-base", "chat": "small Llama", "chat-135m": "SmolLM2-135M"}  # fmt: skip
+CHAT_TASKS = ("chat", "chat-135m")
 BASELINE = "pipeline(), one at a time"
 FORWARD = "forward pass alone"
 FORWARD_BATCHES = (1, 4)
@@ -129,7 +133,8 @@ FORWARD_BATCHES = (1, 4)
 1 (a lone request) and 4 (four clients' requests sharing a batch)."""
 FORWARD_REPEATS = 5
 """Timed calls per batch size (the fastest counts), fewer once they add up to a minute."""
-TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5, "chat": 2.0}
+TARGET_SPEEDUP = {"demo": 1.0, "speech": 1.0, "image": 1.5, "text": 1.5, "chat": 2.0,
+                  "chat-135m": 2.0}  # fmt: skip
 """At 16 clients, the server's requests/s over one-at-a-time's must exceed (speech: the demo
 and whisper-small) or reach (image, text) this."""
 P99_LIMIT = 2.0
@@ -219,24 +224,37 @@ def build_bert_base(model_dir: Path) -> None:
     tokenizer.save_pretrained(model_dir)
 
 
-def build_small_llama(model_dir: Path) -> None:
+SMALL_LLAMA = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+               "num_attention_heads": 8, "num_key_value_heads": 4,
+               "tie_word_embeddings": False}  # fmt: skip
+SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                "rope_theta": 100000.0, "tie_word_embeddings": True}  # fmt: skip
+"""HuggingFaceTB/SmolLM2-135M's config.json dimensions."""
+
+
+def build_llama(model_dir: Path, dimensions: dict, device: str = "cpu", dtype=None) -> None:
+    """A Llama of these `dimensions` (the tokenizer's vocabulary unless they name one), made
+    on `device` in `dtype` (float32 unless given)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.support.chat_models import FAMILIES, family_tokenizer
 
     tokenizer = family_tokenizer(FAMILIES["llama"], list(SENTENCES))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=None, tie_word_embeddings=False,
-    )  # fmt: skip
-    with torch.random.fork_rng():
+    config = LlamaConfig(**{"vocab_size": len(tokenizer)} | dimensions,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=None)  # fmt: skip
+    with torch.random.fork_rng(), torch.device(device):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config).to(dtype or torch.float32)
     model.generation_config.update(max_new_tokens=CHAT_TOKENS, do_sample=False, eos_token_id=None)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
+
+
+def build_small_llama(model_dir: Path) -> None:
+    build_llama(model_dir, SMALL_LLAMA)
 
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
@@ -245,6 +263,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "image": build_vit_base,
     "text": build_bert_base,
     "chat": build_small_llama,
+    "chat-135m": functools.partial(build_llama, dimensions=SMOLLM2_135M),
 }
 
 
@@ -290,7 +309,7 @@ def instances(task: str) -> list[dict]:
     if task == "image":
         return [{"image": {"b64": base64.b64encode(png_bytes(i)).decode()}}
                 for i in range(INPUTS_PER_TASK)]  # fmt: skip
-    if task == "chat":
+    if task in CHAT_TASKS:
         return [{"prompt": sentence} for sentence in SENTENCES[:INPUTS_PER_TASK]]
     return [{"text": sentence} for sentence in SENTENCES[:INPUTS_PER_TASK]]
 
@@ -535,7 +554,7 @@ def measure_task(task: str, root: Path, args: argparse.Namespace, rows: list[dic
         # One server per --workers value, all started, then driven in turns at each level:
         # a load that changes on a shared machine meets each alike.
         servers = {}
-        engines = args.generation_engines if task == "chat" else args.generation_engines[:1]
+        engines = args.generation_engines if task in CHAT_TASKS else args.generation_engines[:1]
         try:
             for workers, engine in itertools.product(args.workers, engines):
                 path = server_label(args, max_batch_size, max_wait_ms, workers, engine)
@@ -644,7 +663,7 @@ def table(rows: list[dict]) -> str:
             continue
         base = baseline.get(row["task"])
         ratio = f"{row['per_second'] / base['per_second']:.2f}x" if base else "-"
-        tokens = f"{row['per_second'] * CHAT_TOKENS:.1f}" if row["task"] == "chat" else "-"
+        tokens = f"{row['per_second'] * CHAT_TOKENS:.1f}" if row["task"] in CHAT_TASKS else "-"
         lines.append(
             f"| {TASK_MODELS[row['task']]} | {row['path']} | {row['clients']} | "
             f"{row['requests']} | {row['per_second']:.2f} | {tokens} | {ratio} | "
