@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -298,6 +299,38 @@ def test_the_sdk_streams_through_the_engine_what_it_answers_whole(alone_then_eng
                                                                 "temperature": 0})[0]  # fmt: skip
     assert completed == alone["text"]
     assert len(logged(capsys, "continuous batching prediction")) == 4
+
+
+@pytest.mark.parametrize("how", ["stream closed", "client timed out"])
+def test_a_chat_whose_caller_goes_leaves_the_engine_at_once(alone_then_engine, how):
+    """A client that closes a 400-token stream after its first chunks, or times out waiting
+    for the whole answer (as the OpenAI SDK does, and then retries), frees its place in the
+    batch: the engine stops stepping for it then, not 400 tokens later (no step is spent on
+    an answer nobody reads)."""
+    from openai import APITimeoutError, OpenAI
+
+    _, _, predictor = alone_then_engine
+    assert predictor.start_engine() is None
+    with serve(predictor) as url:
+        wait_ready(url)
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        engine = predictor.continuous.greedy
+        begun = engine.step()
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "max_tokens": 400, "temperature": 0}  # fmt: skip
+        if how == "stream closed":
+            stream = client.chat.completions.create(**chat, stream=True)
+            for _ in zip(range(4), stream, strict=False):
+                pass
+            stream.close()
+        else:
+            with pytest.raises(APITimeoutError):
+                client.with_options(timeout=0.2).chat.completions.create(**chat)
+        gone_at = engine.step() - begun
+        wait_until(lambda: not engine.waiting, 60, "the request to leave the engine")
+        time.sleep(1)  # time for 200 more steps, were it still in the batch
+        stepped = engine.step() - begun
+    assert stepped - gone_at < 100, f"its caller gone at step {gone_at}, it ran to {stepped}"
 
 
 def test_a_prompt_too_long_for_its_tokens_is_refused_alone_with_its_numbers(alone_then_engine):

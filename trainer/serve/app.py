@@ -12,8 +12,9 @@ index. A body over `max_request_bytes` is 413, naming the limit, before it is pa
 sent as the media itself (`Content-Type: audio/*`, `image/*`, `text/plain`: Vertex AI's
 rawPredict) is one instance, its parameters in the query string.
 
-A request is dropped before its forward pass when its caller has gone or when it has waited
-past `request_timeout` (504); if the batching loop itself stops, health answers 503 and the
+A request is dropped before its forward pass (in text generation's continuous batching
+engine, at its next step) when its caller has gone or when it has waited past
+`request_timeout` (504; callers.py); if the batching loop itself stops, health answers 503 and the
 log says why in one line.
 """
 
@@ -24,7 +25,7 @@ import html
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -33,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from trainer.serve.batching import Batcher, QueueFull
+from trainer.serve.callers import Dropped, waited_for
 from trainer.serve.contract import Contract
 from trainer.serve.openai_routes import add_openai_routes, openai_route
 from trainer.tasks.instance_media import InstanceError
@@ -77,10 +79,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
-
-
-class Dropped(Exception):
-    """A request no longer waited for: its caller has gone, or it is past its deadline."""
 
 
 class ModelState:
@@ -185,7 +183,7 @@ def make_app(
             body = await read_body(request, max_request_bytes)
             route = openai_body_route(body, request.headers.get("content-type", ""))
             if route and predictor.openai_formats:
-                return await answer_openai(json.loads(body), route)
+                return await answer_openai(json.loads(body), route, request)
             instances, parameters = parsed_request(
                 body, request.headers.get("content-type", ""), dict(request.query_params),
                 predictor, queue_size,
@@ -312,31 +310,6 @@ def refused_instances(prepared: list) -> dict[int, str]:
             raise result
     return {index: str(result) for index, result in enumerate(prepared)
             if isinstance(result, InstanceError)}  # fmt: skip
-
-
-async def waited_for(request: Request, work: Awaitable, deadline: float | None):
-    """`work`'s result, or Dropped (and `work` cancelled: its instances leave the queue
-    unpredicted) when the caller disconnects or `deadline` passes first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(caller_gone(request))
-    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-    try:
-        done, _ = await asyncio.wait({task, gone}, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-    finally:
-        gone.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    raise Dropped("the caller has gone" if gone in done else "it waited past the server's "
-                  "--request_timeout_s")  # fmt: skip
-
-
-async def caller_gone(request: Request) -> None:
-    """Returns when the caller disconnects (the body has been read: the server's next message
-    is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def answered(count: int, bad: dict[int, str], predictions: list) -> JSONResponse | dict:

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from trainer.serve.batching import Batcher, QueueFull
+from trainer.serve.callers import Dropped, waited_for
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor, Prepared
 
@@ -45,9 +46,9 @@ def add_openai_routes(
 ) -> Callable[[dict, str], Awaitable]:
     """The two routes on `app`; `serving()` is (the batcher, the predictor, why the model is
     not serving) at the time of a request. Returns what answers an OpenAI body already read
-    (the prediction route's rawPredict bodies), given its route."""
+    (the prediction route's rawPredict bodies), given its route and its request."""
 
-    async def answer(payload: dict, route: str):
+    async def answer(payload: dict, route: str, request: Request):
         batcher, predictor, failure = serving()
         if batcher is None:
             return openai_error(503, failure or "the model is not loaded yet", "server_error")
@@ -65,7 +66,7 @@ def add_openai_routes(
         except InstanceError as error:
             return openai_error(400, str(error))
         if not stream:
-            return await whole(batcher, prepared)
+            return await whole(batcher, prepared, request)
         usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         chunks = Chunks(route == "chat/completions", payload.get("model"), usage)
         return streamed(batcher, predictor, prepared, chunks)
@@ -82,7 +83,7 @@ def add_openai_routes(
                 payload = None
             if not isinstance(payload, dict):
                 return openai_error(400, "the body is not a JSON object")
-            return await answer(payload, route)
+            return await answer(payload, route, request)
 
         return answered
 
@@ -102,9 +103,14 @@ def openai_route(payload: object) -> str | None:
     return "completions" if "prompt" in payload else None
 
 
-async def whole(batcher: Batcher, prepared: Prepared):
+async def whole(batcher: Batcher, prepared: Prepared, request: Request):
+    """The answer, whole; its generation cancelled if the caller goes first (an OpenAI
+    client that timed out and retries would otherwise have it generated twice)."""
+    work = batcher.predict([prepared], [prepared.parameters or {}])
     try:
-        (result,) = await batcher.predict([prepared], [prepared.parameters or {}])
+        (result,) = await waited_for(request, work, None)
+    except Dropped as dropped:  # nobody reads this
+        return openai_error(504, f"dropped: {dropped}", "server_error")
     except QueueFull as error:
         return openai_error(503, str(error), "server_error")
     except Exception as error:  # noqa: BLE001 - the forward pass failed
