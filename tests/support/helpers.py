@@ -145,7 +145,7 @@ def free_port() -> int:
     other process's bind(0) and outgoing connection also draw: in the seconds before a
     launcher listens on it, a process of a test beside it may take it (a chief's launch then
     fails: "another process is utilizing it"). These ports lie below that range, in a block
-    of this xdist worker's own, each handed out once per session."""
+    of this xdist worker's own, handed out in turn."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     first = 20000 + worker * PORTS_PER_WORKER
     for _ in range(PORTS_PER_WORKER):

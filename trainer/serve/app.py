@@ -14,8 +14,8 @@ rawPredict) is one instance, its parameters in the query string.
 
 A request is dropped before its forward pass (in text generation's continuous batching
 engine, at its next step) when its caller has gone or when it has waited past
-`request_timeout` (504; callers.py); if the batching loop itself stops, health answers 503 and the
-log says why in one line.
+`request_timeout` (504; callers.py); if the batching loop itself stops, health answers 503
+and the log says why in one line.
 """
 
 from __future__ import annotations
