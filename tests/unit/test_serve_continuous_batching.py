@@ -23,6 +23,9 @@ from trainer.tasks.text_generation.continuous_batching import (
 from trainer.tasks.text_generation.serving import GenerationPredictor
 
 PROMPTS = [f"Tell me a joke number {i}" for i in range(6)]
+LONG = 400
+"""The long generations' tokens, beside which short requests are answered (the tiny models
+have 512 positions)."""
 
 
 def endless_predictor(family: str, folder):
@@ -130,16 +133,16 @@ def test_greedy_answers_together_through_the_server_equal_each_alone(alone_then_
 
 
 def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, capsys):
-    """While a 300-token generation runs, a 4-token request is answered within its own
+    """While a 400-token generation runs, a 4-token request is answered within its own
     tokens and a few engine steps, before the long one ends (the batcher's generate() made
-    it wait for all 300): counted in the engine's steps, which the server logs per request."""
+    it wait for all 400): counted in the engine's steps, which the server logs per request."""
     _, _, predictor = alone_then_engine
     assert predictor.start_engine() is None
     capsys.readouterr()
     with serve(predictor) as url:
         wait_ready(url)
         long_body = {"instances": [{"prompt": PROMPTS[0]}],
-                     "parameters": {"max_new_tokens": 300, "temperature": 0}}  # fmt: skip
+                     "parameters": {"max_new_tokens": LONG, "temperature": 0}}  # fmt: skip
         answers: list = []
         long = threading.Thread(target=lambda: answers.append(
             httpx.post(url + "/predict", json=long_body, timeout=300).json()))  # fmt: skip
@@ -156,14 +159,14 @@ def test_a_short_request_joins_a_long_one_at_its_next_steps(alone_then_engine, c
     # first, beside it.
     short_line, long_line = logged(capsys, "continuous batching prediction")
     # (a model may write its tokenizer's end-of-sequence token: the answer then ends there,
-    # as generate()'s would, though all 300 tokens were generated)
-    assert short_line["completion_tokens"] == 4 and long_line["engine_steps"] >= 300
+    # as generate()'s would, though all 400 tokens were generated)
+    assert short_line["completion_tokens"] == 4 and long_line["engine_steps"] >= LONG
     assert short_line["engine_steps"] <= 4 + 4, short_line  # its prefill, its 4, a few more
 
 
 def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_then_engine,
                                                                           capsys):  # fmt: skip
-    """Beside two 300-token generations, one greedy, one sampled (one in each engine),
+    """Beside two 400-token generations, one greedy, one sampled (one in each engine),
     requests that sample (each with its own temperature, top-k and top-p, `n` of them) or
     stop at a string are answered within their own tokens and a few steps of their engine,
     as `generate()` would answer them: a top-k or top-p that keeps
@@ -183,18 +186,22 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
         def ask(prompt: str, **parameters) -> list | dict:
             return predicted(url, prompt, **parameters)
 
-        with ThreadPoolExecutor(2) as pool:
-            longs = [pool.submit(ask, PROMPTS[2], max_new_tokens=300, temperature=temperature)
+        with ThreadPoolExecutor(6) as pool:
+            longs = [pool.submit(ask, PROMPTS[2], max_new_tokens=LONG, temperature=temperature)
                      for temperature in (0, 1.0)]  # fmt: skip
             engines = predictor.continuous
             wait_until(lambda: min(engines.greedy.step(), engines.sampling.step()) > 20, 120,
                        "the long generations to be under way")  # fmt: skip
-            one_token = [
-                ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_k=1),
-                ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_p=1e-6),
-            ]
-            hot = ask(PROMPTS[1], max_new_tokens=6, temperature=50.0, top_k=0, n=3)
-            stopped = ask(PROMPTS[0], max_new_tokens=wanted[0], temperature=0, stop=[stop])
+            # sent together (one after another, on a busy machine, they could outlast a long one)
+            shorts = [
+                pool.submit(ask, PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5, top_k=1),
+                pool.submit(ask, PROMPTS[0], max_new_tokens=wanted[0], temperature=1.5,
+                            top_p=1e-6),
+                pool.submit(ask, PROMPTS[1], max_new_tokens=6, temperature=50.0, top_k=0, n=3),
+                pool.submit(ask, PROMPTS[0], max_new_tokens=wanted[0], temperature=0,
+                            stop=[stop]),
+            ]  # fmt: skip
+            *one_token, hot, stopped = [short.result() for short in shorts]
             for long in longs:
                 long.result()
             seeded = [ask(PROMPTS[1], max_new_tokens=6, temperature=1.0, seed=9) for _ in "ab"]
@@ -208,9 +215,9 @@ def test_sampled_and_stopped_requests_join_a_long_one_at_their_next_steps(alone_
     engine_lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     by_engine = [line for line in engine_lines
                  if line.get("message") == "continuous batching prediction"]  # fmt: skip
-    # in the order they ended: the two greedy samples, the hot n: 3, the stopped, the long ones
+    # in the order they ended: the four short ones, then the long ones
     *short, last, other = by_engine
-    assert len(short) == 4 and min(last["engine_steps"], other["engine_steps"]) >= 300
+    assert len(short) == 4 and min(last["engine_steps"], other["engine_steps"]) >= LONG
     assert all(line["engine_steps"] <= wanted[0] + 4 for line in short), short
     batches = [line for line in engine_lines if line.get("message") == "prediction batch"]
     assert len(batches) == 2  # the two seeded samples
