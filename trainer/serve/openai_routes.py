@@ -139,7 +139,8 @@ def streamed(batcher: Batcher, predictor: Predictor, prepared: Prepared, chunk: 
 
 async def dropped_when_gone(events: AsyncIterator[str], result: asyncio.Future):
     """The events; when the caller goes first (the response stops being read), its
-    instance is dropped if it is still queued (a generation already running runs on)."""
+    instance is dropped: out of the queue, or out of the continuous batching engine's batch
+    (a `generate()` already running runs on)."""
     try:
         async for event in events:
             yield event

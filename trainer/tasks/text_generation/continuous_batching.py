@@ -364,16 +364,18 @@ class ContinuousPredictions:
         if samples(asked, bool(self.config.do_sample)):
             engine = self.engines.sampling
             arguments = processor_arguments(asked, self.config, self.vocabulary)
-        outcomes = await asyncio.gather(*(
+        answering = [asyncio.ensure_future(
             self.choice(engine, prepared, index, arguments, predictor.max_new_tokens(asked),
-                        stops) for index in range(asked.get("n", 1))),
-            return_exceptions=True)  # fmt: skip
-        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        for failure in failures:
-            if not isinstance(failure, RuntimeError) or isinstance(failure, EngineStopped):
-                raise failure
-        if failures:  # this request's own failure: its row says it
-            return {"error": f"the generation failed: {failures[0]}"}, {"engine_steps": None}
+                        stops)) for index in range(asked.get("n", 1))]  # fmt: skip
+        try:
+            outcomes = await asyncio.gather(*answering)
+        except EngineStopped:
+            raise
+        except RuntimeError as error:  # this request's own failure: its row says it
+            return {"error": f"the generation failed: {error}"}, {"engine_steps": None}
+        finally:
+            for task in answering:  # a failed answer's siblings leave the batch (none if done)
+                task.cancel()
         answers = [predictor.answer(tokens, len(ids), stops) for tokens, _ in outcomes]
         facts = {
             "engine_steps": max(steps for _, steps in outcomes),
