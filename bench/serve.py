@@ -89,7 +89,6 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -416,17 +415,13 @@ class Server:
         log: TextIO | None = None, workers: int = 1, name: str = "",
         engine: str = "continuous",
     ):  # fmt: skip
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
         self.log, self.name = log, name
         """`name`, when given, starts each of its lines in `log` (servers run side by side);
         `engine` is its --generation_engine (text generation's)."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainer.serve", str(model_dir), "--host", "127.0.0.1",
-             "--port", str(self.port), "--max_batch_size", str(max_batch_size),
+             "--port", "0", "--max_batch_size", str(max_batch_size),
              "--max_wait_ms", str(max_wait_ms), "--workers", str(workers),
              "--generation_engine", engine],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -434,6 +429,18 @@ class Server:
         )  # fmt: skip
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+
+    @functools.cached_property
+    def url(self) -> str:
+        """Where it listens, from its first line (`serving ... on HOST:PORT ...`): it takes a
+        free port itself (`--port 0`), so no other process can take it first."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.process.poll() is None:
+            for line in list(self.lines):
+                if line.startswith("serving "):
+                    return "http://" + line.split(" on ", 1)[1].split(" ", 1)[0]
+            time.sleep(0.1)
+        raise RuntimeError("the server did not say where it listens:\n" + "".join(self.lines[-40:]))
 
     def _read(self) -> None:
         for line in self.process.stdout:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
 from tests.support.helpers import (
-    free_port,
+    served_url,
     trainer_env,
     wait_until,
     wait_until_healthy,
@@ -64,16 +64,17 @@ def llama(tmp_path_factory) -> Path:
 
 
 def broken_server(tmp_path: Path, demo_cache: Path, model: Path, *args: str):
-    port, log = free_port(), tmp_path / "serve.log"
+    log = tmp_path / "serve.log"
     (tmp_path / "hold").mkdir()
     env = trainer_env(demo_cache, HOLD_DIR=str(tmp_path / "hold"))
     env = with_start_hook(env, tmp_path / "hook", BROKEN_ENGINE)
     with log.open("w") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "trainer.serve", str(model), "--port", str(port), *args],
+            [sys.executable, "-m", "trainer.serve", str(model), "--host", "127.0.0.1",
+             "--port", "0", *args],
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    return server, f"http://127.0.0.1:{port}", log
+    return server, served_url(server, log), log
 
 
 def error_lines(log: Path) -> list[str]:

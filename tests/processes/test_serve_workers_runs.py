@@ -21,6 +21,7 @@ import pytest
 from tests.support.gcs_emulator import BUCKET, FlakyProxy
 from tests.support.helpers import (
     free_port,
+    served_url,
     trainer_env,
     wait_until,
     wait_until_healthy,
@@ -109,13 +110,13 @@ def health(url: str) -> tuple[int, dict] | None:
 def test_two_workers_share_the_port_answer_as_one_process_and_health_waits_for_both(
     tmp_path, text_classifier, demo_cache
 ):
-    port, log = free_port(), tmp_path / "serve.log"
+    log = tmp_path / "serve.log"
     (tmp_path / "hold").mkdir()
     env = trainer_env(demo_cache, HOLD_DIR=str(tmp_path / "hold"), OMP_NUM_THREADS="2")
     env = with_start_hook(env, tmp_path / "hook", HELD_LOAD)
-    server = start([str(text_classifier), "--port", str(port), "--host", "127.0.0.1",
+    server = start([str(text_classifier), "--port", "0", "--host", "127.0.0.1",
                     "--workers", "2"], env, log)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    url = served_url(server, log)
     try:
         wait_until(lambda: alive(server, log) and len(ready_pids(log)) == 1, 120,
                    "one worker ready, the other held")  # fmt: skip
@@ -158,7 +159,7 @@ def test_two_workers_share_the_port_answer_as_one_process_and_health_waits_for_b
             server.kill()
     output = log.read_text()
     assert "Traceback" not in output and "leaked" not in output, output[-3000:]
-    assert f"on 127.0.0.1:{port} with 2 workers of 1 torch threads each" in output
+    assert f"on {url.removeprefix('http://')} with 2 workers of 1 torch threads each" in output
     assert (f"error: worker 1 (pid {pids[1]}) was killed by SIGKILL; health answers 503 until "
             "another has loaded the model") in output.splitlines()  # fmt: skip
     for pid in set(workers):  # every worker, the replacement too, has ended

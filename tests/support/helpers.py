@@ -221,6 +221,22 @@ def wait_until_healthy(server: subprocess.Popen, health_url: str, log: Path) -> 
     wait_until(healthy, 300, f"{health_url} to answer 200")
 
 
+def served_url(server: subprocess.Popen, log: Path) -> str:
+    """The address a `python -m trainer.serve --port 0` process took, from its first line
+    (`serving ... on HOST:PORT ...`); fails at once, with its log, if it exits first."""
+    found: list[str] = []
+
+    def said() -> bool:
+        assert server.poll() is None, log.read_text()[-3000:]
+        found[:] = re.findall(r"^serving \S+ on ([\d.]+):(\d+) ", log.read_text(), re.M)
+        return bool(found)
+
+    wait_until(said, 120, "the server's first line")
+    host, port = found[0]
+    assert int(port) > 0
+    return f"http://{host}:{port}"
+
+
 def wait_while_running(runs: list[TrainerProcess], condition, timeout: float, what: str) -> None:
     """Wait until `condition()` holds while every run (`python -m trainer` node) still runs.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import threading
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -390,6 +391,22 @@ def test_a_bad_command_line_is_one_error_line_and_exit_2(tmp_path, capsys):
         assert stopped.value.code == 2
         assert capsys.readouterr().err.splitlines() == [message + (
             " (no config.json in it)" if "folder" in message else "")]  # fmt: skip
+
+
+def test_a_port_that_cannot_be_bound_is_one_error_line_and_exit_2(capsys):
+    """Bound before anything loads, by one process or by the workers' supervisor."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in ("1", "2"):
+            with pytest.raises(SystemExit) as stopped:
+                main(["gs://b/m", "--host", "127.0.0.1", "--port", str(port), "--workers",
+                      workers])  # fmt: skip
+            assert stopped.value.code == 2
+            assert capsys.readouterr().err.splitlines() == [
+                f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+            ]
 
 
 def test_an_english_only_whisper_refuses_a_language_and_takes_its_other_parameters(

@@ -15,6 +15,7 @@ import os
 import sys
 
 from trainer.serve.contract import Contract
+from trainer.serve.listening import opened
 from trainer.tasks.served_model import (
     DEFAULT_MAX_BATCH_SIZE,
     GENERATION_ENGINES,
@@ -47,7 +48,8 @@ def parser(env) -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="a local model folder or gs:// URI (default: "
                    "$AIP_STORAGE_URI)")  # fmt: skip
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, help="default: $AIP_HTTP_PORT, else 8080")
+    p.add_argument("--port", type=int, help="default: $AIP_HTTP_PORT, else 8080; 0: any free "
+                   "port, said on the first line")  # fmt: skip
     p.add_argument("--max_batch_size", type=int,
                    default=int(env.get("SERVE_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)),
                    help="instances in one forward pass ($SERVE_MAX_BATCH_SIZE)")  # fmt: skip
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         from trainer.serve.workers import serve_with_workers
 
         sys.exit(serve_with_workers(args, contract, location, prefixes))
+    sock = opened(args.host, args.port, contract.port)
+    if sock is None:
+        sys.exit(2)
     import uvicorn
 
     from trainer.common.quiet import silence_known_noise
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         model_location=location, on_batching_stopped=stop_failed,
         after_batching_stops=BATCHING_STOPPED,
     )  # fmt: skip
-    port = args.port or contract.port
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=port, log_level="warning", access_log=False)
     )
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
           f"health {contract.health_route}); {deadline_words(args)}; instances may name "
           f"gs:// objects under: {', '.join(prefixes) or 'none'}; loading the model",
           flush=True)  # fmt: skip
-    server.run()
+    server.run(sockets=[sock])
     sys.exit(1 if failed else 0)
 
 

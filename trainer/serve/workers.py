@@ -42,6 +42,7 @@ import uvicorn
 from trainer.common.quiet import silence_known_noise
 from trainer.serve import app as served
 from trainer.serve.contract import Contract
+from trainer.serve.listening import opened
 from trainer.tasks.load_failure import load_failure_line
 from trainer.tasks.served_model import load_predictor, started_engine
 
@@ -234,16 +235,6 @@ def end_with_supervisor(supervisor: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def how_it_ended(code: int | None) -> str:
     if code is not None and code < 0:
         return f"was killed by {signal.Signals(-code).name}"
@@ -365,7 +356,7 @@ class Supervisor:
 
 def serve_with_workers(args, contract: Contract, location: str, prefixes: tuple[str, ...]) -> int:
     """`--workers N` (N > 1): the supervisor's exit code; a refusal (N copies do not fit the
-    GPU) is one `error:` line and 2 before the port opens, for a local model."""
+    GPU, for a local model; a port that cannot be bound) is one `error:` line and 2."""
     workers = args.workers
     local = not location.startswith("gs://")
     if local:
@@ -373,14 +364,16 @@ def serve_with_workers(args, contract: Contract, location: str, prefixes: tuple[
         if refusal:
             print(f"error: {refusal}", file=sys.stderr, flush=True)
             return 2
+    sock = opened(args.host, args.port, contract.port)
+    if sock is None:
+        return 2
     settings = WorkerSettings(
         contract, location, location if local else tempfile.mkdtemp(prefix="model-"),
         threads_per_worker(workers), args.max_batch_size, args.max_wait_ms / 1000,
         args.max_request_bytes, args.queue_size, args.request_timeout_s or None, prefixes,
         args.generation_engine, workers,
     )  # fmt: skip
-    port = args.port or contract.port
-    sock = listening_socket(args.host, port)
+    port = sock.getsockname()[1]
     print(f"serving {location} on {args.host}:{port} with {workers} workers of "
           f"{settings.threads} torch threads each (predict {contract.predict_route}, health "
           f"{contract.health_route}); instances may name gs:// objects under: "
