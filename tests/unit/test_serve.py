@@ -40,6 +40,13 @@ def test_routes_and_port_come_from_vertex_ais_variables(text_predictor):
         assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1
         assert httpx.post(url + "/predict", json={"instances": ["fine"]}).status_code == 404
         assert httpx.get(url + "/health").status_code == 404
+        # A classifier answers none of OpenAI's routes.
+        chat = {"model": "m", "messages": [{"role": "user", "content": "fine"}]}
+        for answer in (httpx.post(url + "/v1/chat/completions", json=chat),
+                       httpx.get(url + "/v1/models")):  # fmt: skip
+            assert answer.status_code == 404
+            assert answer.json()["error"]["message"].startswith(
+                "this text-classification model answers no /v1/")  # fmt: skip
 
 
 def test_health_is_503_until_the_model_is_loaded_then_200(text_predictor):

@@ -62,6 +62,17 @@ def test_the_sdk_completes_a_chat_as_the_servers_own_format_answers_it(served):
         url, {"messages": joined}, {"max_new_tokens": 6, "temperature": 0})["text"]  # fmt: skip
 
 
+def test_the_sdk_lists_the_one_model_served_and_finds_no_other(served, tiny):
+    from openai import NotFoundError
+
+    url, client = served
+    (listed,) = client.models.list().data
+    assert (listed.id, listed.object) == (tiny.model.name_or_path, "model")
+    assert client.models.retrieve(listed.id) == listed
+    with pytest.raises(NotFoundError, match="is not served here"):
+        client.models.retrieve("another-model")
+
+
 def test_the_sdk_asks_for_n_choices_and_stop_strings(served):
     url, client = served
     several = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, n=3,

@@ -1,6 +1,8 @@
 """`POST /v1/chat/completions` and `/v1/completions`: OpenAI's routes, for a task that answers
 them (its predictor's `openai_formats`; others answer 404), so that an OpenAI client (the
-SDK, LangChain, LiteLLM) is pointed at the server as it is.
+SDK, LangChain, LiteLLM) is pointed at the server as it is; `GET /v1/models` lists the one
+model served, for a client that lists the models before it asks (the SDK's `models.list()`,
+chat front ends such as Open WebUI).
 
 A body is one instance of the prediction route (`{"@requestFormat": "chatCompletions",
 ...the body}`, as Model Garden's containers take it): the same checks, the same batching with
@@ -30,12 +32,16 @@ from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor, Prepared
 
 ROUTES = ("chat/completions", "completions")
+OWNER = "vertex-hf-trainer"
+"""`owned_by` of the model `GET /v1/models` lists (OpenAI's names an organisation; vLLM's
+says "vllm")."""
 REQUEST_FORMAT = "@requestFormat"
 
 
-def openai_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+def openai_error(status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None) -> JSONResponse:  # fmt: skip
     return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": None}}, status_code=status)  # fmt: skip
+                                   "code": code}}, status_code=status)  # fmt: skip
 
 
 def add_openai_routes(
@@ -87,8 +93,34 @@ def add_openai_routes(
 
         return answered
 
+    started = int(time.time())
+
+    def served_model() -> dict | JSONResponse:
+        """The one model served, as OpenAI's model object (its id the name the page shows:
+        where it was loaded from); or the error that answers instead."""
+        batcher, predictor, failure = serving()
+        if batcher is None:
+            return openai_error(503, failure or "the model is not loaded yet", "server_error")
+        if not predictor.openai_formats:
+            return openai_error(404, f"this {predictor.task} model answers no /v1/ route")
+        return {"id": predictor.description()["name"], "object": "model", "created": started,
+                "owned_by": OWNER}  # fmt: skip
+
+    async def models():
+        model = served_model()
+        return model if isinstance(model, JSONResponse) else {"object": "list", "data": [model]}
+
+    async def model(name: str):
+        model = served_model()
+        if isinstance(model, dict) and model["id"] != name:
+            return openai_error(404, f"the model {name!r} is not served here; "
+                                f"{model['id']!r} is", code="model_not_found")  # fmt: skip
+        return model
+
     for route in ROUTES:
         app.add_api_route(f"/v1/{route}", handler(route), methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{name:path}", model, methods=["GET"])
     return answer
 
 
