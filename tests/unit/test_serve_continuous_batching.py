@@ -337,7 +337,10 @@ def test_a_chat_whose_caller_goes_leaves_the_engine_at_once(alone_then_engine, h
         wait_until(lambda: not engine.waiting, 60, "the request to leave the engine")
         time.sleep(1)  # time for 200 more steps, were it still in the batch
         stepped = engine.step() - begun
+        # Its outputs of the steps it was still in, for no handler: not kept.
+        unclaimed = engine.manager.output_router.output_queue.qsize()
     assert stepped - gone_at < 100, f"its caller gone at step {gone_at}, it ran to {stepped}"
+    assert unclaimed == 0
 
 
 def test_a_prompt_too_long_for_its_tokens_is_refused_alone_with_its_numbers(alone_then_engine):
@@ -354,24 +357,43 @@ def test_a_prompt_too_long_for_its_tokens_is_refused_alone_with_its_numbers(alon
 
 
 def test_a_dead_engine_stops_the_server_with_one_line(tmp_path, capsys):
-    """The engine's thread dies (its forward pass raises): the request it held fails, health
-    turns 503, and one line says why (`python -m trainer.serve` then ends, exit 1, and a
-    worker of --workers is started again: the batching loop's own stop)."""
+    """The engine's thread dies (its forward pass raises): the request it held fails as the
+    server's fault (500, not its own 400), so does a request on the model's thread meanwhile
+    (at once, not when, or if, its forward pass ends), health turns 503, and one line says
+    why (`python -m trainer.serve` then ends, exit 1, and a worker of --workers is started
+    again: the batching loop's own stop)."""
     predictor = endless_predictor("llama", tmp_path)
     assert predictor.start_engine() is None
     layer = predictor.pipe.model.model.layers[0].mlp
+    on_thread, go_on = threading.Event(), threading.Event()
+    plain_generate = predictor.generate
+
+    def held_generate(batch, parameters):
+        on_thread.set()
+        go_on.wait(60)
+        return plain_generate(batch, parameters)
 
     def broken(*args, **kwargs):
         raise RuntimeError("a broken layer")
 
-    with serve(predictor) as url:
+    predictor.generate = held_generate
+    ask = {"instances": [{"prompt": "Hello"}], "parameters": {"max_tokens": 3}}
+    seeded = {"instances": [{"prompt": "Hello"}],
+              "parameters": {"max_tokens": 3, "temperature": 0.7, "seed": 1}}  # fmt: skip
+    with serve(predictor) as url, ThreadPoolExecutor(1) as pool:
         wait_ready(url)
         capsys.readouterr()
-        layer.forward = broken
-        body = {"instances": [{"prompt": "Hello"}], "parameters": {"max_tokens": 3}}
-        failed = httpx.post(url + "/predict", json=body, timeout=60)
-        wait_until(lambda: httpx.get(url + "/health").status_code == 503, 60, "health 503")
-    assert failed.status_code in (400, 500), failed.text
+        try:
+            on_generate = pool.submit(httpx.post, url + "/predict", json=seeded, timeout=60)
+            wait_until(on_thread.is_set, 60, "the seeded sample on the model's thread")
+            layer.forward = broken
+            failed = httpx.post(url + "/predict", json=ask, timeout=60)
+            held = on_generate.result()
+            wait_until(lambda: httpx.get(url + "/health").status_code == 503, 60, "health 503")
+        finally:
+            go_on.set()
+    assert (failed.status_code, held.status_code) == (500, 500), (failed.text, held.text)
+    assert held.json() == {"error": "the prediction failed: EngineStopped"}
     errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert errors == ["error: the batching loop stopped: EngineStopped: the continuous "
                       "batching engine failed: RuntimeError: a broken layer; health answers "

@@ -4,10 +4,14 @@ same request (greedy), and the Vertex AI request forms (predict with `@requestFo
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
 from tests.support.chat_models import FAMILIES, save_family_model
+from tests.support.helpers import wait_until
 from tests.support.served_app import serve, streamed_choices, wait_ready
 from trainer.tasks.text_generation.serving import GenerationPredictor
 
@@ -138,7 +142,7 @@ def test_the_sdk_completes_and_streams_a_prompt(served):
 def test_the_sdk_is_told_what_the_server_cannot_honour(served):
     from openai import BadRequestError
 
-    _, client = served
+    url, client = served
     for extra, named in [({"presence_penalty": 0.5}, "presence_penalty"),
                          ({"max_tokens": 0}, "max_tokens"), ({"top_logprobs": 2}, "logprobs: true"),
                          ({"logprobs": True, "top_logprobs": 21}, "0 to 20"),
@@ -148,6 +152,33 @@ def test_the_sdk_is_told_what_the_server_cannot_honour(served):
     with pytest.raises(BadRequestError, match="image_url"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:,"}}]}])  # fmt: skip
+    for extra, named in [({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                         ({"store": True}, "store")]:  # fmt: skip
+        with pytest.raises(BadRequestError, match=named):
+            client.chat.completions.create(model="tiny", messages=CHAT, **extra)
+    for body, said in [
+        ({"stream": "true"}, "stream must be true or false"),
+        ({"stream_options": {"include_usage": True}}, "stream_options needs stream: true"),
+    ]:
+        answer = httpx.post(url + "/v1/chat/completions", json={"messages": CHAT} | body)
+        assert (answer.status_code, answer.json()["error"]["message"]) == (400, said)
+
+
+def test_fields_a_client_sends_at_values_that_change_nothing_are_taken(served):
+    """As clients that write every optional field send them: null, or a value that changes
+    nothing here (no tools, plain text, no stop strings)."""
+    url, client = served
+    plain = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4,
+                                           temperature=0)  # fmt: skip
+    neutral = {"stop": [], "logit_bias": {}, "response_format": {"type": "text"}, "tools": [],
+               "tool_choice": "none", "parallel_tool_calls": True, "store": False,
+               "metadata": {"app": "x"}, "modalities": ["text"], "seed": None, "user": "u",
+               "stream_options": None}  # fmt: skip
+    for extra in ({name: None for name in neutral}, neutral):
+        answer = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4,
+                                                temperature=0, extra_body=extra)  # fmt: skip
+        assert answer.choices[0].message.content == plain.choices[0].message.content
 
 
 def greedy_logprobs(pipe, prompt_ids: list[int], tokens: int):
@@ -261,13 +292,60 @@ def test_raw_predict_bodies_on_the_prediction_route_are_answered_as_openais(serv
     assert completion["usage"]["completion_tokens"] == 3
 
 
-def test_a_prompt_too_long_for_its_tokens_is_refused_streamed_or_not(served):
-    from openai import APIError, BadRequestError
+def test_a_prompt_too_long_for_its_tokens_is_refused_streamed_or_not(served, tiny):
+    """With a 400 before any event, as vLLM refuses it; a length nobody asked for is cut to
+    what the prompt leaves instead."""
+    from openai import BadRequestError
 
     _, client = served
     long = [{"role": "user", "content": "Hello " * 130}]
-    with pytest.raises(BadRequestError, match="positions"):
-        client.chat.completions.create(model="tiny", messages=long, max_tokens=200)
-    with pytest.raises(APIError, match="positions"):
-        list(client.chat.completions.create(model="tiny", messages=long, max_tokens=200,
-                                            stream=True))  # fmt: skip
+    for stream in (False, True):
+        with pytest.raises(BadRequestError, match="positions") as refused:
+            list(client.chat.completions.create(model="tiny", messages=long, max_tokens=200,
+                                                stream=stream) or [])  # fmt: skip
+        assert refused.value.code == "context_length_exceeded"
+    positions = tiny.model.config.max_position_embeddings
+    answer = client.chat.completions.create(model="tiny", messages=long, temperature=0)
+    assert answer.usage.prompt_tokens > positions - 256  # the default, 256, would not fit
+    assert answer.usage.total_tokens <= positions
+    streamed = client.chat.completions.create(model="tiny", messages=long, temperature=0,
+                                              stream=True)  # fmt: skip
+    assert streamed_choices(list(streamed), 1)[0] == [answer.choices[0].message.content]
+
+
+class HeldPredictor(GenerationPredictor):
+    """Its `generate()` waits for `release` first: a request held on the model's thread."""
+
+    def __init__(self, pipe, task: str) -> None:
+        super().__init__(pipe, task)
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def generate(self, batch, parameters):
+        self.holding.set()
+        self.release.wait(60)
+        return super().generate(batch, parameters)
+
+
+def test_a_streamed_request_the_queue_cannot_take_is_a_503_before_any_event(tiny):
+    """The SDK retries a 503; an error inside a started stream it cannot."""
+    from openai import InternalServerError, OpenAI
+
+    predictor = HeldPredictor(tiny, "text-generation")
+    with serve(predictor, queue_size=1) as url:
+        wait_ready(url)
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        ask = {"model": "tiny", "messages": CHAT, "temperature": 0}
+        with ThreadPoolExecutor(2) as pool:
+            try:
+                # One held on the model's thread, the next waiting in the queue: it is full.
+                running = [pool.submit(client.chat.completions.create, **ask, max_tokens=3)]
+                wait_until(predictor.holding.is_set, 60, "a request on the model's thread")
+                running.append(pool.submit(client.chat.completions.create, **ask, max_tokens=4))
+                wait_until(lambda: httpx.get(url + "/health").json()["queued"] == 1, 60,
+                           "a request queued behind it")  # fmt: skip
+                with pytest.raises(InternalServerError, match="waiting; try again") as refused:
+                    client.chat.completions.create(**ask, max_tokens=3, stream=True)
+                assert refused.value.status_code == 503
+            finally:
+                predictor.release.set()
+            assert [r.result().usage.completion_tokens for r in running] == [3, 4]

@@ -61,3 +61,22 @@ def test_streamed_pieces_add_up_to_the_answer_each_step_decoding_a_few_tokens(ki
     assert not any(piece.endswith("\ufffd") for piece in pieces)
     assert len(pieces) > len(ids) // 4, "the answer came piece by piece, not at the end"
     assert max(spy.sizes) <= 8, f"a step decoded {max(spy.sizes)} of {len(ids)} tokens"
+
+
+def test_a_streamed_answer_ends_at_its_first_end_of_turn_token_as_the_whole_answer_does():
+    """The generation may run on past the end-of-turn token (a model whose generation config
+    names none, the tokenizer's ending the answer): the stream ends where the answer does."""
+    from trainer.tasks.text_generation.serving import continuation
+
+    tokenizer = family_tokenizer(FAMILIES["qwen2"])
+    end = tokenizer.eos_token_id
+    said = tokenizer("The answer is four.", add_special_tokens=False)["input_ids"]
+    more = tokenizer(" And then it went on.", add_special_tokens=False)["input_ids"]
+    pieces: list[str] = []
+    streamer = Pieces(0, lambda index, piece: pieces.append(piece), tokenizer, [end])
+    streamer.put(torch.tensor([5, 6, 7]))
+    for token in [*said, end, *more]:
+        streamer.put(torch.tensor([token]))
+    streamer.end()
+    whole = continuation([*said, end, *more], 3, [end], tokenizer)
+    assert "".join(pieces) == whole["text"] == "The answer is four."

@@ -33,7 +33,7 @@ from importlib import resources
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from trainer.serve.batching import Batcher, QueueFull
+from trainer.serve.batching import Batcher, NotServing, QueueFull
 from trainer.serve.callers import Dropped, waited_for
 from trainer.serve.contract import Contract
 from trainer.serve.openai_routes import add_openai_routes, openai_route
@@ -203,7 +203,7 @@ def make_app(
         each = [parameters | (item.parameters or {}) for item in good]  # batched by these
         try:
             predictions = await waited_for(request, batcher.predict(good, each), deadline)
-        except QueueFull as error:
+        except (QueueFull, NotServing) as error:
             return error_response(503, str(error))
         except Dropped as dropped:
             log_line(

@@ -74,6 +74,11 @@ class QueueFull(RuntimeError):
     """More instances wait than the queue holds: the server is overloaded, try again."""
 
 
+class NotServing(RuntimeError):
+    """The batching loop has stopped (the server is ending, for Vertex AI to start it
+    again): nothing given to it now would be answered."""
+
+
 @dataclass
 class Waiting:
     item: Any
@@ -139,6 +144,10 @@ class Batcher:
         self.model_free_at = 0.0
         self.engine_holds = 0
         """Instances the engine is answering: they count against the queue's size too."""
+        self.in_forward: list[Waiting] = []
+        """The batch on the model's thread now."""
+        self.stopped: BaseException | None = None
+        """Why the loop stopped, once it has."""
 
     @contextmanager
     def preparing(self, parameters: dict) -> Iterator[None]:
@@ -155,6 +164,14 @@ class Batcher:
         """Each item's prediction, in order (a failure in its batch is raised here);
         `parameters` the request's, or each item's own (items of other parameters go in other
         batches)."""
+        return list(await self.submit(items, parameters))
+
+    def submit(self, items: list, parameters: dict | list[dict]) -> asyncio.Future:
+        """`predict`'s items queued (or handed to the engine) now, QueueFull raised now when
+        they do not fit: a streamed answer is refused before its response starts. The
+        future's result is their predictions; cancelling it drops them."""
+        if self.stopped is not None:  # a request read and prepared while the loop stopped
+            raise NotServing(f"the model is not serving: {self.stopped}")
         loop = asyncio.get_running_loop()
         each = parameters if isinstance(parameters, list) else [parameters] * len(items)
         engine = self.engine
@@ -171,7 +188,7 @@ class Batcher:
                 entry = Waiting(item, asked, loop.create_future())
                 self.queue.put_nowait(entry)
                 answers.append(entry.future)
-        return list(await asyncio.gather(*answers))
+        return asyncio.gather(*answers)
 
     async def _by_engine(self, item: Any, parameters: dict) -> Any:
         started = time.monotonic()
@@ -197,6 +214,7 @@ class Batcher:
                 await first_to_end(self._batches(), self.engine.run())
                 raise RuntimeError("the engine stopped")  # run() returned: it ended quietly
         except BaseException as error:
+            self.stopped = error
             self.fail_waiting(error)
             raise
 
@@ -205,10 +223,11 @@ class Batcher:
             await self._one_batch()
 
     def fail_waiting(self, error: BaseException) -> None:
-        """Every instance queued or held back gets `error` (a stopped loop answers them)."""
+        """Every instance queued, held back or in the forward pass the loop stopped waiting
+        for (the engine's end stops it there) gets `error` (a stopped loop answers them)."""
         if isinstance(error, asyncio.CancelledError):
             error = RuntimeError("the server is stopping")
-        waiting = list(self.held_back)
+        waiting = self.in_forward + self.held_back
         while not self.queue.empty():
             waiting.append(self.queue.get_nowait())
         for entry in waiting:
@@ -221,6 +240,7 @@ class Batcher:
         if not batch:  # every instance's request stopped waiting while the batch gathered
             return
         started = time.monotonic()
+        self.in_forward = batch
         try:
             results = await loop.run_in_executor(
                 self.model_thread, self.forward, [w.item for w in batch], batch[0].parameters
@@ -232,6 +252,7 @@ class Batcher:
             hand_out(batch, [error] * len(batch))
         else:
             hand_out(batch, results)
+        self.in_forward = []  # not reached when the loop is cancelled: `fail_waiting` answers it
         self.model_free_at = time.monotonic()
         self.last_forward = self.model_free_at - started
         self.log({

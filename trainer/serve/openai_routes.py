@@ -26,7 +26,7 @@ from concurrent.futures import Executor
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from trainer.serve.batching import Batcher, QueueFull
+from trainer.serve.batching import Batcher, NotServing, QueueFull
 from trainer.serve.callers import Dropped, waited_for
 from trainer.tasks.instance_media import InstanceError
 from trainer.tasks.predictor import Predictor, Prepared
@@ -61,21 +61,31 @@ def add_openai_routes(
         form = predictor.openai_formats.get(route)
         if form is None:
             return openai_error(404, f"this {predictor.task} model answers no /v1/{route}")
-        stream = payload.get("stream") is True
-        instance = {REQUEST_FORMAT: form} | {
-            k: v for k, v in payload.items() if k not in ("stream", "stream_options")}  # fmt: skip
+        stream = payload.get("stream")
+        if stream not in (None, False, True):
+            return openai_error(400, "stream must be true or false")
+        if payload.get("stream_options") is not None and not stream:
+            return openai_error(400, "stream_options needs stream: true")
         if stream and payload.get("logprobs") not in (None, False):
             return openai_error(400, "logprobs are answered whole: ask with stream: false")
+        instance = {REQUEST_FORMAT: form} | {
+            k: v for k, v in payload.items() if k not in ("stream", "stream_options")}  # fmt: skip
         loop = asyncio.get_running_loop()
         try:
             prepared = await loop.run_in_executor(preprocessing, predictor.prepare, instance)
         except InstanceError as error:
             return openai_error(400, str(error))
+        refused = predictor.refusal(prepared, {})
+        if refused:  # before any response starts, streamed or not
+            return openai_error(400, refused["error"], code="context_length_exceeded")
         if not stream:
             return await whole(batcher, prepared, request)
         usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         chunks = Chunks(route == "chat/completions", payload.get("model"), usage)
-        return streamed(batcher, predictor, prepared, chunks)
+        try:
+            return streamed(batcher, predictor, prepared, chunks)
+        except (QueueFull, NotServing) as error:
+            return openai_error(503, str(error), "server_error")
 
     def handler(route: str):
         async def answered(request: Request):
@@ -143,7 +153,7 @@ async def whole(batcher: Batcher, prepared: Prepared, request: Request):
         (result,) = await waited_for(request, work, None)
     except Dropped as dropped:  # nobody reads this
         return openai_error(504, f"dropped: {dropped}", "server_error")
-    except QueueFull as error:
+    except (QueueFull, NotServing) as error:
         return openai_error(503, str(error), "server_error")
     except Exception as error:  # noqa: BLE001 - the forward pass failed
         return openai_error(500, f"the prediction failed: {type(error).__name__}", "server_error")
@@ -154,7 +164,8 @@ async def whole(batcher: Batcher, prepared: Prepared, request: Request):
 
 def streamed(batcher: Batcher, predictor: Predictor, prepared: Prepared, chunk: Chunks):
     """Server-sent events: the text of each of its `n` answers as it is generated, then the
-    end."""
+    end; QueueFull (NotServing), before any event, when the queue is full (the loop has
+    stopped)."""
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     choices = prepared.parameters.get("n", 1)
@@ -162,7 +173,7 @@ def streamed(batcher: Batcher, predictor: Predictor, prepared: Prepared, chunk: 
         lambda index, text: loop.call_soon_threadsafe(pieces.put_nowait, (index, text)), choices
     )
     own = (prepared.parameters or {}) | {"stream": uuid.uuid4().hex}  # alone in its batch
-    result = asyncio.ensure_future(batcher.predict([prepared], [own]))
+    result = batcher.submit([prepared], [own])  # QueueFull now, before the response starts
     stops = prepared.parameters.get("stop") or []
     events = sse_events(result, pieces, [stops] if isinstance(stops, str) else stops, chunk,
                         choices)  # fmt: skip
@@ -178,7 +189,8 @@ async def dropped_when_gone(events: AsyncIterator[str], result: asyncio.Future):
             yield event
     finally:
         if not result.done():
-            result.cancel()
+            result.cancel()  # its end, a CancelledError, is nobody's to read
+            result.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 async def generated_pieces(
@@ -188,11 +200,13 @@ async def generated_pieces(
     done."""
     while True:
         getter = asyncio.ensure_future(pieces.get())
-        await asyncio.wait({getter, result}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
+        try:
+            await asyncio.wait({getter, result}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller went: the events are closed while it waits
+            getter.cancel()
+        if getter.done() and not getter.cancelled():
             yield getter.result()
             continue
-        getter.cancel()
         while not pieces.empty():
             yield pieces.get_nowait()
         return
@@ -225,8 +239,8 @@ async def sse_events(result: asyncio.Future, pieces: asyncio.Queue, stops: list[
     except Exception as error:  # noqa: BLE001 - said in the stream, as OpenAI's servers do
         answer = {"error": f"the prediction failed: {type(error).__name__}"}
     if "error" in answer:
-        yield sse({"error": {"message": answer["error"], "type": "invalid_request_error",
-                             "param": None, "code": None}})  # fmt: skip
+        yield sse({"error": {"message": answer["error"], "type": "server_error", "param": None,
+                             "code": None}})  # fmt: skip
         yield "data: [DONE]\n\n"
         return
     for choice in answer["choices"]:

@@ -96,6 +96,13 @@ class Predictor(ABC):
         `Engine`); None: the batcher's forward passes answer every instance."""
         return None
 
+    def refusal(self, prepared: Prepared, parameters: dict[str, Any]) -> dict | None:
+        """`{"error": ...}` when the instance cannot be answered with the request's
+        `parameters`, known before any forward pass (text generation: a prompt that cannot
+        fit with the new tokens asked for), so that a streamed answer is refused before its
+        response starts; None: it can be."""
+        return None
+
     def start_engine(self, workers: int = 1) -> str | None:
         """Starts that engine (the server does, after the warm-up; `workers` sharing the
         device); a line saying why not when the task has one it cannot start for this

@@ -40,8 +40,21 @@ NEUTRAL: dict[str, Callable[[object], bool]] = {
     "user": lambda v: v is None or isinstance(v, str),
     "stream": lambda v: v in (None, False, True),
     "stream_options": lambda v: v is None or isinstance(v, dict),
+    "logit_bias": lambda v: v in (None, {}),
+    "response_format": lambda v: v in (None, {"type": "text"}),
+    "tools": lambda v: v in (None, []),
+    "tool_choice": lambda v: v in (None, "none", "auto"),
+    "parallel_tool_calls": lambda v: v in (None, False, True),
+    "functions": lambda v: v in (None, []),
+    "function_call": lambda v: v in (None, "none", "auto"),
+    "store": lambda v: v in (None, False),
+    "metadata": lambda v: v is None or isinstance(v, dict),
+    "modalities": lambda v: v in (None, ["text"]),
 }
-"""Fields taken at these values only (`user` names the caller, `stream` is the route's)."""
+"""Fields taken at these values only: what a client sends as null, or at a value that changes
+nothing here (no tools, plain text), is taken; another value is a 400 naming it. `user` and
+`metadata` describe the caller, `stream` is the route's; with no tools, a `tool_choice` of
+`auto` calls none."""
 FIELDS = {
     CHAT: {
         "model",

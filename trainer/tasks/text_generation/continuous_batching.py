@@ -237,9 +237,14 @@ class ContinuousEngine:
         return getattr(self.manager, "current_batch", 0)
 
     def tokens(self, output) -> list[int]:
-        if output.error is not None:
-            raise RuntimeError(f"the engine failed the request: {output.error}")
-        return list(output.generated_tokens)
+        """The request's tokens; RuntimeError when the engine failed it alone, EngineStopped
+        when it failed it because it is stopping (its thread failed: every request it held
+        fails so), which is no fault of the request's."""
+        if output.error is None:
+            return list(output.generated_tokens)
+        if self.manager.background_thread_status.can_accept_new_requests() is not None:
+            raise EngineStopped(self.stopped_because(output.error))
+        raise RuntimeError(f"the engine failed the request: {output.error}")
 
     def forget(self, request: str) -> None:
         """Its result handler dropped: a cancelled request delivers no last output, which is
@@ -248,11 +253,21 @@ class ContinuousEngine:
         with router._lock:
             router.result_handlers.pop(request, None)
 
+    def drop_unclaimed(self) -> None:
+        """The outputs of requests that left the batch (cancelled, or ended at a stop
+        string) but were still stepped once: their handler is gone, so transformers queues
+        them for a reader this server does not have (the warm-up's), where they would pile
+        up with every such request."""
+        unclaimed = self.manager.output_router.output_queue
+        while not unclaimed.empty():
+            unclaimed.get_nowait()
+
     async def run(self) -> None:
         """Returns never while the engine's thread lives; when it ends, every request still
         waiting fails and EngineStopped is raised (the server then stops, as when its
         batching loop stops)."""
         while self.manager.is_running():
+            self.drop_unclaimed()
             await asyncio.sleep(ENGINE_CHECK_S)
         error = EngineStopped(self.stopped_because())
         for done in self.waiting.values():
@@ -260,11 +275,15 @@ class ContinuousEngine:
                 done.set_exception(error)
         raise error
 
-    def stopped_because(self) -> str:
+    def stopped_because(self, error: str | None = None) -> str:
+        """Why it stopped: its thread's fatal error, once recorded (else `error`, a request's
+        failure said before it is)."""
         fatal = self.manager.background_thread_status.fatal_error
-        if fatal is None:
-            return "the continuous batching engine's thread has ended"
-        return f"the continuous batching engine failed: {type(fatal).__name__}: {fatal}"
+        if fatal is not None:
+            return f"the continuous batching engine failed: {type(fatal).__name__}: {fatal}"
+        if error is not None:
+            return f"the continuous batching engine failed: {error}"
+        return "the continuous batching engine's thread has ended"
 
     def paused(self):
         """A context in which the model's thread may use the model (`generate()`): the
@@ -347,7 +366,7 @@ class ContinuousPredictions:
     def takes(self, prepared, parameters: dict[str, Any]) -> bool:
         """Whether the engine answers it: as `generate()` would, each of its `n` answers
         fitting the KV cache (`n` requests at once: the prompt counted `n` times)."""
-        asked = parameters | (prepared.parameters or {})
+        asked = self.predictor.asked(prepared, parameters)
         tokens = len(prepared.model_inputs[0]["input_ids"]) + self.predictor.max_new_tokens(asked)
         return (honours(asked, bool(self.config.do_sample))
                 and tokens * asked.get("n", 1) <= self.capacity)  # fmt: skip
@@ -355,7 +374,7 @@ class ContinuousPredictions:
     async def answer(self, prepared, parameters: dict[str, Any]) -> tuple[dict | list, dict]:
         """Its answer (a list of `n`), and the engine's steps it took (for the server's log)."""
         predictor = self.predictor
-        asked = parameters | (prepared.parameters or {})
+        asked = predictor.asked(prepared, parameters)
         refused = predictor.refusal(prepared, asked)
         if refused:
             return refused, {"engine_steps": 0}

@@ -111,8 +111,8 @@ def _stop_problem(value: object) -> str | None:
     strings = [value] if isinstance(value, str) else value
     if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings):
         return "must be a non-empty string or a list of them"
-    if not 1 <= len(strings) <= MAX_STOP_STRINGS:
-        return f"must hold 1 to {MAX_STOP_STRINGS} strings"
+    if len(strings) > MAX_STOP_STRINGS:  # none (`[]`, vLLM's default) stops nothing
+        return f"must hold at most {MAX_STOP_STRINGS} strings"
     return None
 
 
@@ -227,7 +227,8 @@ class GenerationPredictor(Predictor):
         instance's `choices` answers, handing `on_text(choice, text)` each new piece of an
         answer's text as its tokens come; its `choices` are one streamer per answer, which
         the continuous batching engine feeds instead."""
-        return Rows([Pieces(index, on_text, self.pipe.tokenizer) for index in range(choices)])
+        tokenizer, ends = self.pipe.tokenizer, self.end_ids()
+        return Rows([Pieces(index, on_text, tokenizer, ends) for index in range(choices)])
 
     def decoded(self, instance: object) -> tuple[str, bool]:
         """(the text the model continues, whether it is a rendered chat)."""
@@ -287,12 +288,12 @@ class GenerationPredictor(Predictor):
         together (the server's batcher sends only such; `trainer.predict` may mix them)."""
         groups: dict[str, list[int]] = {}
         for index, prepared in enumerate(batch):
-            key = json.dumps(parameters | (prepared.parameters or {}), sort_keys=True)
+            key = json.dumps(self.asked(prepared, parameters), sort_keys=True)
             groups.setdefault(key, []).append(index)
         answers: list = [None] * len(batch)
         for indexes in groups.values():
             alike = [batch[index] for index in indexes]
-            asked = parameters | (alike[0].parameters or {})
+            asked = self.asked(alike[0], parameters)
             for index, answer in zip(indexes, self.predict_alike(alike, asked), strict=True):
                 written = batch[index].reply
                 answers[index] = written(answer) if written and "error" not in answer else (
@@ -319,12 +320,23 @@ class GenerationPredictor(Predictor):
             answers[index] = answer
         return answers
 
+    def asked(self, prepared: Prepared, parameters: dict[str, Any]) -> dict[str, Any]:
+        """What an instance is answered with: its own parameters over the request's; when
+        neither names a length, the default (`max_new_tokens`) cut to the positions its prompt
+        leaves, as vLLM cuts its own: a length nobody asked for never refuses a prompt."""
+        asked = parameters | (prepared.parameters or {})
+        limit = self.positions()
+        if "max_new_tokens" in asked or not limit:
+            return asked
+        room = limit - len(prepared.model_inputs[0]["input_ids"])
+        return asked | {"max_new_tokens": room} if self.max_new_tokens(asked) > room else asked
+
     def refusal(self, prepared: Prepared, parameters: dict[str, Any]) -> dict | None:
-        """`{"error": ...}` naming the numbers when the prompt and its new tokens exceed the
-        model's positions; None when they fit."""
+        """`{"error": ...}` naming the numbers when the prompt and the new tokens it asks for
+        exceed the model's positions; None when they fit."""
         limit = self.positions()
         prompt = len(prepared.model_inputs[0]["input_ids"])
-        wanted = self.max_new_tokens(parameters)
+        wanted = self.max_new_tokens(self.asked(prepared, parameters))
         if limit and prompt + wanted > limit:
             return {"error": f"the prompt is {prompt} tokens and {wanted} new tokens were "
                     f"asked for: {prompt + wanted} in all, over the model's {limit} positions; "
@@ -480,7 +492,8 @@ class Pieces:
     """One answer's streamer (transformers' `BaseStreamer` protocol): given the prompt first,
     then its new tokens, it hands `on_text(index, text)` each new piece of the answer's text
     (the prompt and special tokens left out; a piece ending inside a character waits for the
-    rest of it).
+    rest of it), up to its first end-of-turn token (`end_ids`), where the whole answer ends
+    too (`continuation`), even if the generation went on past it.
 
     Each step decodes only a window of the newest tokens, not the whole answer (which would
     cost more the longer it grows): the text of the tokens from `start` on, less that of
@@ -488,8 +501,10 @@ class Pieces:
     word's spacing decodes as in the whole answer (text-generation-inference's and vLLM's
     incremental detokenizing)."""
 
-    def __init__(self, index: int, on_text: Callable[[int, str], None], tokenizer) -> None:
+    def __init__(self, index: int, on_text: Callable[[int, str], None], tokenizer,
+                 end_ids: list[int] = ()) -> None:  # fmt: skip
         self.index, self.on_text, self.tokenizer = index, on_text, tokenizer
+        self.end_ids, self.ended = set(end_ids), False
         self.ids: list[int] | None = None  # None: the prompt is yet to come
         self.start = self.read = 0
 
@@ -497,7 +512,13 @@ class Pieces:
         if self.ids is None:
             self.ids = []
             return
-        self.ids += value.reshape(-1).tolist()
+        if self.ended:
+            return
+        new = value.reshape(-1).tolist()
+        end = next((i for i, token in enumerate(new) if token in self.end_ids), None)
+        if end is not None:
+            new, self.ended = new[:end], True
+        self.ids += new
         self.hand_on(partial=True)
 
     def end(self) -> None:
