@@ -113,7 +113,7 @@ def test_a_seed_repeats_a_sample(predictor):
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"top_k": True}, "top_k"),
         ({"stop": ""}, "stop"),
         ({"stop": ["a", 3]}, "stop"),
@@ -134,6 +134,8 @@ def test_good_parameters_pass_as_given():
     given = {"max_new_tokens": 64, "temperature": 1, "top_p": 0.9, "top_k": 40, "stop": "\n",
              "seed": 0}  # fmt: skip
     assert checked_generation_parameters(given) == given
+    # vLLM's every token, as transformers says it; no stop strings, as vLLM's default says it
+    assert checked_generation_parameters({"top_k": -1, "stop": []}) == {"top_k": 0, "stop": []}
 
 
 @pytest.mark.parametrize(

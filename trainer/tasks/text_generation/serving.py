@@ -78,7 +78,8 @@ def checked_generation_parameters(parameters: object, what: str = "parameter") -
     """The request's generation parameters, or InstanceError naming the first bad one
     (`what`: "parameter", or "field" for an instance's own). Model Garden's `max_tokens` is
     `max_new_tokens`; `raw_response` (Model Garden's vLLM: true, the generated text alone,
-    which is all this server answers) is checked and dropped."""
+    which is all this server answers) is checked and dropped; a `top_k` of -1 (vLLM's every
+    token) is transformers' 0."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -92,6 +93,8 @@ def checked_generation_parameters(parameters: object, what: str = "parameter") -
         if problem:
             raise InstanceError(f"{what} {name!r} {problem}")
     checked = {name: value for name, value in parameters.items() if name != "raw_response"}
+    if checked.get("top_k") == -1:  # vLLM's "every token" is transformers' 0
+        checked["top_k"] = 0
     if "max_tokens" in checked:
         if "max_new_tokens" in checked:
             raise InstanceError(f"give the {what} max_tokens or max_new_tokens, not both")
@@ -130,7 +133,8 @@ PARAMETER_CHECKS: dict[str, Callable[[object], str | None]] = {
     "temperature": lambda v: None if _is_number(v) and 0 <= v <= 100
     else "must be a number from 0 (greedy) to 100",
     "top_p": lambda v: None if _is_number(v) and 0 < v <= 1 else "must be a number in (0, 1]",
-    "top_k": lambda v: None if _is_int(v) and v >= 0 else "must be an integer of at least 0",
+    "top_k": lambda v: None if _is_int(v) and v >= -1
+    else "must be an integer of at least 0 (0, or vLLM's -1: every token)",
     "stop": _stop_problem,
     "seed": lambda v: None if _is_int(v) and 0 <= v < 2**63 else "must be a non-negative integer",
     "logprobs": lambda v: None if _is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS
