@@ -79,7 +79,7 @@ def checked_generation_parameters(parameters: object, what: str = "parameter") -
     (`what`: "parameter", or "field" for an instance's own). Model Garden's `max_tokens` is
     `max_new_tokens`; `raw_response` (Model Garden's vLLM: true, the generated text alone,
     which is all this server answers) is checked and dropped; a `top_k` of -1 (vLLM's every
-    token) is transformers' 0."""
+    token) is transformers' 0 (`in_transformers_terms`)."""
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
@@ -92,8 +92,15 @@ def checked_generation_parameters(parameters: object, what: str = "parameter") -
         problem = PARAMETER_CHECKS[name](value)
         if problem:
             raise InstanceError(f"{what} {name!r} {problem}")
-    checked = {name: value for name, value in parameters.items() if name != "raw_response"}
-    if checked.get("top_k") == -1:  # vLLM's "every token" is transformers' 0
+    return in_transformers_terms(
+        {name: value for name, value in parameters.items() if name != "raw_response"}, what
+    )
+
+
+def in_transformers_terms(checked: dict[str, Any], what: str) -> dict[str, Any]:
+    """Checked parameters as `generate()` names them: Model Garden's `max_tokens` is
+    `max_new_tokens`, vLLM's every-token `top_k` of -1 is 0."""
+    if checked.get("top_k") == -1:
         checked["top_k"] = 0
     if "max_tokens" in checked:
         if "max_new_tokens" in checked:
